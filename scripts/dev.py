@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Bootstrap and run: the README's quick start on a machine with only python3.
+
+    python3 scripts/dev.py demo      # the scripted multi-session demo
+    python3 scripts/dev.py test      # the test suite
+    python3 scripts/dev.py <cmd...>  # any `ctxactors` subcommand
+
+Creates `.venv` beside the project on first use and installs the project into it
+(editable, with the test extras), then re-runs inside it. Uses only the standard library
+so it works before anything is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV = ROOT / ".venv"
+PY = VENV / "bin" / "python"
+STAMP = VENV / ".ctxactors-installed"
+
+
+def ensure_venv() -> None:
+    if not PY.exists():
+        print(f"creating {VENV} ...", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True).create(VENV)
+    pyproject = ROOT / "pyproject.toml"
+    if STAMP.exists() and STAMP.stat().st_mtime >= pyproject.stat().st_mtime:
+        return
+    print("installing ctxactors and its dependencies ...", file=sys.stderr)
+    pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[test]"], check=True)
+    STAMP.touch()
+
+
+def main(argv: list[str]) -> int:
+    ensure_venv()
+    cmd = argv or ["demo"]
+    if cmd[0] == "test":
+        run = [str(PY), "-m", "pytest", *cmd[1:]]
+    else:
+        run = [str(VENV / "bin" / "ctxactors"), *cmd]
+    return subprocess.call(run, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
