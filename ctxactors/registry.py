@@ -1,0 +1,237 @@
+"""Key -> actor: spawn once, track calls in flight, reap idle actors, cap the live count.
+
+Everything that decides an actor's life happens under one lock, in one place:
+
+- `submit` gets or spawns the key's actor and counts the call as in flight *before* the
+  message is sent, so the reaper can never stop an actor that a call is on its way to.
+- An actor is retired (passivated) by removing its key from the table under the lock. From
+  then on new calls for that key spawn a fresh incarnation; the retired one finishes the
+  calls already sent to it and stops when its in-flight count reaches zero. There is no
+  window in which a call can reach a stopping actor, so no call is ever lost.
+- The table is an `OrderedDict` in least-recently-used order, which makes both the TTL pass
+  (stop at the first fresh entry) and the LRU cap (first idle entry) cheap.
+
+We keep our own dict rather than pykka's `ActorRegistry`, which is a linear list.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pykka
+import structlog
+
+from ctxactors.actors import Call, KeyActor, Lifecycle
+from ctxactors.results import RuntimeClosedError
+
+Key = tuple[Any, ...]
+
+
+class Entry(Lifecycle):
+    """One incarnation of a key's actor and its bookkeeping (guarded by the registry lock)."""
+
+    __slots__ = ("key", "ref", "inflight", "last_used", "retiring")
+
+    def __init__(self, key: Key, now: float) -> None:
+        super().__init__()
+        self.key = key
+        self.ref: pykka.ActorRef[Any] | None = None
+        self.inflight = 0
+        self.last_used = now
+        self.retiring = False
+
+    def idle(self) -> bool:
+        server = self.server
+        return self.inflight == 0 and not (server is not None and server.is_busy())
+
+
+class Registry:
+    """The live actors, by key. Thread-safe; `close` stops them all and waits for cleanup."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float,
+        max_actors: int,
+        clock: Callable[[], float] = time.monotonic,
+        scan_interval: float | None = None,
+        log: Any = None,
+    ) -> None:
+        if ttl <= 0:
+            raise ValueError("ttl must be positive")
+        if max_actors < 1:
+            raise ValueError("max_actors must be at least 1")
+        self.ttl = ttl
+        self.max_actors = max_actors
+        self._clock = clock
+        self._log = log if log is not None else structlog.get_logger("ctxactors").bind()
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Key, Entry] = OrderedDict()
+        self._by_session: dict[Any, set[Key]] = {}
+        self._closed = False
+        self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0, "calls": 0}
+        self._inflight = 0
+        self._peak = 0
+        self._stop_reaper = threading.Event()
+        self._reaper: threading.Thread | None = None
+        if scan_interval is not None and scan_interval > 0:
+            self._reaper = threading.Thread(
+                target=self._reap_forever, args=(scan_interval,), name="ctxactors-reaper",
+                daemon=True,
+            )
+            self._reaper.start()
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def submit(self, key: Key, factory: Callable[[], Any], call: Call) -> None:
+        """Send `call` to the actor of `key`, spawning it first if there is none."""
+        victims: list[Entry] = []
+        with self._lock:
+            if self._closed:
+                raise RuntimeClosedError("the runtime is closed")
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._spawn(key, factory)
+                if len(self._entries) > self.max_actors:
+                    victims = self._pick_lru_victim(entry)
+            else:
+                self._entries.move_to_end(key)
+            entry.inflight += 1
+            entry.last_used = self._clock()
+            self._inflight += 1
+            self._counts["calls"] += 1
+        self._stop(victims)
+        assert entry.ref is not None
+        entry.ref.tell(call)
+
+    def _spawn(self, key: Key, factory: Callable[[], Any]) -> Entry:
+        entry = Entry(key, self._clock())
+        entry.ref = KeyActor.start(factory, entry, lambda: self._finished(entry))
+        self._entries[key] = entry
+        self._by_session.setdefault(key[1], set()).add(key)
+        self._counts["spawned"] += 1
+        self._peak = max(self._peak, len(self._entries))
+        self._log.debug("actor_spawned", key=repr(key), actors=len(self._entries))
+        return entry
+
+    def _finished(self, entry: Entry) -> None:
+        """Called in the actor's thread after each message."""
+        with self._lock:
+            entry.inflight -= 1
+            self._inflight -= 1
+            entry.last_used = self._clock()
+            if not entry.retiring:
+                self._entries.move_to_end(entry.key)
+                return
+            stop_now = entry.inflight == 0
+        if stop_now:
+            self._stop([entry])
+
+    # -- passivation ---------------------------------------------------------------------
+
+    def _retire(self, entry: Entry) -> bool:
+        """Remove an entry from the table (lock held); True if it can be stopped at once."""
+        del self._entries[entry.key]
+        keys = self._by_session.get(entry.key[1])
+        if keys is not None:
+            keys.discard(entry.key)
+            if not keys:
+                del self._by_session[entry.key[1]]
+        entry.retiring = True
+        return entry.inflight == 0
+
+    def _pick_lru_victim(self, newcomer: Entry) -> list[Entry]:
+        for entry in self._entries.values():
+            if entry is not newcomer and entry.idle():
+                self._retire(entry)
+                self._counts["evicted"] += 1
+                self._log.info("actor_evicted", key=repr(entry.key), reason="max_actors")
+                return [entry]
+        return []  # every actor is busy: the cap is exceeded until some become idle
+
+    def _stop(self, entries: Iterable[Entry]) -> None:
+        for entry in entries:
+            try:
+                if entry.ref is not None:
+                    entry.ref.stop(block=False)
+            except pykka.ActorDeadError:
+                entry.closed.set()
+
+    def reap(self) -> int:
+        """One TTL pass: stop every idle actor unused for longer than `ttl`."""
+        with self._lock:
+            cutoff = self._clock() - self.ttl
+            victims = []
+            for entry in self._entries.values():
+                if entry.last_used > cutoff:
+                    break  # LRU order: everything after this is fresher
+                if entry.idle():
+                    victims.append(entry)
+            for entry in victims:
+                self._retire(entry)
+            self._counts["reaped"] += len(victims)
+        self._stop(victims)
+        if victims:
+            self._log.info("actors_reaped", count=len(victims), reason="ttl")
+        return len(victims)
+
+    def end_session(self, session_id: Any, wait: float | None = None) -> int:
+        """Retire every actor of a session; with `wait`, block until their cleanup is done."""
+        with self._lock:
+            keys = list(self._by_session.get(session_id, ()))
+            entries = [self._entries[k] for k in keys]
+            idle = [e for e in entries if self._retire(e)]
+            self._counts["ended"] += len(entries)
+        self._stop(idle)
+        if wait is not None:
+            deadline = time.monotonic() + wait
+            for entry in entries:
+                entry.wait_closed(max(deadline - time.monotonic(), 0.0))
+        if entries:
+            self._log.info("session_ended", session_id=session_id, actors=len(entries))
+        return len(entries)
+
+    def _reap_forever(self, interval: float) -> None:
+        while not self._stop_reaper.wait(interval):
+            try:
+                self.reap()
+            except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad pass
+                self._log.error("reap_failed", error=f"{type(exc).__name__}: {exc}")
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop taking calls, retire every actor, and wait for their cleanup."""
+        self._stop_reaper.set()
+        with self._lock:
+            self._closed = True
+            entries = list(self._entries.values())
+            idle = [e for e in entries if self._retire(e)]
+        self._stop(idle)
+        deadline = time.monotonic() + timeout
+        for entry in entries:
+            entry.wait_closed(max(deadline - time.monotonic(), 0.0))
+        if self._reaper is not None and self._reaper is not threading.current_thread():
+            self._reaper.join(timeout=1.0)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "actors": len(self._entries),
+                "inflight": self._inflight,
+                "peak_actors": self._peak,
+                "sessions": len(self._by_session),
+                **self._counts,
+            }
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._entries)

@@ -1,0 +1,106 @@
+"""What a tool call gives back: a `ToolResult`, or one of the protocol errors.
+
+The split follows MCP: a problem with the *call* (unknown tool, arguments that don't fit the
+schema, a timeout, a closed runtime) raises a `CtxActorsError` carrying a JSON-RPC code; a
+problem inside the *tool* (not found, access denied, a handler that raised) is an ordinary
+`ToolResult` with `is_error=True`, so the model can read the message and act on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_json_encode = msgspec.json.Encoder().encode
+
+
+class CtxActorsError(Exception):
+    """Base of every error the runtime raises; `code` is its JSON-RPC error code."""
+
+    code: int = -32000
+
+    def to_jsonrpc(self) -> dict[str, Any]:
+        return {"code": self.code, "message": str(self)}
+
+
+class UnknownToolError(CtxActorsError):
+    """No tool of that name is registered."""
+
+    code = -32601
+
+
+class InvalidArgumentsError(CtxActorsError):
+    """The arguments are not a JSON object, or don't fit the tool's schema."""
+
+    code = -32602
+
+
+class CallTimeoutError(CtxActorsError):
+    """The call got no reply in time. A late reply is discarded, never misdelivered."""
+
+    code = -32001
+
+
+class RuntimeClosedError(CtxActorsError):
+    """The runtime was closed; it takes no more calls."""
+
+    code = -32002
+
+
+class ToolError(Exception):
+    """Raise from a handler to fail the call with exactly this message (no type prefix).
+
+    Use it for the tool's own refusals ("goal g9 not found"); anything else a handler raises
+    is reported as ``"<ExceptionType>: <text>"``.
+    """
+
+
+class ToolResult(msgspec.Struct, frozen=True):
+    """The result of one tool call, in MCP's shape.
+
+    `content` holds MCP content blocks (``{"type": "text", "text": ...}``); `structured` is
+    the machine-readable result (MCP's ``structuredContent``) when the tool returned one.
+    """
+
+    content: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    structured: dict[str, Any] | None = None
+    is_error: bool = False
+
+    @classmethod
+    def ok(cls, value: Any = None) -> ToolResult:
+        """Wrap what a handler returned: a dict is structured, a string is text."""
+        if isinstance(value, ToolResult):
+            return value
+        if value is None:
+            return cls(content=[])
+        if isinstance(value, str):
+            return cls(content=[{"type": "text", "text": value}])
+        if isinstance(value, msgspec.Struct):
+            value = msgspec.to_builtins(value)
+        if isinstance(value, dict):
+            text = _json_encode(value).decode()
+            return cls(content=[{"type": "text", "text": text}], structured=value)
+        return cls(content=[{"type": "text", "text": _json_encode(value).decode()}])
+
+    @classmethod
+    def error(cls, message: str) -> ToolResult:
+        return cls(content=[{"type": "text", "text": message}], is_error=True)
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> ToolResult:
+        if isinstance(exc, ToolError):
+            return cls.error(str(exc))
+        return cls.error(f"{type(exc).__name__}: {exc}")
+
+    @property
+    def text(self) -> str:
+        """All text blocks joined by newlines."""
+        return "\n".join(b.get("text", "") for b in self.content if b.get("type") == "text")
+
+    def to_mcp(self) -> dict[str, Any]:
+        return {
+            "content": list(self.content),
+            "structuredContent": self.structured,
+            "isError": self.is_error,
+        }

@@ -1,0 +1,233 @@
+"""The router: context in, validated call out to the right key's actor, result back.
+
+Every call goes the same way, whichever transport it came from:
+
+1. parse the arguments (dict or JSON string) and read the context from the reserved fields
+   (then from MCP ``_meta``), strip them, validate the rest against the tool's args type;
+   all of this in the caller, so bad input fails before anything is sent;
+2. pick the key with the server's scope and hand the call to that key's actor;
+3. wait for the reply (a lock handoff for `call`, an asyncio future for `acall`).
+
+The actor thread then writes the call's log line and tells the observers (the operation
+history), after the caller already has its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Iterable, Mapping
+from types import TracebackType
+from typing import Any
+
+from ctxactors.actors import AsyncReply, Call, SyncReply
+from ctxactors.context import ToolContext, clean_args, parse_arguments, read_context
+from ctxactors.logs import get_logger
+from ctxactors.registry import Registry
+from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
+from ctxactors.tools import Server, ToolSpec, collect_tools
+
+# An observer sees every call that reached a server: (ctx, spec, clean arguments, result).
+Observer = Callable[[ToolContext, ToolSpec, dict[str, Any], ToolResult], None]
+
+
+class Runtime:
+    """Routes tool calls to one pykka actor per key. Use as a context manager, or `close()`.
+
+    `servers=None` registers the built-in servers. `ttl` is the idle time after which a
+    key's actor is reaped (its state is ephemeral); `max_actors` caps the live actors (the
+    least recently used idle one is passivated to make room); `clock` is an injectable
+    monotonic clock for tests. With an injected clock and no `scan_interval` there is no
+    background reaper: the test calls `reap()` itself.
+    """
+
+    def __init__(
+        self,
+        servers: Iterable[type[Server]] | None = None,
+        *,
+        ttl: float = 3600.0,
+        scan_interval: float | None = None,
+        max_actors: int = 10_000,
+        call_timeout: float = 30.0,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        if servers is None:
+            from ctxactors.servers import BUILTIN
+
+            servers = BUILTIN
+        from ctxactors.servers import ALWAYS
+
+        self._servers = [*servers, *(s for s in ALWAYS if s not in servers)]
+        self._tools: dict[str, ToolSpec] = collect_tools(self._servers)
+        self._factories = {s: functools.partial(s.create, self) for s in self._servers}
+        self._definitions = [spec.definition() for spec in self._tools.values()]
+        self.call_timeout = call_timeout
+        self._log = get_logger("ctxactors")
+        if scan_interval is None and clock is None:
+            scan_interval = min(max(ttl / 4, 0.05), 60.0)
+        self._registry = Registry(
+            ttl=ttl,
+            max_actors=max_actors,
+            clock=clock or time.monotonic,
+            scan_interval=scan_interval,
+            log=self._log,
+        )
+        self._observers: list[Observer] = []
+        for server in self._servers:
+            server.attach(self)
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str | None = None,
+        *,
+        meta: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> ToolResult:
+        """Call a tool and wait for its result.
+
+        Raises `UnknownToolError`, `InvalidArgumentsError` (nothing ran),
+        `CallTimeoutError` or `RuntimeClosedError`; a tool's own failure is a result with
+        ``is_error=True``.
+        """
+        reply = SyncReply()
+        self._dispatch(tool, arguments, meta, reply)
+        wait = self.call_timeout if timeout is None else timeout
+        if not reply.wait(wait):
+            raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
+        result: ToolResult = reply.value
+        return result
+
+    async def acall(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str | None = None,
+        *,
+        meta: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> ToolResult:
+        """`call`, awaitable. Never blocks the event loop: the reply resolves a future."""
+        reply = AsyncReply(asyncio.get_running_loop())
+        self._dispatch(tool, arguments, meta, reply)
+        wait = self.call_timeout if timeout is None else timeout
+        try:
+            result: ToolResult = await asyncio.wait_for(reply.future, wait)
+        except TimeoutError:
+            raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
+        return result
+
+    def _dispatch(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | str | None,
+        meta: Mapping[str, Any] | None,
+        reply: SyncReply | AsyncReply,
+    ) -> None:
+        spec = self._tools.get(tool)
+        if spec is None:
+            raise UnknownToolError(f"unknown tool {tool!r}")
+        raw = parse_arguments(arguments)
+        ctx, has_session = read_context(raw, meta)
+        args = clean_args(raw)
+        validated = spec.validate(args)
+        if not has_session:
+            self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
+        self.submit(spec, ctx, validated, args, reply)
+
+    def submit(
+        self,
+        spec: ToolSpec,
+        ctx: ToolContext,
+        validated: Any,
+        args: dict[str, Any],
+        reply: SyncReply | AsyncReply | None,
+        *,
+        fn: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Hand an already validated call to its key's actor (for the batch tool).
+
+        `fn` replaces the handler (a compensation, say) while keeping the key and the
+        bookkeeping.
+        """
+        started = time.perf_counter()
+        log = self._log
+        observers = self._observers
+
+        def run(server: Server) -> ToolResult:
+            return spec.invoke(server, ctx, validated)
+
+        def after(result: ToolResult) -> None:
+            log.info(
+                "tool_call",
+                session_id=ctx.session_id,
+                assistant_id=ctx.assistant_id,
+                thread_id=ctx.thread_id,
+                tool=spec.name,
+                duration_ms=round((time.perf_counter() - started) * 1000, 3),
+                outcome="error" if result.is_error else "ok",
+            )
+            for observer in observers:
+                try:
+                    observer(ctx, spec, args, result)
+                except Exception as exc:  # noqa: BLE001 - recording never fails a call
+                    log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
+
+        key = spec.server.scope.key(spec.server.name, ctx)
+        self._registry.submit(key, self._factories[spec.server], Call(fn or run, reply, after))
+
+    def add_observer(self, observer: Observer) -> None:
+        """Run `observer` in the actor thread after every call that reached a server."""
+        self._observers.append(observer)
+
+    # -- introspection and lifecycle -----------------------------------------------------
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """MCP tool definitions; no schema contains a reserved field."""
+        return [dict(d) for d in self._definitions]
+
+    def tool_spec(self, name: str) -> ToolSpec:
+        spec = self._tools.get(name)
+        if spec is None:
+            raise UnknownToolError(f"unknown tool {name!r}")
+        return spec
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        return self._tools
+
+    def end_session(self, session_id: str) -> int:
+        """Stop every actor of the session now (after calls already sent to them finish).
+
+        Waits for their cleanup (processes killed, directories removed); returns how many
+        actors were stopped.
+        """
+        return self._registry.end_session(session_id, wait=self.call_timeout)
+
+    def reap(self) -> int:
+        """One reaper pass now; returns how many idle actors it stopped."""
+        return self._registry.reap()
+
+    def stats(self) -> dict[str, int]:
+        return self._registry.stats()
+
+    @property
+    def registry(self) -> Registry:
+        return self._registry
+
+    def close(self) -> None:
+        """Refuse new calls, stop every actor and wait for their cleanup. Idempotent."""
+        self._registry.close(timeout=self.call_timeout)
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

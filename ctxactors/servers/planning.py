@@ -1,0 +1,62 @@
+"""Planning: goals and todos for one thread of one assistant in one session."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from ctxactors.context import ToolContext
+from ctxactors.results import ToolError
+from ctxactors.tools import Scope, Server, tool
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=10_000)]
+
+
+class Planning(Server):
+    """Goals and the todos under them. Ids are never reused within a key."""
+
+    name = "planning"
+    scope = Scope.THREAD
+
+    def __init__(self) -> None:
+        self.goals: dict[str, dict[str, Any]] = {}
+        self.todos: dict[str, dict[str, Any]] = {}
+        self._next = 0
+
+    def _new_id(self, prefix: str) -> str:
+        self._next += 1
+        return f"{prefix}{self._next}"
+
+    @tool
+    def create_goal(self, ctx: ToolContext, goal: NonEmpty) -> dict[str, Any]:
+        """Create a goal to work towards. Returns its id."""
+        record = {"id": self._new_id("g"), "goal": goal}
+        self.goals[record["id"]] = record
+        return dict(record)
+
+    @tool
+    def add_todo(self, ctx: ToolContext, name: NonEmpty, goal_id: str | None = None) -> dict[str, Any]:
+        """Add a todo, optionally under an existing goal (by its id)."""
+        if goal_id is not None and goal_id not in self.goals:
+            raise ToolError(f"goal {goal_id!r} not found")
+        record = {"id": self._new_id("t"), "name": name, "goal_id": goal_id, "done": False}
+        self.todos[record["id"]] = record
+        return dict(record)
+
+    @tool(idempotent=True)
+    def mark_todo(self, ctx: ToolContext, todo_id: str, done: bool = True) -> dict[str, Any]:
+        """Mark a todo done (or not done again with done=false)."""
+        todo = self.todos.get(todo_id)
+        if todo is None:
+            raise ToolError(f"todo {todo_id!r} not found")
+        todo["done"] = done
+        return dict(todo)
+
+    @tool(read_only=True)
+    def get_planning_state(self, ctx: ToolContext) -> dict[str, Any]:
+        """All goals and todos of this conversation thread."""
+        return {
+            "goals": [dict(g) for g in self.goals.values()],
+            "todos": [dict(t) for t in self.todos.values()],
+        }

@@ -1,0 +1,291 @@
+"""How a server declares its tools.
+
+A tool server is a plain class: one instance holds the state of one key and lives inside that
+key's actor. Its tools are methods marked with `@tool`; their typed parameters (after
+``self`` and ``ctx``) become a msgspec args type, which is the single source of truth for both
+validation and the published ``inputSchema``. The docstring is the description.
+
+The context never appears in a schema: registration refuses any property that would let the
+model name a session, assistant or thread itself.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import msgspec
+
+from ctxactors.context import ToolContext
+from ctxactors.results import InvalidArgumentsError, ToolResult
+
+# Property names (lower-cased, underscores removed) that would carry the context.
+_CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
+
+Key = tuple[Any, ...]
+
+
+class Scope(enum.Enum):
+    """Which part of the context picks a server's actor (and so its state)."""
+
+    SESSION = "session"
+    ASSISTANT = "assistant"  # session + assistant
+    THREAD = "thread"  # session + assistant + thread
+
+    def key(self, server: str, ctx: ToolContext) -> Key:
+        """The actor key. Tuples, never joined strings: ``a::b`` + ``c`` can't collide."""
+        if self is Scope.SESSION:
+            return (server, ctx.session_id)
+        if self is Scope.ASSISTANT:
+            return (server, ctx.session_id, ctx.assistant_id)
+        return (server, ctx.session_id, ctx.assistant_id, ctx.thread_id)
+
+
+class ToolSpec:
+    """Everything the runtime knows about one tool. Built at class definition; immutable."""
+
+    __slots__ = (
+        "name",
+        "server",
+        "fn",
+        "args_type",
+        "field_names",
+        "description",
+        "annotations",
+        "input_schema",
+        "extract",
+        "compensate",
+        "_validate",
+    )
+
+    def __init__(
+        self,
+        server: type[Server],
+        fn: Callable[..., Any],
+        options: _ToolOptions,
+    ) -> None:
+        self.name = options.name or fn.__name__
+        self.server = server
+        self.fn = fn
+        self.description = inspect.cleandoc(fn.__doc__ or "").strip() or self.name
+        self.args_type = _args_type(server, fn, self.name)
+        self.field_names = tuple(f.name for f in msgspec.structs.fields(self.args_type))
+        self.input_schema = input_schema(self.args_type)
+        refuse_context_fields(self.input_schema, f"{server.__name__}.{self.name}")
+        self.annotations = options.annotations()
+        self.extract = options.extract
+        self.compensate = options.compensate
+        args_type = self.args_type
+        self._validate = lambda args: msgspec.convert(args, args_type, strict=True)
+
+    @property
+    def read_only(self) -> bool:
+        return bool(self.annotations.get("readOnlyHint"))
+
+    def validate(self, arguments: dict[str, Any]) -> Any:
+        """The clean arguments as the args type, or `InvalidArgumentsError` naming the field."""
+        try:
+            return self._validate(arguments)
+        except msgspec.ValidationError as exc:
+            raise InvalidArgumentsError(f"invalid arguments for {self.name!r}: {exc}") from None
+
+    def invoke(self, instance: Server, ctx: ToolContext, args: Any) -> ToolResult:
+        """Run the handler on a server instance; whatever it raises becomes an error result."""
+        try:
+            kwargs = {name: getattr(args, name) for name in self.field_names}
+            return ToolResult.ok(self.fn(instance, ctx, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
+            return ToolResult.from_exception(exc)
+
+    def definition(self) -> dict[str, Any]:
+        """The MCP tool definition."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": self.input_schema,
+            "annotations": dict(self.annotations),
+        }
+
+    def __repr__(self) -> str:
+        return f"<ToolSpec {self.server.name}.{self.name}>"
+
+
+class _ToolOptions(msgspec.Struct, frozen=True):
+    name: str | None = None
+    title: str | None = None
+    read_only: bool = False
+    destructive: bool = False
+    idempotent: bool = False
+    open_world: bool = False
+    extract: Callable[..., Any] | None = None
+    compensate: Callable[..., Any] | None = None
+
+    def annotations(self) -> dict[str, Any]:
+        hints: dict[str, Any] = {"readOnlyHint": self.read_only}
+        if not self.read_only:
+            hints["destructiveHint"] = self.destructive
+            hints["idempotentHint"] = self.idempotent
+        hints["openWorldHint"] = self.open_world
+        if self.title:
+            hints["title"] = self.title
+        return hints
+
+
+_MARK = "__ctxactors_tool__"
+
+
+@typing.overload
+def tool(fn: Callable[..., Any], /) -> Callable[..., Any]: ...
+@typing.overload
+def tool(
+    *,
+    name: str | None = None,
+    title: str | None = None,
+    read_only: bool = False,
+    destructive: bool = False,
+    idempotent: bool = False,
+    open_world: bool = False,
+    extract: Callable[..., Any] | None = None,
+    compensate: Callable[..., Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
+def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
+    """Mark a server method as a tool: ``@tool`` or ``@tool(read_only=True, ...)``.
+
+    The options become MCP annotations (``readOnlyHint``, ``destructiveHint``,
+    ``idempotentHint``, ``openWorldHint``, ``title``). `extract` is a per-tool metadata
+    extractor for the operation history and `compensate` the undo used by transactional
+    batches; see those servers for their signatures.
+    """
+    opts = _ToolOptions(**options)
+
+    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(f, _MARK, opts)
+        return f
+
+    return mark(fn) if fn is not None else mark
+
+
+class Server:
+    """Base class of tool servers. Subclass it, set `name` and `scope`, add `@tool` methods.
+
+    One instance holds the state of one key and is only ever touched from that key's actor
+    thread, so handlers need no locks. The instance is created inside the actor's thread
+    (which matters for thread-bound resources such as SQLite connections).
+    """
+
+    name: ClassVar[str]
+    scope: ClassVar[Scope] = Scope.SESSION
+    tools: ClassVar[dict[str, ToolSpec]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__.lower()
+        specs: dict[str, ToolSpec] = {}
+        for klass in reversed(cls.__mro__):
+            for attr in vars(klass).values():
+                opts = getattr(attr, _MARK, None)
+                if opts is not None:
+                    spec = ToolSpec(cls, attr, opts)
+                    specs[spec.name] = spec
+        cls.tools = specs
+
+    @classmethod
+    def create(cls, runtime: Any) -> Server:
+        """Make the instance for one key (inside its actor's thread).
+
+        Override to take what the instance needs from the runtime (the batch server keeps
+        the runtime to run operations); the default ignores it.
+        """
+        return cls()
+
+    @classmethod
+    def attach(cls, runtime: Any) -> None:  # noqa: B027 - optional hook
+        """Called once when a runtime registers this server (e.g. to add an observer)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the instance holds. Runs in the actor thread when it stops."""
+
+    def is_busy(self) -> bool:
+        """True while the instance must not be reaped (e.g. it has running processes).
+
+        Called from the reaper's thread: keep it cheap and safe to read concurrently.
+        """
+        return False
+
+
+def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msgspec.Struct]:
+    params = list(inspect.signature(fn).parameters.values())
+    if len(params) < 2 or params[0].name != "self":
+        raise TypeError(
+            f"tool {tool_name!r} of {server.__name__} must take (self, ctx, ...arguments)"
+        )
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields: list[Any] = []
+    for p in params[2:]:
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise TypeError(f"tool {tool_name!r}: parameter {p.name!r} must be a named one")
+        annotation = hints.get(p.name, Any)
+        fields.append((p.name, annotation) if p.default is p.empty else (p.name, annotation, p.default))
+    return msgspec.defstruct(
+        f"{server.__name__}_{tool_name}_args",
+        fields,
+        kw_only=True,
+        forbid_unknown_fields=True,
+        module=server.__module__,
+    )
+
+
+def input_schema(args_type: Any) -> dict[str, Any]:
+    """The JSON schema of an args type, with msgspec's top-level ``$ref`` inlined.
+
+    MCP wants ``inputSchema`` itself to be ``{"type": "object", ...}``.
+    """
+    schema = msgspec.json.schema(args_type)
+    defs: dict[str, Any] = dict(schema.get("$defs", {}))
+    ref = schema.get("$ref")
+    if ref is not None:
+        root = dict(defs.pop(ref.rsplit("/", 1)[-1]))
+    else:
+        root = {k: v for k, v in schema.items() if k != "$defs"}
+    root.pop("title", None)
+    root.setdefault("type", "object")
+    root.setdefault("properties", {})
+    if defs:
+        root["$defs"] = defs
+    return root
+
+
+def refuse_context_fields(schema: Any, where: str) -> None:
+    """Raise `TypeError` if any property in the schema could carry the call context."""
+    if isinstance(schema, dict):
+        for prop in (schema.get("properties") or {}).keys():
+            if prop.startswith("__") or prop.replace("_", "").lower() in _CONTEXT_NAMES:
+                raise TypeError(
+                    f"{where}: property {prop!r} is reserved for the call context; "
+                    "take the context from the handler's ctx parameter instead"
+                )
+        for value in schema.values():
+            refuse_context_fields(value, where)
+    elif isinstance(schema, list):
+        for value in schema:
+            refuse_context_fields(value, where)
+
+
+def collect_tools(servers: typing.Iterable[type[Server]]) -> dict[str, ToolSpec]:
+    """All tools of the servers by name; duplicate names fail with both owners named."""
+    table: dict[str, ToolSpec] = {}
+    for server in servers:
+        if not (isinstance(server, type) and issubclass(server, Server)):
+            raise TypeError(f"{server!r} is not a Server subclass")
+        for name, spec in server.tools.items():
+            if name in table:
+                raise ValueError(
+                    f"duplicate tool name {name!r}: declared by both "
+                    f"{table[name].server.__name__} and {server.__name__}"
+                )
+            table[name] = spec
+    return table
