@@ -153,21 +153,22 @@ class KeyActor(pykka.ThreadingActor):
     def on_receive(self, message: Any) -> None:
         call: Call = message
         try:
-            try:
-                if self._start_error is not None:
-                    raise RuntimeError(f"server failed to start: {self._start_error}")
-                result = call.fn(self._server)
-            except BaseException as exc:  # noqa: BLE001
-                result = ToolResult.from_exception(exc)
-            if call.reply is not None:
-                call.reply.set(result)
-            if call.after is not None:
-                try:
-                    call.after(result)
-                except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
-                    _log.error("after_call_failed", error=f"{type(exc).__name__}: {exc}")
+            if self._start_error is not None:
+                raise RuntimeError(f"server failed to start: {self._start_error}")
+            result = call.fn(self._server)
+        except BaseException as exc:  # noqa: BLE001
+            result = ToolResult.from_exception(exc)
         finally:
+            # Account for the call before replying, so a caller that has its result also
+            # sees the key as idle (and a retiring key stops right after this message).
             self._on_done()
+        if call.reply is not None:
+            call.reply.set(result)
+        if call.after is not None:
+            try:
+                call.after(result)
+            except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
+                _log.error("after_call_failed", error=f"{type(exc).__name__}: {exc}")
 
     def on_stop(self) -> None:
         try:

@@ -1,0 +1,113 @@
+"""The context middleware: reading, stripping and injecting the reserved fields."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ctxactors import InvalidArgumentsError, Scope, ToolContext, clean_args, inject_context
+
+ctx_a1 = ToolContext("s1", "a1", "t1")
+
+
+def test_from_args_reads_camel_and_snake_case() -> None:
+    assert ToolContext.from_args({"__sessionId": "s", "__assistantId": "a", "__threadId": "t"}) == ToolContext("s", "a", "t")
+    assert ToolContext.from_args({"__session_id": "s", "__assistant_id": "a", "__thread_id": "t"}) == ToolContext("s", "a", "t")
+
+
+def test_camel_case_wins_over_snake_case() -> None:
+    ctx = ToolContext.from_args({"__session_id": "snake", "__sessionId": "camel"})
+    assert ctx.session_id == "camel"
+
+
+def test_missing_context_is_default_session() -> None:
+    assert ToolContext.from_args({"x": 1}) == ToolContext("default", None, None)
+    assert ToolContext.from_args(None) == ToolContext()
+
+
+def test_meta_is_read_when_arguments_have_no_context_and_arguments_win() -> None:
+    meta = {"ctxactors/sessionId": "m", "ctxactors/assistantId": "ma"}
+    assert ToolContext.from_args({}, meta) == ToolContext("m", "ma", None)
+    assert ToolContext.from_args({"__sessionId": "arg"}, meta) == ToolContext("arg", "ma", None)
+
+
+@pytest.mark.parametrize("bad", [3, None, ["s"], {"id": "s"}, True])
+def test_non_string_reserved_field_is_refused_naming_it(bad: object) -> None:
+    with pytest.raises(InvalidArgumentsError, match="__assistantId"):
+        ToolContext.from_args({"__sessionId": "s", "__assistantId": bad})
+
+
+def test_clean_args_removes_every_dunder_field_only() -> None:
+    args = {"goal": "x", "__sessionId": "s", "__anything": 1, "_single": 2, "nested": {"__k": 1}}
+    assert clean_args(args) == {"goal": "x", "_single": 2, "nested": {"__k": 1}}
+
+
+def test_inject_context_keeps_llm_arguments_and_appends_context() -> None:
+    llm = {"goal": "Learn Rust", "n": 3}
+    out = inject_context(llm, ctx_a1)
+    assert out == {"goal": "Learn Rust", "n": 3, "__sessionId": "s1", "__assistantId": "a1", "__threadId": "t1"}
+    assert llm == {"goal": "Learn Rust", "n": 3}  # the input is not mutated
+
+
+def test_inject_context_accepts_the_llm_json_string() -> None:
+    out = inject_context('{"goal": "x"}', ToolContext("s9"))
+    assert out == {"goal": "x", "__sessionId": "s9"}
+
+
+def test_inject_context_drops_spoofed_fields_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        out = inject_context({"goal": "x", "__assistantId": "evil", "__session_id": "other"}, ctx_a1)
+    assert out["__assistantId"] == "a1" and "__session_id" not in out
+    assert ToolContext.from_args(out) == ctx_a1
+    assert any(e["event"] == "spoofed_context_dropped" and e["log_level"] == "warning" for e in logs)
+
+
+@pytest.mark.parametrize("bad", ["[1, 2]", "3", "null", "{not json", '"str"'])
+def test_inject_context_refuses_non_objects(bad: str) -> None:
+    with pytest.raises(InvalidArgumentsError):
+        inject_context(bad, ctx_a1)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
+llm_keys = st.text(min_size=1, max_size=12).filter(lambda k: not k.startswith("__"))
+contexts = st.builds(
+    ToolContext,
+    st.text(min_size=1, max_size=8),
+    st.none() | st.text(max_size=8),
+    st.none() | st.text(max_size=8),
+)
+
+
+@given(st.dictionaries(llm_keys, json_values, max_size=6), contexts)
+def test_property_clean_of_injected_is_the_llm_arguments(args: dict, ctx: ToolContext) -> None:
+    injected = inject_context(args, ctx)
+    assert clean_args(injected) == args
+    assert ToolContext.from_args(injected) == ctx
+    assert clean_args(inject_context(json.dumps(args), ctx)) == json.loads(json.dumps(args))
+
+
+@given(contexts, contexts, st.sampled_from(list(Scope)), st.text(string.ascii_lowercase, min_size=1))
+def test_property_distinct_contexts_never_share_a_thread_key(a: ToolContext, b: ToolContext, scope: Scope, server: str) -> None:
+    if a != b:
+        assert Scope.THREAD.key(server, a) != Scope.THREAD.key(server, b)
+    # A coarser scope shares a key exactly when the parts it looks at are equal.
+    same_session = a.session_id == b.session_id
+    same_assistant = same_session and a.assistant_id == b.assistant_id
+    expected = {Scope.SESSION: same_session, Scope.ASSISTANT: same_assistant, Scope.THREAD: a == b}[scope]
+    assert (scope.key(server, a) == scope.key(server, b)) is expected
+
+
+def test_keys_do_not_collide_on_separator_tricks() -> None:
+    a = ToolContext("a::b", "c")
+    b = ToolContext("a", "b::c")
+    assert Scope.ASSISTANT.key("p", a) != Scope.ASSISTANT.key("p", b)

@@ -1,0 +1,170 @@
+"""TTL reaping, the LRU cap, calls racing passivation, and end_session, on a manual clock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.servers import BUILTIN
+from tests.conftest import ManualClock, ctx_args
+
+
+class Gate(Server):
+    """A tool that blocks until the test opens its gate, to hold a call in flight."""
+
+    name = "gate"
+    scope = Scope.SESSION
+    gates: dict[str, threading.Event] = {}
+    closed: list[str] = []
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    @tool
+    def wait_gate(self, ctx: ToolContext, gate: str) -> dict[str, Any]:
+        """Block until the gate opens."""
+        assert Gate.gates[gate].wait(10)
+        self.n += 1
+        return {"n": self.n}
+
+    @tool
+    def count(self, ctx: ToolContext) -> dict[str, Any]:
+        """Count calls on this incarnation."""
+        self.n += 1
+        return {"n": self.n}
+
+
+def make(clock: ManualClock, **kw: Any) -> Runtime:
+    return Runtime([*BUILTIN, Gate], clock=clock, call_timeout=10, **kw)
+
+
+def test_idle_actors_are_reaped_after_ttl_and_state_is_gone(clock: ManualClock) -> None:
+    with make(clock, ttl=60) as rt:
+        rt.call("create_goal", ctx_args("s1", goal="old"))
+        clock.advance(30)
+        rt.call("create_goal", ctx_args("s2", goal="fresh"))
+        assert rt.reap() == 0
+        clock.advance(31)  # s1 idle for 61 s, s2 for 31 s
+        assert rt.reap() == 1
+        assert rt.stats()["actors"] == 1 and rt.stats()["reaped"] == 1
+        assert rt.call("get_planning_state", ctx_args("s1")).structured["goals"] == []
+        assert [g["goal"] for g in rt.call("get_planning_state", ctx_args("s2")).structured["goals"]] == ["fresh"]
+
+
+def test_an_actor_with_a_call_in_flight_is_never_reaped(clock: ManualClock) -> None:
+    Gate.gates["inflight"] = threading.Event()
+    with make(clock, ttl=10) as rt:
+        rt.call("count", ctx_args("busy"))
+        t = threading.Thread(target=lambda: rt.call("wait_gate", ctx_args("busy", gate="inflight")))
+        t.start()
+        deadline = time.monotonic() + 5
+        while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        clock.advance(100)
+        assert rt.reap() == 0
+        Gate.gates["inflight"].set()
+        t.join(5)
+        # The call finished: it counted as a use, and the incarnation kept its state.
+        assert rt.call("count", ctx_args("busy")).structured == {"n": 3}
+        clock.advance(11)
+        assert rt.reap() == 1
+
+
+def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualClock) -> None:
+    with make(clock, ttl=3600, max_actors=3) as rt:
+        for s in ("s1", "s2", "s3"):
+            rt.call("count", ctx_args(s))
+            clock.advance(1)
+        rt.call("count", ctx_args("s1"))  # s2 is now the least recently used
+        rt.call("count", ctx_args("s4"))
+        stats = rt.stats()
+        assert stats["actors"] == 3 and stats["evicted"] == 1
+        assert {k[1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
+        assert rt.call("count", ctx_args("s1")).structured == {"n": 3}
+        assert rt.call("count", ctx_args("s2")).structured == {"n": 1}  # fresh incarnation
+
+
+def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: ManualClock) -> None:
+    Gate.gates["cap"] = threading.Event()
+    with make(clock, max_actors=2) as rt:
+        threads = [threading.Thread(target=rt.call, args=("wait_gate", ctx_args(f"b{i}", gate="cap"))) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while rt.stats()["inflight"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert rt.call("count", ctx_args("extra")).structured == {"n": 1}
+        assert rt.stats()["actors"] == 3
+        Gate.gates["cap"].set()
+        for t in threads:
+            t.join(5)
+
+
+def test_calls_racing_reaps_and_evictions_are_all_answered() -> None:
+    # A real clock, a tiny TTL, a tiny cap and a busy reaper: keys are passivated and
+    # respawned constantly while 16 threads call them. Every call must get its answer.
+    with Runtime([*BUILTIN, Gate], ttl=0.002, scan_interval=0.001, max_actors=4, call_timeout=10) as rt:
+        errors: list[str] = []
+        answered = [0]
+        lock = threading.Lock()
+
+        def worker(n: int) -> None:
+            for i in range(150):
+                result = rt.call("count", ctx_args(f"s{(n + i) % 8}"))
+                if result.is_error or result.structured["n"] < 1:
+                    errors.append(result.text)
+                with lock:
+                    answered[0] += 1
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        assert not errors and answered[0] == 16 * 150
+        stats = rt.stats()
+        assert stats["reaped"] + stats["evicted"] > 0, stats
+        assert stats["spawned"] == stats["actors"] + stats["reaped"] + stats["evicted"]
+
+
+def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> None:
+    with make(clock) as rt:
+        for s in ("s1", "s2"):
+            rt.call("create_goal", ctx_args(s, "a1", goal="g"))
+            rt.call("create_goal", ctx_args(s, "a2", goal="g"))
+            rt.call("create_playbook", ctx_args(s, "a1", name="p"))
+        assert rt.stats()["actors"] == 6
+        assert rt.end_session("s1") == 3
+        assert rt.end_session("s1") == 0
+        assert {k[1] for k in rt.registry.keys()} == {"s2"}
+        assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured["goals"] == []
+        assert len(rt.call("get_planning_state", ctx_args("s2", "a1")).structured["goals"]) == 1
+
+
+def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
+    Gate.gates["end"] = threading.Event()
+    with make(clock) as rt:
+        results: list[Any] = []
+        t = threading.Thread(target=lambda: results.append(rt.call("wait_gate", ctx_args("s", gate="end"))))
+        t.start()
+        deadline = time.monotonic() + 5
+        while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        ender = threading.Thread(target=rt.end_session, args=("s",))
+        ender.start()
+        time.sleep(0.05)
+        Gate.gates["end"].set()
+        t.join(5)
+        ender.join(5)
+        assert results and results[0].structured == {"n": 1}
+
+
+@pytest.mark.parametrize("ttl", [0, -1])
+def test_bad_settings_are_refused(ttl: float) -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        Runtime(ttl=ttl)
