@@ -94,8 +94,7 @@ def read_context(
                 value = arguments[name]
                 if not isinstance(value, str):
                     raise InvalidArgumentsError(
-                        f"reserved field {name!r} must be a string, "
-                        f"got {type(value).__name__}"
+                        f"reserved field {name!r} must be a string, got {type(value).__name__}"
                     )
                 found[attr] = value
                 break
@@ -120,7 +119,9 @@ def clean_args(arguments: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in arguments.items() if not k.startswith("__")}
 
 
-def inject_context(ai_arguments: Mapping[str, Any] | str | None, ctx: ToolContext) -> dict[str, Any]:
+def inject_context(
+    ai_arguments: Mapping[str, Any] | str | None, ctx: ToolContext
+) -> dict[str, Any]:
     """Host-side middleware: the LLM's arguments plus the caller's context.
 
     The LLM's own keys and values are kept as they are; any ``__*`` field the LLM supplied

@@ -80,7 +80,9 @@ class Registry:
         self._reaper: threading.Thread | None = None
         if scan_interval is not None and scan_interval > 0:
             self._reaper = threading.Thread(
-                target=self._reap_forever, args=(scan_interval,), name="ctxactors-reaper",
+                target=self._reap_forever,
+                args=(scan_interval,),
+                name="ctxactors-reaper",
                 daemon=True,
             )
             self._reaper.start()

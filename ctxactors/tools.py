@@ -229,7 +229,9 @@ def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msg
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
             raise TypeError(f"tool {tool_name!r}: parameter {p.name!r} must be a named one")
         annotation = hints.get(p.name, Any)
-        fields.append((p.name, annotation) if p.default is p.empty else (p.name, annotation, p.default))
+        fields.append(
+            (p.name, annotation) if p.default is p.empty else (p.name, annotation, p.default)
+        )
     return msgspec.defstruct(
         f"{server.__name__}_{tool_name}_args",
         fields,

@@ -40,7 +40,9 @@ def runtime() -> Iterator[Runtime]:
         rt.close()
 
 
-def ctx_args(session: str, assistant: str | None = None, thread: str | None = None, **args: object) -> dict[str, object]:
+def ctx_args(
+    session: str, assistant: str | None = None, thread: str | None = None, **args: object
+) -> dict[str, object]:
     """Arguments as the host middleware would send them."""
     out: dict[str, object] = dict(args)
     out["__sessionId"] = session

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from ctxactors import CallTimeoutError, InvalidArgumentsError, Runtime, Scope, Server, ToolContext, tool
+from ctxactors import (
+    CallTimeoutError,
+    InvalidArgumentsError,
+    Runtime,
+    Scope,
+    Server,
+    ToolContext,
+    tool,
+)
 from ctxactors.servers import BUILTIN
 from tests.conftest import ctx_args
 
@@ -41,7 +49,10 @@ def test_many_acalls_finish_while_one_key_is_slow_and_the_loop_never_blocks() ->
             slow = asyncio.create_task(rt.acall("nap", ctx_args("slow-key", seconds=2.0)))
             await asyncio.sleep(0.05)
             t0 = time.perf_counter()
-            calls = [rt.acall("create_goal", ctx_args(f"s{i % 50}", "a1", goal=f"g{i}")) for i in range(500)]
+            calls = [
+                rt.acall("create_goal", ctx_args(f"s{i % 50}", "a1", goal=f"g{i}"))
+                for i in range(500)
+            ]
             results = await asyncio.gather(*calls)
             others = time.perf_counter() - t0
             slow_result = await slow
@@ -62,7 +73,9 @@ def test_acall_state_matches_call_and_errors_raise_the_same_way() -> None:
         with Runtime([*BUILTIN, Sleepy]) as rt:
             g = await rt.acall("create_goal", ctx_args("s", goal="x"))
             assert g.structured == {"id": "g1", "goal": "x"}
-            assert rt.call("get_planning_state", ctx_args("s")).structured["goals"] == [g.structured]
+            assert rt.call("get_planning_state", ctx_args("s")).structured["goals"] == [
+                g.structured
+            ]
             with pytest.raises(InvalidArgumentsError, match="goal"):
                 await rt.acall("create_goal", ctx_args("s", goal=3))
             with pytest.raises(CallTimeoutError):

@@ -15,8 +15,12 @@ ctx_a1 = ToolContext("s1", "a1", "t1")
 
 
 def test_from_args_reads_camel_and_snake_case() -> None:
-    assert ToolContext.from_args({"__sessionId": "s", "__assistantId": "a", "__threadId": "t"}) == ToolContext("s", "a", "t")
-    assert ToolContext.from_args({"__session_id": "s", "__assistant_id": "a", "__thread_id": "t"}) == ToolContext("s", "a", "t")
+    assert ToolContext.from_args(
+        {"__sessionId": "s", "__assistantId": "a", "__threadId": "t"}
+    ) == ToolContext("s", "a", "t")
+    assert ToolContext.from_args(
+        {"__session_id": "s", "__assistant_id": "a", "__thread_id": "t"}
+    ) == ToolContext("s", "a", "t")
 
 
 def test_camel_case_wins_over_snake_case() -> None:
@@ -49,7 +53,13 @@ def test_clean_args_removes_every_dunder_field_only() -> None:
 def test_inject_context_keeps_llm_arguments_and_appends_context() -> None:
     llm = {"goal": "Learn Rust", "n": 3}
     out = inject_context(llm, ctx_a1)
-    assert out == {"goal": "Learn Rust", "n": 3, "__sessionId": "s1", "__assistantId": "a1", "__threadId": "t1"}
+    assert out == {
+        "goal": "Learn Rust",
+        "n": 3,
+        "__sessionId": "s1",
+        "__assistantId": "a1",
+        "__threadId": "t1",
+    }
     assert llm == {"goal": "Learn Rust", "n": 3}  # the input is not mutated
 
 
@@ -58,14 +68,20 @@ def test_inject_context_accepts_the_llm_json_string() -> None:
     assert out == {"goal": "x", "__sessionId": "s9"}
 
 
-def test_inject_context_drops_spoofed_fields_with_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+def test_inject_context_drops_spoofed_fields_with_a_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from structlog.testing import capture_logs
 
     with capture_logs() as logs:
-        out = inject_context({"goal": "x", "__assistantId": "evil", "__session_id": "other"}, ctx_a1)
+        out = inject_context(
+            {"goal": "x", "__assistantId": "evil", "__session_id": "other"}, ctx_a1
+        )
     assert out["__assistantId"] == "a1" and "__session_id" not in out
     assert ToolContext.from_args(out) == ctx_a1
-    assert any(e["event"] == "spoofed_context_dropped" and e["log_level"] == "warning" for e in logs)
+    assert any(
+        e["event"] == "spoofed_context_dropped" and e["log_level"] == "warning" for e in logs
+    )
 
 
 @pytest.mark.parametrize("bad", ["[1, 2]", "3", "null", "{not json", '"str"'])
@@ -75,8 +91,14 @@ def test_inject_context_refuses_non_objects(bad: str) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 llm_keys = st.text(min_size=1, max_size=12).filter(lambda k: not k.startswith("__"))
@@ -96,14 +118,20 @@ def test_property_clean_of_injected_is_the_llm_arguments(args: dict, ctx: ToolCo
     assert clean_args(inject_context(json.dumps(args), ctx)) == json.loads(json.dumps(args))
 
 
-@given(contexts, contexts, st.sampled_from(list(Scope)), st.text(string.ascii_lowercase, min_size=1))
-def test_property_distinct_contexts_never_share_a_thread_key(a: ToolContext, b: ToolContext, scope: Scope, server: str) -> None:
+@given(
+    contexts, contexts, st.sampled_from(list(Scope)), st.text(string.ascii_lowercase, min_size=1)
+)
+def test_property_distinct_contexts_never_share_a_thread_key(
+    a: ToolContext, b: ToolContext, scope: Scope, server: str
+) -> None:
     if a != b:
         assert Scope.THREAD.key(server, a) != Scope.THREAD.key(server, b)
     # A coarser scope shares a key exactly when the parts it looks at are equal.
     same_session = a.session_id == b.session_id
     same_assistant = same_session and a.assistant_id == b.assistant_id
-    expected = {Scope.SESSION: same_session, Scope.ASSISTANT: same_assistant, Scope.THREAD: a == b}[scope]
+    expected = {Scope.SESSION: same_session, Scope.ASSISTANT: same_assistant, Scope.THREAD: a == b}[
+        scope
+    ]
     assert (scope.key(server, a) == scope.key(server, b)) is expected
 
 

@@ -52,7 +52,9 @@ def test_idle_actors_are_reaped_after_ttl_and_state_is_gone(clock: ManualClock) 
         assert rt.reap() == 1
         assert rt.stats()["actors"] == 1 and rt.stats()["reaped"] == 1
         assert rt.call("get_planning_state", ctx_args("s1")).structured["goals"] == []
-        assert [g["goal"] for g in rt.call("get_planning_state", ctx_args("s2")).structured["goals"]] == ["fresh"]
+        assert [
+            g["goal"] for g in rt.call("get_planning_state", ctx_args("s2")).structured["goals"]
+        ] == ["fresh"]
 
 
 def test_an_actor_with_a_call_in_flight_is_never_reaped(clock: ManualClock) -> None:
@@ -91,7 +93,10 @@ def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualCloc
 def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: ManualClock) -> None:
     Gate.gates["cap"] = threading.Event()
     with make(clock, max_actors=2) as rt:
-        threads = [threading.Thread(target=rt.call, args=("wait_gate", ctx_args(f"b{i}", gate="cap"))) for i in range(2)]
+        threads = [
+            threading.Thread(target=rt.call, args=("wait_gate", ctx_args(f"b{i}", gate="cap")))
+            for i in range(2)
+        ]
         for t in threads:
             t.start()
         deadline = time.monotonic() + 5
@@ -107,7 +112,9 @@ def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: Man
 def test_calls_racing_reaps_and_evictions_are_all_answered() -> None:
     # A real clock, a tiny TTL, a tiny cap and a busy reaper: keys are passivated and
     # respawned constantly while 16 threads call them. Every call must get its answer.
-    with Runtime([*BUILTIN, Gate], ttl=0.002, scan_interval=0.001, max_actors=4, call_timeout=10) as rt:
+    with Runtime(
+        [*BUILTIN, Gate], ttl=0.002, scan_interval=0.001, max_actors=4, call_timeout=10
+    ) as rt:
         errors: list[str] = []
         answered = [0]
         lock = threading.Lock()
@@ -150,7 +157,9 @@ def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
     Gate.gates["end"] = threading.Event()
     with make(clock) as rt:
         results: list[Any] = []
-        t = threading.Thread(target=lambda: results.append(rt.call("wait_gate", ctx_args("s", gate="end"))))
+        t = threading.Thread(
+            target=lambda: results.append(rt.call("wait_gate", ctx_args("s", gate="end")))
+        )
         t.start()
         deadline = time.monotonic() + 5
         while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:

@@ -62,7 +62,9 @@ def rt() -> Any:
         yield runtime
 
 
-def state(rt: Runtime, session: str, assistant: str | None = None, thread: str | None = None) -> dict[str, Any]:
+def state(
+    rt: Runtime, session: str, assistant: str | None = None, thread: str | None = None
+) -> dict[str, Any]:
     result = rt.call("get_planning_state", ctx_args(session, assistant, thread))
     assert not result.is_error
     assert result.structured is not None
@@ -85,10 +87,14 @@ def test_three_sessions_two_assistants_each_see_exactly_their_own_state(rt: Runt
 
 
 def test_playbooks_are_owned_by_their_assistant(rt: Runtime) -> None:
-    pb = rt.call("create_playbook", ctx_args("s1", "a1", name="deploy", steps=["build", "ship"])).structured
+    pb = rt.call(
+        "create_playbook", ctx_args("s1", "a1", name="deploy", steps=["build", "ship"])
+    ).structured
     assert pb == {"id": pb["id"], "name": "deploy", "agent_id": "a1", "steps": ["build", "ship"]}
     rt.call("create_playbook", ctx_args("s1", "a2", name="other"))
-    assert [p["name"] for p in rt.call("list_playbooks", ctx_args("s1", "a1")).structured["playbooks"]] == ["deploy"]
+    assert [
+        p["name"] for p in rt.call("list_playbooks", ctx_args("s1", "a1")).structured["playbooks"]
+    ] == ["deploy"]
     ok = rt.call("select_playbook", ctx_args("s1", "a1", id=pb["id"]))
     assert not ok.is_error and ok.structured["selected"]["id"] == pb["id"]
     refused = rt.call("select_playbook", ctx_args("s1", "a2", id=pb["id"]))
@@ -102,7 +108,9 @@ def test_llm_spoofing_another_assistant_through_inject_context_is_refused(rt: Ru
     result = rt.call("select_playbook", host_args)
     assert result.is_error and "does not belong to assistant 'attacker'" in result.text
     # And the JSON-string form the LLM really produces.
-    host_args = inject_context('{"id": "%s", "__assistant_id": "victim"}' % pb["id"], ToolContext("s1", "attacker"))
+    host_args = inject_context(
+        '{{"id": "{}", "__assistant_id": "victim"}}'.format(pb["id"]), ToolContext("s1", "attacker")
+    )
     assert rt.call("select_playbook", host_args).is_error
 
 
@@ -121,7 +129,9 @@ def test_llm_spoofing_another_assistant_through_inject_context_is_refused(rt: Ru
         ({"goal": ""}, "$.goal"),
     ],
 )
-def test_bad_input_raises_invalid_arguments_naming_the_problem(rt: Runtime, arguments: Any, needle: str) -> None:
+def test_bad_input_raises_invalid_arguments_naming_the_problem(
+    rt: Runtime, arguments: Any, needle: str
+) -> None:
     with pytest.raises(InvalidArgumentsError) as info:
         rt.call("create_goal", arguments)
     assert needle in str(info.value)
@@ -146,12 +156,18 @@ def test_no_session_falls_back_to_default_with_a_warning(rt: Runtime) -> None:
 
 
 @pytest.mark.parametrize("kind", ["value", "exit", "keyboard"])
-def test_a_failing_handler_gives_an_error_result_and_keeps_the_state(rt: Runtime, kind: str) -> None:
+def test_a_failing_handler_gives_an_error_result_and_keeps_the_state(
+    rt: Runtime, kind: str
+) -> None:
     rt.call("bump", ctx_args("s1"))
     rt.call("bump", ctx_args("s2"))
     result = rt.call("boom", ctx_args("s1", kind=kind))
     assert result.is_error
-    expected = {"value": "ValueError: bad thing", "exit": "SystemExit: 3", "keyboard": "KeyboardInterrupt"}[kind]
+    expected = {
+        "value": "ValueError: bad thing",
+        "exit": "SystemExit: 3",
+        "keyboard": "KeyboardInterrupt",
+    }[kind]
     assert result.text.startswith(expected)
     # The same actor kept its state; other keys are untouched.
     assert rt.call("bump", ctx_args("s1")).structured == {"count": 2}
@@ -179,7 +195,15 @@ def test_closed_runtime_refuses_calls() -> None:
 
 def test_list_tools_has_clean_schemas_descriptions_and_annotations(rt: Runtime) -> None:
     tools = {t["name"]: t for t in rt.list_tools()}
-    assert {"create_goal", "add_todo", "mark_todo", "get_planning_state", "create_playbook", "list_playbooks", "select_playbook"} <= set(tools)
+    assert {
+        "create_goal",
+        "add_todo",
+        "mark_todo",
+        "get_planning_state",
+        "create_playbook",
+        "list_playbooks",
+        "select_playbook",
+    } <= set(tools)
     for t in tools.values():
         schema = t["inputSchema"]
         assert schema["type"] == "object" and "$ref" not in schema
@@ -248,6 +272,13 @@ def test_one_json_log_line_per_call_with_the_context() -> None:
         while sum(e["event"] == "tool_call" for e in logs) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
     calls = [e for e in logs if e["event"] == "tool_call"]
-    assert [(c["tool"], c["outcome"]) for c in calls] == [("create_goal", "ok"), ("select_playbook", "error")]
-    assert calls[0]["session_id"] == "s1" and calls[0]["assistant_id"] == "a1" and calls[0]["thread_id"] == "t1"
+    assert [(c["tool"], c["outcome"]) for c in calls] == [
+        ("create_goal", "ok"),
+        ("select_playbook", "error"),
+    ]
+    assert (
+        calls[0]["session_id"] == "s1"
+        and calls[0]["assistant_id"] == "a1"
+        and calls[0]["thread_id"] == "t1"
+    )
     assert all(isinstance(c["duration_ms"], float) for c in calls)

@@ -51,7 +51,10 @@ def test_interleaved_calls_over_many_keys_give_exact_final_states() -> None:
         for t in threads:
             t.join()
         assert not errors, errors[:5]
-        assert sum(map(len, sent.values())) + sum(map(len, playbooks_sent.values())) == THREADS * CALLS_PER_THREAD
+        assert (
+            sum(map(len, sent.values())) + sum(map(len, playbooks_sent.values()))
+            == THREADS * CALLS_PER_THREAD
+        )
 
         for s, a in keys:
             goals = rt.call("get_planning_state", ctx_args(s, a)).structured["goals"]
@@ -62,7 +65,9 @@ def test_interleaved_calls_over_many_keys_give_exact_final_states() -> None:
                 assert g["goal"].startswith(f"{s}|{a}|")
             for a2 in ASSISTANTS:
                 listed = rt.call("list_playbooks", ctx_args(s, a2)).structured["playbooks"]
-                assert sorted(p["name"] for p in listed) == sorted(n for owner, n in playbooks_sent[s] if owner == a2)
+                assert sorted(p["name"] for p in listed) == sorted(
+                    n for owner, n in playbooks_sent[s] if owner == a2
+                )
         stats = rt.stats()
         assert stats["spawned"] == len(keys) + SESSIONS  # planning per (s, a) + playbooks per s
         assert stats["reaped"] == stats["evicted"] == 0

@@ -31,17 +31,21 @@ class Planning(Server):
     @tool
     def create_goal(self, ctx: ToolContext, goal: NonEmpty) -> dict[str, Any]:
         """Create a goal to work towards. Returns its id."""
-        record = {"id": self._new_id("g"), "goal": goal}
-        self.goals[record["id"]] = record
+        goal_id = self._new_id("g")
+        record = {"id": goal_id, "goal": goal}
+        self.goals[goal_id] = record
         return dict(record)
 
     @tool
-    def add_todo(self, ctx: ToolContext, name: NonEmpty, goal_id: str | None = None) -> dict[str, Any]:
+    def add_todo(
+        self, ctx: ToolContext, name: NonEmpty, goal_id: str | None = None
+    ) -> dict[str, Any]:
         """Add a todo, optionally under an existing goal (by its id)."""
         if goal_id is not None and goal_id not in self.goals:
             raise ToolError(f"goal {goal_id!r} not found")
-        record = {"id": self._new_id("t"), "name": name, "goal_id": goal_id, "done": False}
-        self.todos[record["id"]] = record
+        todo_id = self._new_id("t")
+        record = {"id": todo_id, "name": name, "goal_id": goal_id, "done": False}
+        self.todos[todo_id] = record
         return dict(record)
 
     @tool(idempotent=True)

@@ -11,7 +11,9 @@ from ctxactors.results import ToolError
 from ctxactors.tools import Scope, Server, tool
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-Steps = Annotated[list[Annotated[str, msgspec.Meta(max_length=10_000)]], msgspec.Meta(max_length=200)]
+Steps = Annotated[
+    list[Annotated[str, msgspec.Meta(max_length=10_000)]], msgspec.Meta(max_length=200)
+]
 
 
 class Playbooks(Server):
@@ -33,8 +35,14 @@ class Playbooks(Server):
     def create_playbook(self, ctx: ToolContext, name: Name, steps: Steps = []) -> dict[str, Any]:  # noqa: B006 - msgspec copies empty defaults
         """Create a playbook (a named list of steps) owned by the calling assistant."""
         self._next += 1
-        record = {"id": f"pb{self._next}", "name": name, "agent_id": ctx.assistant_id, "steps": list(steps)}
-        self.playbooks[record["id"]] = record
+        playbook_id = f"pb{self._next}"
+        record = {
+            "id": playbook_id,
+            "name": name,
+            "agent_id": ctx.assistant_id,
+            "steps": list(steps),
+        }
+        self.playbooks[playbook_id] = record
         return _copy(record)
 
     @tool(read_only=True)
