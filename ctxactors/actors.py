@@ -124,6 +124,20 @@ class KeyActor(pykka.ThreadingActor):
 
     use_daemon_thread = True
 
+    @classmethod
+    def launch(
+        cls, factory: Callable[[], Any], lifecycle: Lifecycle, on_done: Callable[[], None]
+    ) -> KeyActor:
+        """Start an actor without adding it to pykka's global `ActorRegistry`.
+
+        That registry is a linear list (unregistering is O(n), which makes stopping 10,000
+        actors quadratic), and its `stop_all()` would reach our actors from unrelated code.
+        The ctxactors registry keeps its own dict of keys instead.
+        """
+        actor = cls(factory, lifecycle, on_done)
+        actor._start_actor_loop()
+        return actor
+
     @staticmethod
     def _create_actor_inbox() -> Any:
         return queue.SimpleQueue()

@@ -34,12 +34,12 @@ Key = tuple[Any, ...]
 class Entry(Lifecycle):
     """One incarnation of a key's actor and its bookkeeping (guarded by the registry lock)."""
 
-    __slots__ = ("key", "ref", "inflight", "last_used", "retiring")
+    __slots__ = ("key", "actor", "inflight", "last_used", "retiring")
 
     def __init__(self, key: Key, now: float) -> None:
         super().__init__()
         self.key = key
-        self.ref: pykka.ActorRef[Any] | None = None
+        self.actor: KeyActor | None = None
         self.inflight = 0
         self.last_used = now
         self.retiring = False
@@ -107,12 +107,12 @@ class Registry:
             self._inflight += 1
             self._counts["calls"] += 1
         self._stop(victims)
-        assert entry.ref is not None
-        entry.ref.tell(call)
+        assert entry.actor is not None
+        entry.actor.actor_ref.tell(call)
 
     def _spawn(self, key: Key, factory: Callable[[], Any]) -> Entry:
         entry = Entry(key, self._clock())
-        entry.ref = KeyActor.start(factory, entry, lambda: self._finished(entry))
+        entry.actor = KeyActor.launch(factory, entry, lambda: self._finished(entry))
         self._entries[key] = entry
         self._by_session.setdefault(key[1], set()).add(key)
         self._counts["spawned"] += 1
@@ -158,8 +158,8 @@ class Registry:
     def _stop(self, entries: Iterable[Entry]) -> None:
         for entry in entries:
             try:
-                if entry.ref is not None:
-                    entry.ref.stop(block=False)
+                if entry.actor is not None:
+                    entry.actor.stop()  # a plain message after the calls already queued
             except pykka.ActorDeadError:
                 entry.closed.set()
 
