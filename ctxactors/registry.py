@@ -117,7 +117,13 @@ class Registry:
         self._by_session.setdefault(key[1], set()).add(key)
         self._counts["spawned"] += 1
         self._peak = max(self._peak, len(self._entries))
-        self._log.debug("actor_spawned", key=repr(key), actors=len(self._entries))
+        self._log.info(
+            "actor_spawned",
+            server=key[0],
+            session_id=key[1],
+            key=list(key),
+            actors=len(self._entries),
+        )
         return entry
 
     def _finished(self, entry: Entry) -> None:
@@ -151,7 +157,13 @@ class Registry:
             if entry is not newcomer and entry.idle():
                 self._retire(entry)
                 self._counts["evicted"] += 1
-                self._log.info("actor_evicted", key=repr(entry.key), reason="max_actors")
+                self._log.info(
+                    "actor_evicted",
+                    server=entry.key[0],
+                    session_id=entry.key[1],
+                    key=list(entry.key),
+                    reason="max_actors",
+                )
                 return [entry]
         return []  # every actor is busy: the cap is exceeded until some become idle
 
@@ -177,8 +189,14 @@ class Registry:
                 self._retire(entry)
             self._counts["reaped"] += len(victims)
         self._stop(victims)
-        if victims:
-            self._log.info("actors_reaped", count=len(victims), reason="ttl")
+        for entry in victims:
+            self._log.info(
+                "actor_reaped",
+                server=entry.key[0],
+                session_id=entry.key[1],
+                key=list(entry.key),
+                reason="ttl",
+            )
         return len(victims)
 
     def end_session(self, session_id: Any, wait: float | None = None) -> int:
