@@ -1,0 +1,213 @@
+"""Choosing which messages of a history fit in the model's context window.
+
+Keeping "the newest messages that fit" breaks in two ways in a long tool chain: the cut
+lands inside a chain (a tool result without its call, or a call without its results: an
+HTTP 400 from OpenAI and Anthropic), or the chain's results push the user's request out
+and the model forgets what it was asked. Here a chain step (an assistant message with
+``tool_calls`` plus all its results) is one unit that is kept or dropped whole; the latest
+user message is kept whenever it fits beside the system message and the newest step; and
+the newest step is always kept, its tool results shortened (visibly) if it is too large.
+What the window cannot hold of the user's request, the system prompt restates
+(`ctxactors.conversation.prompt`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from itertools import chain
+
+import msgspec
+
+from ctxactors.conversation.messages import Message
+from ctxactors.conversation.shorten import marker_cost, shorten_text
+from ctxactors.conversation.tokens import REPLY_PRIMING, TokenCounter
+
+# A unit of the window: one message, or an assistant message with all its tool results.
+Unit = tuple[Message, ...]
+
+
+class ContextBudgetError(ValueError):
+    """The budget cannot hold even the system message and the newest step, shortened."""
+
+
+def select_messages_within_context(
+    messages: Sequence[Message],
+    max_tokens: int,
+    *,
+    counter: TokenCounter,
+) -> list[Message]:
+    """The system message (the first message, if its role is ``system``) and the newest
+    messages that fit in `max_tokens`, counted as a whole prompt (`tokens.count_prompt`).
+
+    - A step with tool calls is atomic: kept with all its results or not at all. Tool
+      results without their call and calls without all their results (a history cut short
+      by a crash, say) are never sent.
+    - The latest user message is kept, even behind a gap, whenever it fits beside the
+      system message and the newest step; it is never shortened. When it is the newest
+      message and does not fit, the window is the system message alone.
+    - The newest step is always kept; if it is too large, its longest texts are shortened
+      and marked so, sharing what is left of the budget.
+
+    The budget is a hard limit: raises `ContextBudgetError` when the system message and the
+    newest step, shortened to their markers, still do not fit. Only the units inside the
+    window (and back to the latest user message) are looked at, so a selection over a long
+    history costs about as much as the window it returns.
+    """
+    count = counter.count_message
+    system = messages[0] if messages and messages[0].role == "system" else None
+    head = [system] if system is not None else []
+    remaining = max_tokens - REPLY_PRIMING - (count(system) if system is not None else 0)
+    if remaining < 0:
+        raise ContextBudgetError(
+            f"the system message alone needs {max_tokens - remaining} tokens; "
+            f"the budget is {max_tokens}"
+        )
+    units = _units_newest_first(messages, 1 if system is not None else 0)
+    # Units newer than the latest user message, and it (last), newest first.
+    pending: list[tuple[int, Unit]] = []
+    for position, unit in units:
+        pending.append((position, unit))
+        if unit[0].role == "user":
+            break
+    if not pending:
+        return head
+
+    def cost(unit: Unit) -> int:
+        return sum(count(m) for m in unit)
+
+    latest_user = pending[-1] if pending[-1][1][0].role == "user" else None
+    chosen: list[tuple[int, Unit]] = []
+    newest_position, newest = pending[0]
+    if latest_user is not None and latest_user[0] == newest_position:
+        user_cost = cost(newest)
+        if user_cost > remaining:
+            return head  # the system prompt restates it
+        chosen.append(pending[0])
+        remaining -= user_cost
+    else:
+        newest_cost = cost(newest)
+        if latest_user is not None:
+            user_cost = cost(latest_user[1])
+            if user_cost + newest_cost <= remaining or (
+                user_cost + _minimal_cost(newest, counter) <= remaining
+            ):
+                chosen.append(latest_user)
+                remaining -= user_cost
+            else:
+                latest_user = None  # the newest step pushed it out
+        if newest_cost > remaining:
+            shortened = _shorten_unit(newest, remaining, counter)
+            return head + _flatten(sorted([*chosen, (newest_position, shortened)]))
+        chosen.append(pending[0])
+        remaining -= newest_cost
+    for position, unit in chain(pending[1:], units):
+        if latest_user is not None and position == latest_user[0]:
+            continue
+        unit_cost = cost(unit)
+        if unit_cost > remaining:
+            break
+        chosen.append((position, unit))
+        remaining -= unit_cost
+    chosen.sort(key=_position)
+    return head + _flatten(chosen)
+
+
+def _position(item: tuple[int, Unit]) -> int:
+    return item[0]
+
+
+def _flatten(units: list[tuple[int, Unit]]) -> list[Message]:
+    return [m for _, unit in units for m in unit]
+
+
+def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[tuple[int, Unit]]:
+    """The valid units of ``messages[start:]`` with their positions, newest first.
+
+    Walking backwards lets the selection stop as soon as the window is full.
+    """
+    i = len(messages) - 1
+    while i >= start:
+        message = messages[i]
+        if message.role != "tool":
+            if not message.tool_calls:  # a call not followed by its results is dropped
+                yield i, (message,)
+            i -= 1
+            continue
+        first = i
+        while first > start and messages[first - 1].role == "tool":
+            first -= 1
+        caller = first - 1
+        if caller >= start and messages[caller].tool_calls:
+            unit = _complete_step(messages[caller], messages[first : i + 1])
+            if unit is not None:
+                yield caller, unit
+            i = caller - 1
+        else:
+            i = first - 1  # tool results without their call
+
+
+def _complete_step(call: Message, results: Sequence[Message]) -> Unit | None:
+    """The call with the first result for each of its ids, or None if any is missing."""
+    wanted = {c.id for c in call.tool_calls or ()}
+    kept: dict[str, Message] = {}
+    for result in results:
+        if result.tool_call_id in wanted and result.tool_call_id not in kept:
+            kept[result.tool_call_id] = result
+    if len(kept) != len(wanted):
+        return None
+    return (call, *kept.values())
+
+
+def _bare(message: Message) -> Message:
+    return msgspec.structs.replace(message, content=None)
+
+
+def _minimal_cost(unit: Unit, counter: TokenCounter) -> int:
+    """Tokens of the unit with every text cut down to its marker (or kept, if shorter)."""
+    total = 0
+    for message in unit:
+        total += counter.count_message(_bare(message))
+        if message.content:
+            total += min(counter.count_text(message.content), marker_cost(message.content, counter))
+    return total
+
+
+def _shorten_unit(unit: Unit, budget: int, counter: TokenCounter) -> Unit:
+    """The unit within `budget`: short texts kept whole, the long ones sharing the rest.
+
+    Every text first gets what its marker needs (or its whole size, if smaller); what is
+    left is shared smallest-first, each taking what it needs or an equal share.
+    """
+    fixed = sum(counter.count_message(_bare(m)) for m in unit)
+    sizes = [counter.count_text(m.content) if m.content else 0 for m in unit]
+    base = [
+        min(size, marker_cost(m.content, counter)) if size else 0
+        for m, size in zip(unit, sizes, strict=True)
+    ]
+    available = budget - fixed - sum(base)
+    order = sorted(range(len(unit)), key=lambda i: sizes[i] - base[i])
+    for _ in range(4):
+        if available < 0:
+            break
+        allowance = list(base)
+        left = available
+        for rank, i in enumerate(order):
+            extra = min(sizes[i] - base[i], left // (len(order) - rank))
+            allowance[i] += extra
+            left -= extra
+        shortened = tuple(
+            m
+            if allowance[i] >= sizes[i]
+            else msgspec.structs.replace(
+                m, content=shorten_text(m.content or "", allowance[i], counter)
+            )
+            for i, m in enumerate(unit)
+        )
+        used = sum(counter.count_message(m) for m in shortened)
+        if used <= budget:
+            return shortened
+        available -= used - budget  # a counter that is not additive: try a little smaller
+    raise ContextBudgetError(
+        f"the newest step needs at least {_minimal_cost(unit, counter)} tokens beside the "
+        f"system message; {budget} are left of the budget"
+    )
