@@ -63,61 +63,57 @@ def select_messages_within_context(
             f"the budget is {max_tokens}"
         )
     units = _units_newest_first(messages, 1 if system is not None else 0)
-    # Units newer than the latest user message, and it (last), newest first.
-    pending: list[tuple[int, Unit]] = []
-    for position, unit in units:
-        pending.append((position, unit))
-        if unit[0].role == "user":
+    # The units newer than the latest user message, then that message; newest first.
+    recent: list[tuple[int, Unit]] = []
+    for item in units:
+        recent.append(item)
+        if item[1][0].role == "user":
             break
-    if not pending:
+    if not recent:
         return head
 
     def cost(unit: Unit) -> int:
-        return sum(count(m) for m in unit)
+        total = 0
+        for message in unit:
+            total += count(message)
+        return total
 
-    latest_user = pending[-1] if pending[-1][1][0].role == "user" else None
-    chosen: list[tuple[int, Unit]] = []
-    newest_position, newest = pending[0]
-    if latest_user is not None and latest_user[0] == newest_position:
-        user_cost = cost(newest)
-        if user_cost > remaining:
+    newest_position, newest = recent[0]
+    user = recent[-1] if recent[-1][1][0].role == "user" else None
+    pinned: tuple[int, Unit] | None = None  # the latest user message, kept behind a gap
+    if user is not None and user[0] == newest_position:
+        newest_cost = cost(newest)
+        if newest_cost > remaining:
             return head  # the system prompt restates it
-        chosen.append(pending[0])
-        remaining -= user_cost
     else:
         newest_cost = cost(newest)
-        if latest_user is not None:
-            user_cost = cost(latest_user[1])
+        if user is not None:
+            user_cost = cost(user[1])
             if user_cost + newest_cost <= remaining or (
                 user_cost + _minimal_cost(newest, counter) <= remaining
             ):
-                chosen.append(latest_user)
+                pinned = user
                 remaining -= user_cost
-            else:
-                latest_user = None  # the newest step pushed it out
         if newest_cost > remaining:
-            shortened = _shorten_unit(newest, remaining, counter)
-            return head + _flatten(sorted([*chosen, (newest_position, shortened)]))
-        chosen.append(pending[0])
-        remaining -= newest_cost
-    for position, unit in chain(pending[1:], units):
-        if latest_user is not None and position == latest_user[0]:
+            newest = _shorten_unit(newest, remaining, counter)
+            newest_cost = remaining
+    remaining -= newest_cost
+    kept = [newest]  # newest first
+    for position, unit in chain(recent[1:], units):
+        if pinned is not None and position == pinned[0]:
+            kept.append(pinned[1])  # already paid for
+            pinned = None
             continue
-        unit_cost = cost(unit)
+        unit_cost = 0
+        for message in unit:  # inlined: this loop runs once per message of the window
+            unit_cost += count(message)
         if unit_cost > remaining:
             break
-        chosen.append((position, unit))
+        kept.append(unit)
         remaining -= unit_cost
-    chosen.sort(key=_position)
-    return head + _flatten(chosen)
-
-
-def _position(item: tuple[int, Unit]) -> int:
-    return item[0]
-
-
-def _flatten(units: list[tuple[int, Unit]]) -> list[Message]:
-    return [m for _, unit in units for m in unit]
+    if pinned is not None:
+        kept.append(pinned[1])  # older than everything else kept
+    return head + [message for unit in reversed(kept) for message in unit]
 
 
 def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[tuple[int, Unit]]:
@@ -148,7 +144,10 @@ def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[tup
 
 def _complete_step(call: Message, results: Sequence[Message]) -> Unit | None:
     """The call with the first result for each of its ids, or None if any is missing."""
-    wanted = {c.id for c in call.tool_calls or ()}
+    calls = call.tool_calls or ()
+    if len(calls) == 1 and len(results) == 1:  # the common case, without the sets
+        return (call, results[0]) if results[0].tool_call_id == calls[0].id else None
+    wanted = {c.id for c in calls}
     kept: dict[str, Message] = {}
     for result in results:
         if result.tool_call_id in wanted and result.tool_call_id not in kept:

@@ -47,8 +47,7 @@ class CachingCounter:
     def __init__(self, *, cache_size: int = 200_000) -> None:
         self._cache: dict[Message, int] = {}
         self._cache_size = cache_size
-        self.hits = 0
-        self.misses = 0
+        self.misses = 0  # messages counted, not found in the cache
 
     def count_text(self, text: str) -> int:
         raise NotImplementedError
@@ -56,7 +55,6 @@ class CachingCounter:
     def count_message(self, message: Message) -> int:
         cached = self._cache.get(message)
         if cached is not None:
-            self.hits += 1
             return cached
         self.misses += 1
         count = self._count_uncached(message)
@@ -82,7 +80,7 @@ class CachingCounter:
 
     def clear_cache(self) -> None:
         self._cache.clear()
-        self.hits = self.misses = 0
+        self.misses = 0
 
 
 class BPETokenCounter(CachingCounter):
