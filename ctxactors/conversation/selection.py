@@ -157,32 +157,31 @@ def _complete_step(call: Message, results: Sequence[Message]) -> Unit | None:
     return (call, *kept.values())
 
 
-def _bare(message: Message) -> Message:
-    return msgspec.structs.replace(message, content=None)
+def _sizes(unit: Unit, counter: TokenCounter) -> tuple[int, list[int], list[int]]:
+    """The unit's cost without its texts, each text's cost, and the least each can cost:
+    its marker when shortened, or all of it when that is less."""
+    fixed = sum(counter.count_message(msgspec.structs.replace(m, content=None)) for m in unit)
+    sizes = [counter.count_text(m.content) if m.content else 0 for m in unit]
+    floors = [
+        min(size, marker_cost(m.content, counter)) if m.content else 0
+        for m, size in zip(unit, sizes, strict=True)
+    ]
+    return fixed, sizes, floors
 
 
 def _minimal_cost(unit: Unit, counter: TokenCounter) -> int:
     """Tokens of the unit with every text cut down to its marker (or kept, if shorter)."""
-    total = 0
-    for message in unit:
-        total += counter.count_message(_bare(message))
-        if message.content:
-            total += min(counter.count_text(message.content), marker_cost(message.content, counter))
-    return total
+    fixed, _, floors = _sizes(unit, counter)
+    return fixed + sum(floors)
 
 
 def _shorten_unit(unit: Unit, budget: int, counter: TokenCounter) -> Unit:
     """The unit within `budget`: short texts kept whole, the long ones sharing the rest.
 
-    Every text first gets what its marker needs (or its whole size, if smaller); what is
-    left is shared smallest-first, each taking what it needs or an equal share.
+    Every text first gets its floor (`_sizes`); what is left is shared smallest-first,
+    each taking what it still needs or an equal share.
     """
-    fixed = sum(counter.count_message(_bare(m)) for m in unit)
-    sizes = [counter.count_text(m.content) if m.content else 0 for m in unit]
-    base = [
-        min(size, marker_cost(m.content, counter)) if size else 0
-        for m, size in zip(unit, sizes, strict=True)
-    ]
+    fixed, sizes, base = _sizes(unit, counter)
     available = budget - fixed - sum(base)
     order = sorted(range(len(unit)), key=lambda i: sizes[i] - base[i])
     for _ in range(4):

@@ -67,7 +67,9 @@ class ChatSession:
     runtime, several calls of one reply concurrently. `max_context_tokens` bounds every
     prompt sent, system prompt included, counted with `counter` (exact BPE by default); the
     tool definitions are sent beside it and not counted. `history` holds the conversation
-    without the system prompt, and may be given to resume one.
+    without the system prompt, and may be given to resume one. A session is one
+    conversation: send to it from one caller at a time (concurrent conversations are
+    separate sessions).
     """
 
     def __init__(
