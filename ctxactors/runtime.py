@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+import msgspec
+
 from ctxactors.actors import AsyncReply, Call, SyncReply
 from ctxactors.context import ToolContext, clean_args, parse_arguments, read_context
 from ctxactors.logs import get_logger
@@ -61,7 +63,8 @@ class Runtime:
         self._servers = [*servers, *(s for s in ALWAYS if s not in servers)]
         self._tools: dict[str, ToolSpec] = collect_tools(self._servers)
         self._factories = {s: functools.partial(s.create, self) for s in self._servers}
-        self._definitions = [spec.definition() for spec in self._tools.values()]
+        # Kept encoded: every list_tools() decodes a fresh copy the caller may change.
+        self._definitions = msgspec.json.encode([s.definition() for s in self._tools.values()])
         self.call_timeout = call_timeout
         self._log = get_logger("ctxactors")
         if scan_interval is None and clock is None:
@@ -186,7 +189,8 @@ class Runtime:
 
     def list_tools(self) -> list[dict[str, Any]]:
         """MCP tool definitions; no schema contains a reserved field."""
-        return [dict(d) for d in self._definitions]
+        tools: list[dict[str, Any]] = msgspec.json.decode(self._definitions)
+        return tools
 
     def tool_spec(self, name: str) -> ToolSpec:
         spec = self._tools.get(name)

@@ -282,3 +282,12 @@ def test_one_json_log_line_per_call_with_the_context() -> None:
         and calls[0]["thread_id"] == "t1"
     )
     assert all(isinstance(c["duration_ms"], float) for c in calls)
+
+
+def test_list_tools_returns_copies_the_caller_may_change(rt: Runtime) -> None:
+    first = rt.list_tools()
+    first[0]["inputSchema"]["properties"]["__sessionId"] = {"type": "string"}
+    first[0]["annotations"]["readOnlyHint"] = "changed"
+    again = rt.list_tools()[0]
+    assert "__sessionId" not in again["inputSchema"]["properties"]
+    assert isinstance(again["annotations"]["readOnlyHint"], bool)
