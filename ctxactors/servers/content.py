@@ -1,0 +1,264 @@
+"""Content: a session's documents, full-text searchable through SQLite FTS5.
+
+Each session's actor owns one in-memory SQLite database (connections are bound to the thread
+that made them, and `Server.create` runs in the actor thread). State is ephemeral like every
+actor's: when the session ends or is reaped, the database goes with it.
+
+The index uses FTS5's ``trigram`` tokenizer, which indexes every three-character run. That
+finds English words, code identifiers (``parse_config``) and Korean text (``리포트`` inside
+``리포트 작성``) alike, with no word segmentation. Terms shorter than three characters can't
+use the index; they are matched with ``LIKE`` over the session's documents instead, so short
+substring queries still work (slower, but a session's store is capped).
+
+A user query is never spliced into SQL or taken as FTS5 syntax: it is split on whitespace and
+each term becomes a quoted FTS5 phrase (quotes doubled), bound as a parameter. So ``*``,
+``NEAR``, parentheses, quotes or a lone ``-`` search for themselves.
+
+Limits (class attributes, defaults from the environment when the module is imported):
+
+- ``CTXACTORS_CONTENT_MAX_ITEM_BYTES``: one item's content, UTF-8 bytes (default 1 MiB);
+- ``CTXACTORS_CONTENT_MAX_SESSION_BYTES``: a session's whole store (default 64 MiB);
+- ``CTXACTORS_CONTENT_MAX_ITEMS``: items per session (default 100,000).
+
+Over a limit the call is refused with a message saying which limit, and nothing already
+stored changes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from ctxactors.context import ToolContext
+from ctxactors.results import ToolError
+from ctxactors.tools import Scope, Server, tool
+
+MAX_RESULTS = 50  # search_content's `limit` is clamped to this
+MAX_TERMS = 16  # query terms beyond this are refused (each one is a clause)
+_TRIGRAM = 3  # the shortest term the trigram index can look up
+_SNIPPET_CHARS = 60  # characters of context either side of the first hit
+
+
+def env_int(name: str, default: int) -> int:
+    """An integer setting from the environment, or `default`; a bad value fails loudly."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
+
+
+Filename = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]
+ContentId = Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+Query = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
+Limit = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _Item(msgspec.Struct):
+    """What the server keeps in Python about one item (the text lives in SQLite)."""
+
+    rowid: int
+    filename: str
+    size: int  # UTF-8 bytes of the content
+
+
+class Content(Server):
+    """A session's documents: add, read, list, delete, and ranked full-text search."""
+
+    name = "content"
+    scope = Scope.SESSION
+
+    max_item_bytes: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_ITEM_BYTES", 1 << 20)
+    max_session_bytes: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_SESSION_BYTES", 64 << 20)
+    max_items: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_ITEMS", 100_000)
+
+    def __init__(self) -> None:
+        # Autocommit: each statement is its own transaction, so a refused call leaves
+        # nothing half-written.
+        self._db = sqlite3.connect(":memory:", isolation_level=None)
+        self._db.execute(
+            "CREATE VIRTUAL TABLE docs USING fts5(filename, content, tokenize='trigram')"
+        )
+        self._items: dict[str, _Item] = {}
+        self._by_rowid: dict[int, str] = {}
+        self._bytes = 0
+        self._next = 0
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _get(self, content_id: str) -> _Item:
+        item = self._items.get(content_id)
+        if item is None:
+            raise ToolError(f"content {content_id!r} not found")
+        return item
+
+    @tool
+    def add_content(self, ctx: ToolContext, filename: Filename, content: str) -> dict[str, Any]:
+        """Store a document (a file's text, notes, a tool's output) so it can be searched
+        and read back later in this session. Returns its id."""
+        size = len(content.encode("utf-8"))
+        if size > self.max_item_bytes:
+            raise ToolError(
+                f"content of {filename!r} is {size} bytes; one item may hold at most "
+                f"{self.max_item_bytes} bytes"
+            )
+        if self._bytes + size > self.max_session_bytes:
+            raise ToolError(
+                f"content store full: {self._bytes} of {self.max_session_bytes} bytes used, "
+                f"{filename!r} needs {size} more; delete something first"
+            )
+        if len(self._items) >= self.max_items:
+            raise ToolError(
+                f"content store full: it holds the maximum of {self.max_items} items; "
+                "delete something first"
+            )
+        self._next += 1
+        content_id = f"c{self._next}"
+        self._db.execute(
+            "INSERT INTO docs(rowid, filename, content) VALUES (?, ?, ?)",
+            (self._next, filename, content),
+        )
+        self._items[content_id] = _Item(self._next, filename, size)
+        self._by_rowid[self._next] = content_id
+        self._bytes += size
+        return {"id": content_id, "filename": filename}
+
+    @tool(read_only=True)
+    def read_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
+        """Read a stored document back in full, by its id."""
+        item = self._get(id)
+        row = self._db.execute("SELECT content FROM docs WHERE rowid = ?", (item.rowid,))
+        return {"id": id, "filename": item.filename, "content": row.fetchone()[0]}
+
+    @tool(read_only=True)
+    def list_content(self, ctx: ToolContext) -> dict[str, Any]:
+        """List this session's stored documents (id, filename, size in bytes), oldest first."""
+        items = [
+            {"id": cid, "filename": item.filename, "size": item.size}
+            for cid, item in self._items.items()
+        ]
+        return {"items": items, "count": len(items)}
+
+    @tool(destructive=True, idempotent=True)
+    def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
+        """Delete a stored document by its id."""
+        item = self._get(id)
+        self._db.execute("DELETE FROM docs WHERE rowid = ?", (item.rowid,))
+        del self._items[id]
+        del self._by_rowid[item.rowid]
+        self._bytes -= item.size
+        return {"id": id, "filename": item.filename, "deleted": True}
+
+    @tool(read_only=True)
+    def search_content(self, ctx: ToolContext, query: Query, limit: Limit = 10) -> dict[str, Any]:
+        """Search this session's documents (filenames and text) for every word of the query,
+        best matches first. Any text works, including code identifiers and Korean; query
+        operators are not interpreted. `limit` above 50 is treated as 50."""
+        terms = query.split()
+        if not terms:
+            raise ToolError("query is blank: give at least one word to search for")
+        if len(terms) > MAX_TERMS:
+            raise ToolError(f"query has {len(terms)} words; at most {MAX_TERMS} are allowed")
+        limit = min(limit, MAX_RESULTS)
+        long_terms = [t for t in terms if len(t) >= _TRIGRAM]
+        short_terms = [t for t in terms if len(t) < _TRIGRAM]
+        rows = self._search(long_terms, short_terms, limit)
+        results = []
+        for rowid, rank, content in rows:
+            content_id = self._by_rowid[rowid]
+            snippet, hits = _snippet(content, terms)
+            score = -rank if rank is not None else float(hits)
+            results.append(
+                {
+                    "id": content_id,
+                    "filename": self._items[content_id].filename,
+                    "snippet": snippet,
+                    "score": score,
+                }
+            )
+        if not long_terms:  # unranked LIKE scan: rank by occurrences found
+            results.sort(key=lambda r: -r["score"])
+            results = results[:limit]
+        return {"results": results, "count": len(results)}
+
+    def _search(
+        self, long_terms: list[str], short_terms: list[str], limit: int
+    ) -> list[tuple[int, float | None, str]]:
+        """Rows (rowid, bm25 rank or None, content). Only fixed SQL; terms are parameters."""
+        like = " AND ".join(
+            "(filename LIKE ? ESCAPE '\\' OR content LIKE ? ESCAPE '\\')" for _ in short_terms
+        )
+        like_params: list[str] = []
+        for term in short_terms:
+            pattern = "%" + _escape_like(term) + "%"
+            like_params += [pattern, pattern]
+        if long_terms:
+            sql = "SELECT rowid, bm25(docs), content FROM docs WHERE docs MATCH ?"
+            if like:
+                sql += " AND " + like
+            sql += " ORDER BY bm25(docs) LIMIT ?"
+            params: list[Any] = [fts_phrases(long_terms), *like_params, limit]
+            return self._db.execute(sql, params).fetchall()
+        # Only short terms: the index can't help; scan (newest first) and rank in Python.
+        sql = f"SELECT rowid, NULL, content FROM docs WHERE {like} ORDER BY rowid DESC LIMIT ?"
+        return self._db.execute(sql, [*like_params, limit * 20]).fetchall()
+
+
+def fts_phrases(terms: list[str]) -> str:
+    """An FTS5 query that matches documents containing every term as literal text.
+
+    Each term becomes a string (``"..."`` with inner quotes doubled), which FTS5 reads as a
+    phrase with no operators; phrases side by side mean AND.
+    """
+    return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def _escape_like(term: str) -> str:
+    return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _snippet(content: str, terms: list[str]) -> tuple[str, int]:
+    """Text around the first hit of any term, the hits marked ``[...]``; and the hit count.
+
+    Built in Python rather than with FTS5's ``snippet()``, whose fragments are counted in
+    trigram tokens and come out clipped for this tokenizer.
+    """
+    folded = content.lower()
+    if len(folded) != len(content):  # case folding changed lengths: match exactly instead
+        folded = content
+    needles = sorted({t.lower() if folded is not content else t for t in terms}, key=len)
+    hits = sum(folded.count(n) for n in needles)
+    first = min((i for n in needles if (i := folded.find(n)) >= 0), default=-1)
+    if first < 0:  # matched on the filename only
+        text = content[: 2 * _SNIPPET_CHARS]
+        return text + ("…" if len(content) > len(text) else ""), hits
+    start = max(first - _SNIPPET_CHARS, 0)
+    end = min(first + _SNIPPET_CHARS, len(content))
+    marks: list[tuple[int, int]] = []
+    pos = start
+    while pos < end:
+        found = [(i, len(n)) for n in needles if (i := folded.find(n, pos, end + 64)) >= 0]
+        if not found:
+            break
+        i, n = min(found, key=lambda f: (f[0], -f[1]))
+        if i >= end:
+            break
+        marks.append((i, i + n))
+        pos = i + n
+    end = max([end, *(e for _, e in marks)])
+    parts, cursor = [], start
+    for s, e in marks:
+        parts += [content[cursor:s], "[", content[s:e], "]"]
+        cursor = e
+    parts.append(content[cursor:end])
+    text = "".join(parts).replace("\n", " ")
+    return ("…" if start > 0 else "") + text + ("…" if end < len(content) else ""), hits

@@ -1,0 +1,343 @@
+"""Workspace: real shell commands for one session, run in the background.
+
+`execute_command` starts ``/bin/sh -c <command>`` in the session's own working directory and
+returns at once with an unguessable `processId`; `poll_process` reads the status and the
+output so far. Each process runs in its own process group (``start_new_session=True``) so a
+timeout, `kill_process`, or the end of the session kills everything it started, not just the
+shell.
+
+One watcher thread per process drains its output (stdout and stderr together) into a bounded
+buffer that keeps the newest bytes, enforces the timeout, and reaps the child, so nothing is
+left a zombie even if nobody polls. While any watcher runs, the server reports itself busy
+and its actor is not reaped on TTL. `close()` (session end, reap, runtime close) kills every
+process group, joins the watchers and removes the working directory.
+
+The directory is made on first use, per actor incarnation, with a random name under the
+root: a key retired while its close() still runs can't remove the next incarnation's
+directory.
+
+Settings (class attributes; defaults from the environment when the module is imported):
+
+- ``CTXACTORS_WORKSPACE_ROOT``: where working directories go (default
+  ``<tempdir>/ctxactors-workspaces``);
+- ``CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES``: output kept per process (default 256 KiB);
+- ``CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT``: seconds, when a call gives none (default 600);
+- ``CTXACTORS_WORKSPACE_MAX_TIMEOUT``: larger timeouts are clamped to this (default 3600);
+- ``CTXACTORS_WORKSPACE_MAX_RUNNING``: processes running at once per session (default 16).
+
+This isolates sessions' *tool state* (one session can't see or touch another's processes),
+not the operating system: commands run as the server's user. Sandbox the server itself
+(container, separate user) before exposing it to untrusted models.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Annotated, Any, ClassVar
+
+import msgspec
+
+from ctxactors.context import ToolContext
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolError
+from ctxactors.servers.content import env_int
+from ctxactors.tools import Scope, Server, tool
+
+_TICK = 0.5  # seconds a watcher sleeps at most between checks of its deadline and stop flag
+_DRAIN_GRACE = 1.0  # after a kill, seconds to keep reading what is still buffered
+_JOIN_TIMEOUT = 5.0  # close() waits this long for each watcher
+_KEPT_RECORDS = 200  # finished processes remembered per session (oldest forgotten first)
+
+
+def env_float(name: str, default: float) -> float:
+    """A positive number from the environment, or `default`; a bad value fails loudly."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+Command = Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
+Timeout = Annotated[float, msgspec.Meta(gt=0)]
+ProcessId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+
+
+class _Process:
+    """One started command: its child, its bounded output, and the watcher thread."""
+
+    def __init__(
+        self,
+        process_id: str,
+        command: str,
+        proc: subprocess.Popen[bytes],
+        timeout: float,
+        max_output: int,
+        on_done: Any,
+    ) -> None:
+        self.process_id = process_id
+        self.command = command
+        self.proc = proc
+        self.deadline = time.monotonic() + timeout
+        self.max_output = max_output
+        self.end_reason: str | None = None  # "killed" or "timeout", set once
+        self.stopping = False
+        self._lock = threading.Lock()
+        self._output = bytearray()
+        self._dropped = 0
+        self._on_done = on_done
+        self.done = threading.Event()
+        self.thread = threading.Thread(
+            target=self._watch, name=f"ctxactors-workspace-{process_id[:10]}", daemon=True
+        )
+
+    # -- the watcher thread --------------------------------------------------------------
+
+    def _watch(self) -> None:
+        try:
+            self._drain()
+            self._reap()
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+            self.done.set()
+            self._on_done()
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        give_up: float | None = None
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                now = time.monotonic()
+                if now >= self.deadline:
+                    self.kill("timeout")
+                if self.end_reason is not None or self.stopping:
+                    # Killed: keep what is still buffered, but don't wait for a process
+                    # that escaped the group (setsid) and still holds the pipe.
+                    give_up = give_up if give_up is not None else now + _DRAIN_GRACE
+                    if now >= give_up:
+                        return
+                wait = min(_TICK, max(self.deadline - now, 0.0))
+                for _ in selector.select(wait):
+                    data = os.read(fd, 65536)
+                    if not data:
+                        return
+                    self._append(data)
+
+    def _reap(self) -> None:
+        """Wait for the shell itself (it may have closed its output and kept running)."""
+        while True:
+            try:
+                self.proc.wait(timeout=_TICK)
+                return
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= self.deadline:
+                    self.kill("timeout")
+                elif self.stopping:
+                    self.kill("killed")
+
+    def _append(self, data: bytes) -> None:
+        with self._lock:
+            self._output += data
+            over = len(self._output) - self.max_output
+            if over > 0:
+                del self._output[:over]
+                self._dropped += over
+
+    # -- called from the actor thread (and kill from the watcher on timeout) --------------
+
+    def kill(self, reason: str) -> None:
+        """Kill the whole process group; the first reason given is the one reported."""
+        with self._lock:
+            if self.done.is_set():
+                return
+            if self.end_reason is None and self.proc.returncode is None:
+                self.end_reason = reason
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is already gone
+
+    def stop(self) -> None:
+        """For close(): kill, and make the watcher give up soon whatever happens."""
+        self.stopping = True
+        self.kill("killed")
+
+    @property
+    def status(self) -> str:
+        if not self.done.is_set():
+            return "running"
+        return self.end_reason or "exited"
+
+    def output(self) -> str:
+        with self._lock:
+            data, dropped = bytes(self._output), self._dropped
+        if not dropped:
+            return data.decode("utf-8", "replace")
+        # Don't start in the middle of a UTF-8 character.
+        cut = 0
+        while cut < min(len(data), 3) and 0x80 <= data[cut] <= 0xBF:
+            cut += 1
+        note = f"[... {dropped + cut} bytes of earlier output dropped ...]\n"
+        return note + data[cut:].decode("utf-8", "replace")
+
+    def summary(self) -> dict[str, Any]:
+        status = self.status
+        return {
+            "processId": self.process_id,
+            "command": self.command,
+            "status": status,
+            "exitCode": self.proc.returncode if status != "running" else None,
+        }
+
+
+class Workspace(Server):
+    """Run shell commands in a session's own working directory and read their output."""
+
+    name = "workspace"
+    scope = Scope.SESSION
+
+    root: ClassVar[str] = os.environ.get("CTXACTORS_WORKSPACE_ROOT") or os.path.join(
+        tempfile.gettempdir(), "ctxactors-workspaces"
+    )
+    max_output_bytes: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES", 256 << 10)
+    default_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT", 600.0)
+    max_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_MAX_TIMEOUT", 3600.0)
+    max_running: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_RUNNING", 16)
+
+    def __init__(self) -> None:
+        self._procs: dict[str, _Process] = {}
+        self._dir: str | None = None
+        self._active = 0  # watchers still running; read by is_busy() from another thread
+        self._active_lock = threading.Lock()
+        self._log: Any = None
+
+    @property
+    def directory(self) -> str | None:
+        """This incarnation's working directory, or None before the first command."""
+        return self._dir
+
+    def _workdir(self, ctx: ToolContext) -> str:
+        if self._dir is None:
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
+            self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
+            self._log.info("workspace_created", directory=self._dir)
+        return self._dir
+
+    def _finished(self) -> None:
+        with self._active_lock:
+            self._active -= 1
+
+    def is_busy(self) -> bool:
+        return self._active > 0
+
+    def _get(self, process_id: str) -> _Process:
+        proc = self._procs.get(process_id)
+        if proc is None:
+            # The same words whether the id is made up or another session's: reveal nothing.
+            raise ToolError(f"process {process_id!r} not found in this session")
+        return proc
+
+    @tool(open_world=True)
+    def execute_command(
+        self, ctx: ToolContext, command: Command, timeout: Timeout | None = None
+    ) -> dict[str, Any]:
+        """Start a shell command (/bin/sh -c) in this session's working directory without
+        waiting for it. Returns a processId to poll for status and output. The command and
+        everything it starts are killed after `timeout` seconds (default 600, at most
+        3600)."""
+        running = sum(1 for p in self._procs.values() if not p.done.is_set())
+        if running >= self.max_running:
+            raise ToolError(
+                f"{running} processes are already running in this session (the limit is "
+                f"{self.max_running}); wait for one to finish or kill one"
+            )
+        seconds = min(timeout if timeout is not None else self.default_timeout, self.max_timeout)
+        workdir = self._workdir(ctx)
+        self._forget_old()
+        process_id = "p_" + secrets.token_urlsafe(12)
+        popen = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=workdir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+        proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, self._finished)
+        with self._active_lock:
+            self._active += 1
+        self._procs[process_id] = proc
+        proc.thread.start()
+        self._log.info("process_started", process_id=process_id, pid=popen.pid, timeout_s=seconds)
+        return {"processId": process_id, "status": "running"}
+
+    def _forget_old(self) -> None:
+        finished = [pid for pid, p in self._procs.items() if p.done.is_set()]
+        for pid in finished[: max(len(self._procs) - _KEPT_RECORDS + 1, 0)]:
+            del self._procs[pid]
+
+    @tool(read_only=True)
+    def poll_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
+        """Status (running, exited, killed, timeout), exit code and output so far of a
+        process this session started. Old output beyond the cap is dropped (newest kept)."""
+        proc = self._get(processId)
+        status = proc.status  # read before the output: "exited" means the output is whole
+        return {
+            "processId": processId,
+            "status": status,
+            "exitCode": proc.proc.returncode if status != "running" else None,
+            "output": proc.output(),
+        }
+
+    @tool(destructive=True, idempotent=True)
+    def kill_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
+        """Kill a running process of this session and everything it started."""
+        proc = self._get(processId)
+        proc.kill("killed")
+        proc.done.wait(_JOIN_TIMEOUT)
+        if self._log is not None:
+            self._log.info("process_killed", process_id=processId, status=proc.status)
+        summary = proc.summary()
+        del summary["command"]
+        return summary
+
+    @tool(read_only=True)
+    def list_processes(self, ctx: ToolContext) -> dict[str, Any]:
+        """The processes this session started (most recent last), with their status."""
+        processes = [p.summary() for p in self._procs.values()]
+        return {"processes": processes, "count": len(processes)}
+
+    def close(self) -> None:
+        """Kill every process group, join the watchers (they reap the children), and
+        remove the working directory."""
+        procs = list(self._procs.values())
+        for proc in procs:
+            proc.stop()
+        deadline = time.monotonic() + _JOIN_TIMEOUT
+        for proc in procs:
+            proc.thread.join(max(deadline - time.monotonic(), 0.0))
+        stuck = [p.process_id for p in procs if p.thread.is_alive()]
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._log.info(
+                "workspace_removed", directory=self._dir, processes=len(procs), stuck=stuck
+            )
+        self._procs.clear()
