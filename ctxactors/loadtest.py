@@ -1,0 +1,434 @@
+"""``ctxactors loadtest``: many concurrent sessions, then proof that none saw another's state.
+
+N sessions, each with K assistants (and optionally T threads per assistant), send M calls of
+a configurable mix of planning and playbook tools, from a bounded pool of threads or from
+asyncio tasks. The calls of all sessions interleave: a worker sends one call of a unit
+(one planning key) and puts the unit back at the end of the queue, so every session is in
+flight at once. Each reply is checked against the unit's own model as it arrives
+(`ctxactors.loadtest_workload`); at the end every planning key and every assistant's
+playbook list is read back and must equal exactly what that session sent. Any difference is
+a violation, printed with the session it happened to, and the command exits 1.
+
+The target is the embedded runtime, or a running server with ``--url`` (REST, or MCP when
+the URL ends in ``/mcp``; see `ctxactors.loadtest_targets`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import queue
+import secrets
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import msgspec
+import psutil
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ctxactors.context import ToolContext
+from ctxactors.loadtest_targets import McpTarget, Target, TransportError, make_target
+from ctxactors.loadtest_workload import (
+    Outcome,
+    PlannedCall,
+    PlaybookBook,
+    Unit,
+    parse_mix,
+)
+from ctxactors.logs import configure_logging
+
+DEFAULT_TTL = 3600.0
+DEFAULT_MAX_ACTORS = 10_000
+
+
+class Owner(Protocol):
+    def record(self, call: PlannedCall, outcome: Outcome | None) -> None: ...
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sessions", type=int, default=100, help="concurrent sessions (N)")
+    parser.add_argument("--assistants", type=int, default=2, help="assistants per session (K)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="conversation threads per assistant (0: none)"
+    )
+    parser.add_argument("--calls", type=int, default=20, help="workload calls per session (M)")
+    parser.add_argument(
+        "--mix",
+        help="tool weights, e.g. create_goal=3,add_todo=3,mark_todo=2,"
+        "get_planning_state=1,create_playbook=1 (the default)",
+    )
+    parser.add_argument("--workers", type=int, default=8, help="sender threads (sync mode)")
+    parser.add_argument(
+        "--async", dest="use_async", action="store_true", help="asyncio tasks instead of threads"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=512, help="calls in flight at most (--async)"
+    )
+    parser.add_argument("--url", help="a running server instead of the embedded runtime")
+    parser.add_argument(
+        "--transport",
+        choices=("auto", "rest", "mcp"),
+        default="auto",
+        help="with --url: REST (/api/v1/tools/NAME) or MCP; auto picks MCP for a /mcp URL",
+    )
+    parser.add_argument(
+        "--ttl", type=float, help=f"embedded: actor idle TTL in seconds (default {DEFAULT_TTL:g})"
+    )
+    parser.add_argument(
+        "--max-actors", type=int, help="embedded: live actor cap (default: enough for every key)"
+    )
+    parser.add_argument(
+        "--expect-reaping",
+        action="store_true",
+        help="accept state reset by reaping (implied by --ttl/--max-actors; for --url servers)",
+    )
+    parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call")
+    parser.add_argument("--seed", type=int, default=1, help="workload random seed")
+    parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+class Metrics:
+    """Latencies and failures; appended to from many threads (list.append is atomic)."""
+
+    def __init__(self) -> None:
+        self.latencies: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.failures: list[str] = []
+        self.peak_rss = psutil.Process().memory_info().rss
+        self.peak_actors = 0
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> int:
+        return len(self.latencies) + sum(self.errors.values())
+
+    def ok(self, seconds: float, call: PlannedCall, outcome: Outcome) -> None:
+        self.latencies.append(seconds)
+        if outcome.is_error and call.tool != "select_playbook":
+            with self._lock:
+                self.errors["tool error result"] += 1
+
+    def failed(self, call: PlannedCall, exc: BaseException) -> None:
+        kind = exc.kind if isinstance(exc, TransportError) else type(exc).__name__
+        with self._lock:
+            self.errors[kind] += 1
+            if len(self.failures) < 20:
+                self.failures.append(f"{call.ctx.session_id} {call.tool}: {exc}")
+
+    def sample(self, target: Target) -> None:
+        self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
+        stats = target.stats() if not isinstance(target, McpTarget) else None
+        if stats:
+            self.peak_actors = max(self.peak_actors, int(stats.get("actors", 0)))
+
+
+def build_workload(
+    args: argparse.Namespace, allow_resets: bool
+) -> tuple[list[Unit], list[PlaybookBook]]:
+    """The units (planning keys) and playbook books of every session, deterministic by seed."""
+    mix = parse_mix(args.mix)
+    run_id = secrets.token_hex(2)  # fresh ids per run, so a long-lived server starts clean
+    assistants = [f"a{i}" for i in range(args.assistants)]
+    threads: list[str | None] = [f"t{i}" for i in range(args.threads)] or [None]
+    units: list[Unit] = []
+    books: list[PlaybookBook] = []
+    for s in range(args.sessions):
+        session = f"lt{run_id}-s{s:05d}"
+        book = PlaybookBook(session, assistants, allow_resets)
+        books.append(book)
+        keys = [(a, t) for a in assistants for t in threads]
+        share, extra = divmod(args.calls, len(keys))
+        for i, (assistant, thread) in enumerate(keys):
+            ctx = ToolContext(session, assistant, thread)
+            seed = args.seed * 1_000_003 + len(units)
+            calls = share + (1 if i < extra else 0)
+            units.append(Unit(ctx, calls, mix, seed, book, allow_resets))
+    return units, books
+
+
+def verification_calls(
+    units: Iterable[Unit], books: Iterable[PlaybookBook]
+) -> list[tuple[Owner, PlannedCall]]:
+    out: list[tuple[Owner, PlannedCall]] = [(u, u.final_call()) for u in units]
+    for book in books:
+        out.extend((book, call) for call in book.final_calls())
+    return out
+
+
+# -- drivers -------------------------------------------------------------------------------
+
+
+def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
+    started = time.perf_counter()
+    try:
+        outcome = target.call(call.tool, call.args, call.ctx)
+    except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
+        metrics.failed(call, exc)
+        owner.record(call, None)
+        return
+    metrics.ok(time.perf_counter() - started, call, outcome)
+    owner.record(call, outcome)
+
+
+async def _asend(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
+    started = time.perf_counter()
+    try:
+        outcome = await target.acall(call.tool, call.args, call.ctx)
+    except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
+        metrics.failed(call, exc)
+        owner.record(call, None)
+        return
+    metrics.ok(time.perf_counter() - started, call, outcome)
+    owner.record(call, outcome)
+
+
+def run_threads(
+    target: Target, units: list[Unit], books: list[PlaybookBook], workers: int, metrics: Metrics
+) -> None:
+    """Workload phase round-robin over the units, then the verification calls."""
+    pending: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
+    for unit in units:
+        pending.put(unit)
+    remaining = [len(units)]
+    lock = threading.Lock()
+
+    def workload() -> None:
+        while (unit := pending.get()) is not None:
+            call = unit.next_call()
+            if call is None:
+                with lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        for _ in range(workers):
+                            pending.put(None)
+                continue
+            _send(target, unit, call, metrics)
+            pending.put(unit)
+
+    checks: list[tuple[Owner, PlannedCall]] = []
+
+    def verify() -> None:
+        while True:
+            with lock:
+                if not checks:
+                    return
+                owner, call = checks.pop()
+            _send(target, owner, call, metrics)
+
+    for phase in (workload, verify):
+        if phase is verify:  # built only now: the probes depend on what the workload made
+            checks.extend(reversed(verification_calls(units, books)))
+        pool = [threading.Thread(target=phase, name=f"loadtest-{i}") for i in range(workers)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+
+
+async def run_tasks(
+    target: Target,
+    units: list[Unit],
+    books: list[PlaybookBook],
+    concurrency: int,
+    metrics: Metrics,
+) -> None:
+    """One task per unit (calls in order within it), at most `concurrency` calls in flight."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def drive(unit: Unit) -> None:
+        while (call := unit.next_call()) is not None:
+            async with gate:
+                await _asend(target, unit, call, metrics)
+
+    async def one(owner: Owner, call: PlannedCall) -> None:
+        async with gate:
+            await _asend(target, owner, call, metrics)
+
+    try:
+        await asyncio.gather(*(drive(u) for u in units))
+        await asyncio.gather(*(one(o, c) for o, c in verification_calls(units, books)))
+    finally:
+        if isinstance(target, McpTarget):
+            await target.aclose()
+
+
+# -- report --------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return 0.0
+    return sorted_values[min(int(q * (len(sorted_values) - 1) + 0.5), len(sorted_values) - 1)]
+
+
+def build_report(
+    args: argparse.Namespace,
+    target: Target,
+    units: list[Unit],
+    books: list[PlaybookBook],
+    metrics: Metrics,
+    elapsed: float,
+    stats: dict[str, int] | None,
+    allow_resets: bool,
+) -> dict[str, Any]:
+    violations = [v for u in units for v in u.violations]
+    violations += [v for b in books for v in b.violations]
+    unverified = [u.name for u in units if not u.verified and not u.uncertain]
+    violations += [f"unit {name}: its final state was never read" for name in unverified]
+    resets = sum(u.resets for u in units)
+    if stats is not None:
+        retired = stats.get("reaped", 0) + stats.get("evicted", 0) + stats.get("ended", 0)
+        if resets > retired:
+            violations.append(
+                f"{resets} state resets seen but the runtime retired only {retired} actors"
+            )
+    lat = sorted(metrics.latencies)
+    done = len(lat) + sum(metrics.errors.values())
+    stats = stats or {}
+    return {
+        "target": target.description,
+        "mode": "async" if args.use_async else f"threads ({args.workers})",
+        "sessions": args.sessions,
+        "assistants": args.assistants,
+        "threads": args.threads,
+        "calls_per_session": args.calls,
+        "planning_keys": len(units),
+        "workload_calls": sum(args.calls for _ in books),
+        "verification_calls": done - sum(args.calls for _ in books),
+        "elapsed_s": round(elapsed, 3),
+        "throughput_calls_per_s": round(done / elapsed, 1) if elapsed else 0.0,
+        "latency_ms": {
+            "p50": round(percentile(lat, 0.50) * 1000, 3),
+            "p95": round(percentile(lat, 0.95) * 1000, 3),
+            "p99": round(percentile(lat, 0.99) * 1000, 3),
+            "max": round((lat[-1] if lat else 0.0) * 1000, 3),
+        },
+        "errors": dict(metrics.errors),
+        "error_samples": metrics.failures,
+        "actors": {
+            "peak_live": max(metrics.peak_actors, int(stats.get("peak_actors", 0))),
+            "spawned": stats.get("spawned"),
+            "reaped": stats.get("reaped"),
+            "evicted": stats.get("evicted"),
+        },
+        "expect_reaping": allow_resets,
+        "state_resets_seen": resets,
+        "peak_rss_mb": round(metrics.peak_rss / 2**20, 1),
+        "violations_count": len(violations),
+        "violations": violations[:100],
+        # Tool error results are judged by the checker (a violation unless a reset explains
+        # it); any other failure (timeout, transport) fails the run by itself.
+        "passed": not violations and all(k == "tool error result" for k in metrics.errors),
+    }
+
+
+def print_report(report: dict[str, Any], out: Any = print) -> None:
+    lat = report["latency_ms"]
+    actors = report["actors"]
+    errors = ", ".join(f"{k}: {v}" for k, v in report["errors"].items()) or "none"
+    out(
+        f"ctxactors loadtest: {report['target']}, {report['mode']}\n"
+        f"  workload     {report['sessions']} sessions x {report['assistants']} assistants"
+        f" x {max(report['threads'], 1)} threads, {report['calls_per_session']} calls each"
+        f" ({report['planning_keys']} planning keys)\n"
+        f"  calls        {report['workload_calls']:,} workload + "
+        f"{report['verification_calls']:,} verification in {report['elapsed_s']:.2f} s"
+        f" = {report['throughput_calls_per_s']:,.0f} calls/s\n"
+        f"  latency ms   p50 {lat['p50']:.2f}  p95 {lat['p95']:.2f}  p99 {lat['p99']:.2f}"
+        f"  max {lat['max']:.2f}\n"
+        f"  errors       {errors}\n"
+        f"  actors       peak live {actors['peak_live']}, spawned {actors['spawned']},"
+        f" reaped {actors['reaped']}, evicted {actors['evicted']}\n"
+        f"  state resets {report['state_resets_seen']} seen"
+        f" ({'accepted: reaping expected' if report['expect_reaping'] else 'none allowed'})\n"
+        f"  peak RSS     {report['peak_rss_mb']:.1f} MB"
+    )
+    for sample in report["error_samples"][:5]:
+        out(f"  error        {sample}")
+    for violation in report["violations"][:20]:
+        out(f"  VIOLATION    {violation}")
+    if report["violations_count"] > 20:
+        out(f"  ... and {report['violations_count'] - 20} more violations")
+    verdict = "PASS" if report["passed"] else "FAIL"
+    out(
+        f"  verdict      {verdict}: {report['violations_count']} violations"
+        " (every session's final state checked exactly)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("sessions", "assistants", "calls", "workers", "concurrency"):
+        if getattr(args, name) < 1:
+            print(f"ctxactors loadtest: --{name} must be at least 1", file=sys.stderr)
+            return 2
+    if args.threads < 0:
+        print("ctxactors loadtest: --threads must not be negative", file=sys.stderr)
+        return 2
+    if not os.environ.get("CTXACTORS_LOG_LEVEL"):
+        configure_logging(level="warning")  # one JSON line per call would drown the figures
+    allow_resets = args.expect_reaping or (
+        not args.url and (args.ttl is not None or args.max_actors is not None)
+    )
+    keys = args.sessions * args.assistants * max(args.threads, 1) + args.sessions
+    args.ttl = DEFAULT_TTL if args.ttl is None else args.ttl
+    if args.max_actors is None:
+        args.max_actors = max(DEFAULT_MAX_ACTORS, keys + 16)
+    try:
+        units, books = build_workload(args, allow_resets)
+        target = make_target(args)
+    except ValueError as exc:
+        print(f"ctxactors loadtest: {exc}", file=sys.stderr)
+        return 2
+    if isinstance(target, McpTarget):
+        args.use_async = True
+    metrics = Metrics()
+    total = args.sessions * args.calls + len(units) + args.sessions * (args.assistants + 1)
+    stop = threading.Event()
+    progress = Progress(
+        TextColumn("loadtest"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("calls"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        disable=args.no_progress,
+        transient=True,
+    )
+    task = progress.add_task("calls", total=total)
+
+    def monitor() -> None:
+        while not stop.wait(0.2):
+            metrics.sample(target)
+            progress.update(task, completed=metrics.done)
+
+    watcher = threading.Thread(target=monitor, name="loadtest-monitor", daemon=True)
+    started = time.perf_counter()
+    stats: dict[str, int] | None = None
+    try:
+        with progress:
+            watcher.start()
+            if args.use_async:
+                asyncio.run(run_tasks(target, units, books, args.concurrency, metrics))
+            else:
+                run_threads(target, units, books, args.workers, metrics)
+            elapsed = time.perf_counter() - started
+            stop.set()
+            watcher.join()
+            metrics.sample(target)
+            stats = target.stats()
+    finally:
+        stop.set()
+        target.close()
+    report = build_report(args, target, units, books, metrics, elapsed, stats, allow_resets)
+    print_report(report)
+    if args.json:
+        with open(args.json, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    return 0 if report["passed"] else 1

@@ -1,0 +1,193 @@
+"""Where the load test sends its calls: the embedded runtime, a REST server or an MCP server.
+
+Each target turns one planned call into an `Outcome` (MCP's structured content and error
+flag), or raises; the driver counts what it raised by kind. The context always travels the
+way a real host sends it: `inject_context` in process, ``X-Session-Id``-style headers over
+REST, and ``_meta`` over MCP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import httpx
+
+from ctxactors.context import META_KEYS, ToolContext, inject_context
+from ctxactors.loadtest_workload import Outcome
+from ctxactors.results import ToolResult
+from ctxactors.runtime import Runtime
+
+
+class TransportError(Exception):
+    """A reply that is not a tool result (an HTTP error status, say); `kind` groups it."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(f"{kind}: {detail}")
+        self.kind = kind
+
+
+class Target(Protocol):
+    description: str
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome: ...
+
+    async def acall(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome: ...
+
+    def stats(self) -> dict[str, int] | None: ...
+
+    def close(self) -> None: ...
+
+
+def _from_result(result: ToolResult) -> Outcome:
+    return Outcome(result.structured, result.is_error, result.text)
+
+
+class EmbeddedTarget:
+    """A `Runtime` in this process, with the built-in planning and playbook servers."""
+
+    def __init__(self, *, ttl: float, max_actors: int, call_timeout: float) -> None:
+        self.runtime = Runtime(ttl=ttl, max_actors=max_actors, call_timeout=call_timeout)
+        self.description = f"embedded runtime (ttl {ttl:g} s, max_actors {max_actors})"
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        return _from_result(self.runtime.call(tool, inject_context(args, ctx)))
+
+    async def acall(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        return _from_result(await self.runtime.acall(tool, inject_context(args, ctx)))
+
+    def stats(self) -> dict[str, int] | None:
+        return self.runtime.stats()
+
+    def close(self) -> None:
+        self.runtime.close()
+
+
+def _headers(ctx: ToolContext) -> dict[str, str]:
+    headers = {"X-Session-Id": ctx.session_id}
+    if ctx.assistant_id is not None:
+        headers["X-Assistant-Id"] = ctx.assistant_id
+    if ctx.thread_id is not None:
+        headers["X-Thread-Id"] = ctx.thread_id
+    return headers
+
+
+def _from_http(response: httpx.Response) -> Outcome:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and ("isError" in body or "structuredContent" in body):
+        text = "\n".join(
+            b.get("text", "") for b in body.get("content") or [] if isinstance(b, dict)
+        )
+        return Outcome(body.get("structuredContent"), bool(body.get("isError")), text)
+    raise TransportError(f"HTTP {response.status_code}", response.text[:200])
+
+
+class RestTarget:
+    """A running ``ctxactors serve``: ``POST {url}/api/v1/tools/{name}`` with context headers."""
+
+    def __init__(self, url: str, *, timeout: float, connections: int) -> None:
+        self.base = url.rstrip("/")
+        self.description = f"REST API at {self.base}"
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self._timeout = timeout
+        self._limits = limits
+        self._client = httpx.Client(timeout=timeout, limits=limits)
+        self._aclient: httpx.AsyncClient | None = None
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        url = f"{self.base}/api/v1/tools/{tool}"
+        return _from_http(self._client.post(url, json=args, headers=_headers(ctx)))
+
+    async def acall(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        if self._aclient is None:  # created on the loop that uses it
+            self._aclient = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+        url = f"{self.base}/api/v1/tools/{tool}"
+        return _from_http(await self._aclient.post(url, json=args, headers=_headers(ctx)))
+
+    def stats(self) -> dict[str, int] | None:
+        """The server's runtime stats, if it publishes them (else None)."""
+        try:
+            response = self._client.get(f"{self.base}/api/v1/stats")
+            body = response.json() if response.status_code == 200 else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return body if isinstance(body, dict) else None
+
+    def close(self) -> None:
+        self._client.close()
+        if self._aclient is not None:
+            try:
+                asyncio.run(self._aclient.aclose())
+            except RuntimeError:
+                pass
+
+
+class McpTarget:
+    """A streamable-HTTP MCP endpoint, through the official SDK client (async only).
+
+    One client connection carries every session: the context rides in each call's ``_meta``
+    under the ``ctxactors/`` keys, as a host that multiplexes conversations would send it.
+    """
+
+    def __init__(self, url: str, *, timeout: float) -> None:
+        self.url = url
+        self.description = f"MCP (streamable HTTP) at {url}"
+        self._timeout = timeout
+        self._client: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _connected(self) -> Any:
+        if self._client is None:
+            if self._lock is None:
+                self._lock = asyncio.Lock()
+            async with self._lock:
+                if self._client is None:
+                    from mcp import Client
+
+                    client = Client(self.url, read_timeout_seconds=self._timeout)
+                    await client.__aenter__()
+                    self._client = client
+        return self._client
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        raise TransportError("unsupported", "the MCP target runs with --async only")
+
+    async def acall(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        client = await self._connected()
+        meta = {META_KEYS["session_id"]: ctx.session_id}
+        if ctx.assistant_id is not None:
+            meta[META_KEYS["assistant_id"]] = ctx.assistant_id
+        if ctx.thread_id is not None:
+            meta[META_KEYS["thread_id"]] = ctx.thread_id
+        result = await client.call_tool(tool, args, meta=meta)
+        text = "\n".join(getattr(b, "text", "") for b in result.content or [])
+        return Outcome(result.structured_content, bool(result.is_error), text)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.__aexit__(None, None, None)
+            self._client = None
+
+    def stats(self) -> dict[str, int] | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def make_target(args: Any) -> Target:
+    """The target the command line asks for."""
+    if not args.url:
+        return EmbeddedTarget(
+            ttl=args.ttl, max_actors=args.max_actors, call_timeout=args.call_timeout
+        )
+    transport = args.transport
+    if transport == "auto":
+        transport = "mcp" if urlsplit(args.url).path.rstrip("/").endswith("/mcp") else "rest"
+    if transport == "mcp":
+        return McpTarget(args.url, timeout=args.call_timeout)
+    return RestTarget(args.url, timeout=args.call_timeout, connections=max(args.workers, 8))
