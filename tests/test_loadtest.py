@@ -1,0 +1,142 @@
+"""``ctxactors loadtest``: it passes on a correct runtime and catches cross-talk and lost state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ctxactors import loadtest
+from ctxactors.context import ToolContext
+from ctxactors.loadtest_targets import EmbeddedTarget
+from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit, parse_mix
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    return parser.parse_args([*argv, "--no-progress"])
+
+
+def run_cli(tmp_path: Path, *argv: str) -> tuple[int, dict[str, Any]]:
+    out = tmp_path / "report.json"
+    code = loadtest.run(parse(*argv, "--json", str(out)))
+    return code, json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--sessions", "40", "--calls", "30", "--workers", "6"),
+        ("--sessions", "30", "--calls", "24", "--async", "--threads", "2", "--assistants", "3"),
+    ],
+)
+def test_clean_run_passes_with_exact_counts(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    code, report = run_cli(tmp_path, *argv)
+    assert code == 0, report["violations"]
+    assert report["passed"] and report["violations_count"] == 0 and report["errors"] == {}
+    sessions, calls = report["sessions"], report["calls_per_session"]
+    assert report["workload_calls"] == sessions * calls
+    units = sessions * report["assistants"] * max(report["threads"], 1)
+    assert report["planning_keys"] == units
+    # one state read per unit, one playbook list per assistant, at most one probe per session
+    lists = sessions * report["assistants"]
+    assert units + lists <= report["verification_calls"] <= units + lists + sessions
+    assert report["actors"]["spawned"] == units + sessions  # planning keys + playbook stores
+    assert report["actors"]["reaped"] == 0 and report["state_resets_seen"] == 0
+    assert report["latency_ms"]["p50"] <= report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
+    assert report["peak_rss_mb"] > 0
+
+
+def test_eviction_under_load_stays_exact(tmp_path: Path) -> None:
+    """A tiny actor cap passivates keys mid-run; every reset is seen and accounted for."""
+    code, report = run_cli(tmp_path, "--sessions", "30", "--calls", "20", "--max-actors", "6")
+    assert code == 0, report["violations"]
+    assert report["expect_reaping"]
+    assert report["actors"]["evicted"] > 0
+    assert 0 < report["state_resets_seen"] <= report["actors"]["evicted"]
+    assert report["actors"]["peak_live"] <= 6 + 8  # the cap, plus at most one busy per worker
+
+
+class CrossTalk(EmbeddedTarget):
+    """A broken router: one session's calls land on another session's key."""
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        if ctx.session_id.endswith("s00003") and tool == "create_goal":
+            ctx = ToolContext(ctx.session_id[:-1] + "4", ctx.assistant_id, ctx.thread_id)
+        return super().call(tool, args, ctx)
+
+
+class StateLoss(EmbeddedTarget):
+    """A runtime that silently drops a session's state halfway through."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        self.calls += 1
+        if self.calls == 150:
+            self.runtime.end_session(ctx.session_id)
+        return super().call(tool, args, ctx)
+
+
+@pytest.mark.parametrize(("broken", "expect"), [(CrossTalk, "s00004/"), (StateLoss, "missing")])
+def test_checker_names_the_session_and_the_difference(broken: type, expect: str) -> None:
+    args = parse("--sessions", "8", "--calls", "40", "--mix", "create_goal=1,add_todo=1")
+    target = broken(ttl=3600.0, max_actors=1000, call_timeout=30.0)
+    units, books = loadtest.build_workload(args, allow_resets=False)
+    metrics = loadtest.Metrics()
+    try:
+        loadtest.run_threads(target, units, books, 1, metrics)
+        stats = target.stats()
+    finally:
+        target.close()
+    report = loadtest.build_report(args, target, units, books, metrics, 1.0, stats, False)
+    assert not report["passed"]
+    assert any(expect in v and "session '" in v for v in report["violations"]), report["violations"]
+
+
+def test_reset_rule_accepts_only_a_fresh_incarnation() -> None:
+    ctx = ToolContext("s1", "a1")
+    book = PlaybookBook("s1", ["a1"], allow_resets=True)
+    unit = Unit(ctx, 0, parse_mix(None), 1, book, allow_resets=True)
+    goal = PlannedCall("create_goal", {"goal": "s1/a1/-#1"}, ctx)
+    unit.record(goal, Outcome({"id": "g1", "goal": "s1/a1/-#1"}, False))
+    unit.record(goal, Outcome({"id": "g2", "goal": "s1/a1/-#1"}, False))
+    unit.record(goal, Outcome({"id": "g1", "goal": "s1/a1/-#1"}, False))  # a fresh actor
+    assert unit.resets == 1 and list(unit.goals) == ["g1"] and unit.violations == []
+    unit.record(goal, Outcome({"id": "g7", "goal": "s1/a1/-#1"}, False))  # not fresh: wrong
+    assert unit.violations == [
+        "session 's1' (s1/a1/-) create_goal: returned id 'g7', expected 'g2' (its item 's1/a1/-#1' belongs to s1/a1/-)"
+    ]
+    foreign = {"goals": [{"id": "g1", "goal": "s1/a1/-#1"}, {"id": "g2", "goal": "s9/a1/-#4"}]}
+    unit.record(unit.final_call(), Outcome({**foreign, "todos": []}, False))
+    assert "foreign goal 'g2' from s9/a1/-" in unit.violations[-1]
+
+
+def test_bad_options_are_refused_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
+    assert loadtest.run(parse("--mix", "create_goal=2,drop_tables=1")) == 2
+    assert "unknown tool 'drop_tables'" in capsys.readouterr().err
+    assert loadtest.run(parse("--sessions", "0")) == 2
+    assert "--sessions must be at least 1" in capsys.readouterr().err
+
+
+def test_command_line_entry_point(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxactors.cli", "loadtest", "--sessions", "10", "--calls", "10"]
+        + ["--no-progress", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=50,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict      PASS: 0 violations" in done.stdout
+    assert "p50" in done.stdout and "peak RSS" in done.stdout
+    assert json.loads(out.read_text())["workload_calls"] == 100
