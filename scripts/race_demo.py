@@ -65,6 +65,7 @@ class Workload(msgspec.Struct, frozen=True):
     sessions: list[str]
     rounds: int
     hop: float  # seconds of simulated network per request
+    concurrent: bool = True  # False: one client after another (the old design is then right)
 
     def clients(self) -> list[tuple[str, str]]:
         return [(s, a) for s in self.sessions for a in ASSISTANTS]
@@ -221,11 +222,16 @@ def _add(total: Counts, part: Counts) -> None:
 def _run_clients(work: Workload, client: Callable[[str, str, random.Random], None]) -> float:
     """One thread per (session, assistant), all released at once; returns the wall time."""
     clients = work.clients()
-    start = threading.Barrier(len(clients))
+    start = threading.Barrier(len(clients) if work.concurrent else 1)
+    turn = threading.Lock() if not work.concurrent else None
 
     def body(i: int, session: str, assistant: str) -> None:
         start.wait()
-        client(session, assistant, random.Random(i))
+        if turn is None:
+            client(session, assistant, random.Random(i))
+            return
+        with turn:
+            client(session, assistant, random.Random(i))
 
     threads = [threading.Thread(target=body, args=(i, *c)) for i, c in enumerate(clients)]
     began = time.perf_counter()
