@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -84,8 +85,13 @@ class Content(Server):
         # Autocommit: each statement is its own transaction, so a refused call leaves
         # nothing half-written.
         self._db = sqlite3.connect(":memory:", isolation_level=None)
+        # `texts` holds the searchable text, with NUL characters replaced (FTS5 and LIKE
+        # stop reading a value at a NUL), and `raw` the original only when it differs;
+        # `docs` is a contentless index over `texts`, so the text is stored once.
+        self._db.execute("CREATE TABLE texts(rowid INTEGER PRIMARY KEY, filename, content, raw)")
         self._db.execute(
-            "CREATE VIRTUAL TABLE docs USING fts5(filename, content, tokenize='trigram')"
+            "CREATE VIRTUAL TABLE docs USING fts5(filename, content, content='', "
+            "tokenize='trigram')"
         )
         self._items: dict[str, _Item] = {}
         self._by_rowid: dict[int, str] = {}
@@ -123,10 +129,22 @@ class Content(Server):
             )
         self._next += 1
         content_id = f"c{self._next}"
-        self._db.execute(
-            "INSERT INTO docs(rowid, filename, content) VALUES (?, ?, ?)",
-            (self._next, filename, content),
-        )
+        indexed = _indexable(content)
+        with self._db:  # both rows or neither
+            self._db.execute("BEGIN")
+            self._db.execute(
+                "INSERT INTO texts(rowid, filename, content, raw) VALUES (?, ?, ?, ?)",
+                (
+                    self._next,
+                    _indexable(filename),
+                    indexed,
+                    None if indexed == content else content,
+                ),
+            )
+            self._db.execute(
+                "INSERT INTO docs(rowid, filename, content) VALUES (?, ?, ?)",
+                (self._next, _indexable(filename), indexed),
+            )
         self._items[content_id] = _Item(self._next, filename, size)
         self._by_rowid[self._next] = content_id
         self._bytes += size
@@ -136,7 +154,9 @@ class Content(Server):
     def read_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Read a stored document back in full, by its id."""
         item = self._get(id)
-        row = self._db.execute("SELECT content FROM docs WHERE rowid = ?", (item.rowid,))
+        row = self._db.execute(
+            "SELECT coalesce(raw, content) FROM texts WHERE rowid = ?", (item.rowid,)
+        )
         return {"id": id, "filename": item.filename, "content": row.fetchone()[0]}
 
     @tool(read_only=True)
@@ -152,7 +172,15 @@ class Content(Server):
     def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Delete a stored document by its id."""
         item = self._get(id)
-        self._db.execute("DELETE FROM docs WHERE rowid = ?", (item.rowid,))
+        with self._db:
+            self._db.execute("BEGIN")
+            # A contentless index forgets a row when given the values it indexed.
+            self._db.execute(
+                "INSERT INTO docs(docs, rowid, filename, content) "
+                "SELECT 'delete', rowid, filename, content FROM texts WHERE rowid = ?",
+                (item.rowid,),
+            )
+            self._db.execute("DELETE FROM texts WHERE rowid = ?", (item.rowid,))
         del self._items[id]
         del self._by_rowid[item.rowid]
         self._bytes -= item.size
@@ -163,7 +191,7 @@ class Content(Server):
         """Search this session's documents (filenames and text) for every word of the query,
         best matches first. Any text works, including code identifiers and Korean; query
         operators are not interpreted. `limit` above 50 is treated as 50."""
-        terms = query.split()
+        terms = _indexable(query).split()
         if not terms:
             raise ToolError("query is blank: give at least one word to search for")
         if len(terms) > MAX_TERMS:
@@ -195,31 +223,39 @@ class Content(Server):
     ) -> list[tuple[int, float | None, str]]:
         """Rows (rowid, bm25 rank or None, content). Only fixed SQL; terms are parameters."""
         like = " AND ".join(
-            "(filename LIKE ? ESCAPE '\\' OR content LIKE ? ESCAPE '\\')" for _ in short_terms
+            "(texts.filename LIKE ? ESCAPE '\\' OR texts.content LIKE ? ESCAPE '\\')"
+            for _ in short_terms
         )
         like_params: list[str] = []
         for term in short_terms:
             pattern = "%" + _escape_like(term) + "%"
             like_params += [pattern, pattern]
         if long_terms:
-            sql = "SELECT rowid, bm25(docs), content FROM docs WHERE docs MATCH ?"
+            sql = (
+                "SELECT texts.rowid, bm25(docs), texts.content FROM docs "
+                "JOIN texts ON texts.rowid = docs.rowid WHERE docs MATCH ?"
+            )
             if like:
                 sql += " AND " + like
             sql += " ORDER BY bm25(docs) LIMIT ?"
             params: list[Any] = [fts_phrases(long_terms), *like_params, limit]
             return self._db.execute(sql, params).fetchall()
         # Only short terms: the index can't help; scan (newest first) and rank in Python.
-        sql = f"SELECT rowid, NULL, content FROM docs WHERE {like} ORDER BY rowid DESC LIMIT ?"
+        sql = f"SELECT rowid, NULL, content FROM texts WHERE {like} ORDER BY rowid DESC LIMIT ?"
         return self._db.execute(sql, [*like_params, limit * 20]).fetchall()
 
 
-def fts_phrases(terms: list[str]) -> str:
+def fts_phrases(terms: Iterable[str]) -> str:
     """An FTS5 query that matches documents containing every term as literal text.
 
     Each term becomes a string (``"..."`` with inner quotes doubled), which FTS5 reads as a
     phrase with no operators; phrases side by side mean AND.
     """
     return " ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def _indexable(text: str) -> str:
+    return text.replace("\x00", "\ufffd")
 
 
 def _escape_like(term: str) -> str:
