@@ -76,13 +76,16 @@ def git_commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def supports_json(script: Path) -> bool:
+def supports_json(script: Path, timeout: float) -> bool:
+    """Whether the script takes ``--json PATH`` (its source mentions it and so does --help)."""
+    if "--json" not in script.read_text(errors="replace"):
+        return False
     try:
         done = subprocess.run(
             [sys.executable, str(script), "--help"],
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=min(60.0, timeout),
             check=False,
             cwd=ROOT,
         )
@@ -97,7 +100,7 @@ def run_one(script: Path, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
         cmd = [sys.executable, str(script)]
-        if supports_json(script):
+        if supports_json(script, timeout):
             cmd += ["--json", str(out)]
         entry["command"] = " ".join(["python", f"scripts/{script.name}", *cmd[2:3]]) + (
             " PATH" if len(cmd) > 2 else ""
