@@ -1,0 +1,276 @@
+"""The workspace: real processes per session, their output, timeouts, kills and cleanup.
+
+Every test that starts processes checks afterwards that no child process (zombie or not)
+and no thread is left over.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import psutil
+import pytest
+
+from ctxactors import InvalidArgumentsError, Runtime
+from ctxactors.servers.workspace import Workspace
+from tests.conftest import ManualClock, ctx_args
+
+WAIT = 20.0  # generous: the machine is shared and loaded
+
+
+@pytest.fixture(autouse=True)
+def workspace_root(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    root = str(tmp_path / "workspaces")
+    monkeypatch.setattr(Workspace, "root", root)
+    return root
+
+
+class Leaks:
+    """Threads and child processes of this test process, before and after."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.threads = threading.active_count()
+        self.children = {p.pid for p in self.me.children(recursive=True)}
+
+    def assert_none(self) -> None:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            extra = self._extra_children()
+            if not extra and threading.active_count() <= self.threads:
+                break
+            time.sleep(0.05)
+        assert self._extra_children() == []
+        assert threading.active_count() <= self.threads, [t.name for t in threading.enumerate()]
+
+    def _extra_children(self) -> list[tuple[int, str]]:
+        out = []
+        for p in self.me.children(recursive=True):
+            if p.pid in self.children:
+                continue
+            try:
+                out.append((p.pid, p.status()))  # a zombie counts as a leak too
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+
+def descendant_names() -> list[str]:
+    names = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            names.append(p.name())
+        except psutil.NoSuchProcess:
+            pass
+    return names
+
+
+@pytest.fixture
+def leaks() -> Iterator[Leaks]:
+    yield Leaks()
+
+
+@pytest.fixture
+def rt(leaks: Leaks) -> Iterator[Runtime]:
+    runtime = Runtime(servers=[Workspace])
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        leaks.assert_none()
+
+
+def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:
+    result = rt.call(tool, ctx_args(session, **args))
+    assert not result.is_error, result.text
+    return result.structured
+
+
+def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
+    started = call(rt, session, "execute_command", command=command, **args)
+    assert started["status"] == "running" and started["processId"].startswith("p_")
+    return str(started["processId"])
+
+
+def wait_done(rt: Runtime, session: str, process_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        polled = call(rt, session, "poll_process", processId=process_id)
+        if polled["status"] != "running" or time.monotonic() > deadline:
+            return dict(polled)
+        time.sleep(0.02)
+
+
+def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        polled = call(rt, session, "poll_process", processId=process_id)
+        if text in polled["output"] or time.monotonic() > deadline:
+            return dict(polled)
+        time.sleep(0.02)
+
+
+def test_command_runs_in_the_sessions_directory_and_reports_exit_and_output(
+    rt: Runtime, workspace_root: str
+) -> None:
+    pid = start(rt, "s1", "pwd; echo out; echo err >&2; touch made-here; exit 3")
+    done = wait_done(rt, "s1", pid)
+    assert done["status"] == "exited" and done["exitCode"] == 3
+    cwd, out, err = done["output"].splitlines()
+    assert os.path.dirname(cwd) == workspace_root and (out, err) == ("out", "err")
+    assert os.path.exists(os.path.join(cwd, "made-here"))
+    # A second command sees the same directory; another session gets its own.
+    assert wait_done(rt, "s1", start(rt, "s1", "ls"))["output"] == "made-here\n"
+    other = wait_done(rt, "s2", start(rt, "s2", "pwd; ls"))["output"]
+    assert other.splitlines() == [other.strip()] and other.strip() != cwd
+    listed = call(rt, "s1", "list_processes")
+    assert listed["count"] == 2
+    assert [p["processId"] for p in listed["processes"]][0] == pid
+    assert listed["processes"][0]["command"].startswith("pwd;")
+    assert listed["processes"][0]["exitCode"] == 3
+
+
+def test_fifty_sessions_concurrently_each_see_only_their_own_marker(
+    rt: Runtime, leaks: Leaks
+) -> None:
+    sessions = [f"sess-{i:02d}" for i in range(50)]
+
+    def one(session: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        pid = start(rt, session, f"sleep 0.2; echo marker-{session}")
+        return session, wait_done(rt, session, pid), call(rt, session, "list_processes")
+
+    with ThreadPoolExecutor(max_workers=50) as pool:
+        outcomes = list(pool.map(one, sessions))
+    for session, done, listed in outcomes:
+        assert done["status"] == "exited" and done["exitCode"] == 0
+        assert done["output"] == f"marker-{session}\n"
+        assert listed["count"] == 1
+    assert rt.stats()["actors"] == 50
+
+
+def test_timeout_kills_the_whole_group(rt: Runtime) -> None:
+    pid = start(rt, "s1", "echo started; sleep 30 & sleep 30; wait", timeout=0.5)
+    done = wait_done(rt, "s1", pid)
+    assert done["status"] == "timeout" and done["exitCode"] == -9
+    assert done["output"] == "started\n"
+    # The background sleep was in the group and is gone too (checked by the leaks fixture
+    # after close; here: no sleep left among our descendants).
+    assert "sleep" not in descendant_names()
+
+
+def test_kill_process_kills_the_group_and_reports_killed(rt: Runtime) -> None:
+    pid = start(rt, "s1", "echo up; sleep 30 & sleep 30; wait")
+    assert "up" in wait_output(rt, "s1", pid, "up")["output"]
+    grandchildren = [p for p in psutil.Process().children(recursive=True) if p.name() == "sleep"]
+    killed = call(rt, "s1", "kill_process", processId=pid)
+    assert killed == {"processId": pid, "status": "killed", "exitCode": -9}
+    assert wait_done(rt, "s1", pid)["status"] == "killed"
+    _, alive = psutil.wait_procs(grandchildren, timeout=WAIT)
+    assert alive == []
+    # Killing again is harmless and says the same.
+    assert call(rt, "s1", "kill_process", processId=pid)["status"] == "killed"
+
+
+def test_kill_after_exit_keeps_exited(rt: Runtime) -> None:
+    pid = start(rt, "s1", "true")
+    assert wait_done(rt, "s1", pid)["status"] == "exited"
+    assert call(rt, "s1", "kill_process", processId=pid)["status"] == "exited"
+
+
+def test_output_cap_keeps_the_newest_bytes_of_megabytes(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Workspace, "max_output_bytes", 64 * 1024)
+    # 4 MB of 'a', then a marker; then multibyte text so the cut may land mid-character.
+    cmd = "head -c 4000000 /dev/zero | tr '\\0' a; printf '리포트%.0s' $(seq 30000); echo END"
+    done = wait_done(rt, "s1", start(rt, "s1", cmd))
+    assert done["status"] == "exited"
+    output = done["output"]
+    note, _, kept = output.partition("\n")
+    assert note.startswith("[... ") and note.endswith(" bytes of earlier output dropped ...]")
+    dropped = int(note.split()[1])
+    assert len(kept.encode()) + dropped == 4_000_000 + 30000 * len("리포트".encode()) + 4
+    assert len(kept.encode()) <= 64 * 1024 and kept.endswith("리포트END\n")
+    assert "\ufffd" not in kept  # the cut never splits a character
+
+
+def test_another_sessions_process_is_invisible(rt: Runtime) -> None:
+    pid = start(rt, "alice", "echo alice-secret; sleep 30")
+    wait_output(rt, "alice", pid, "alice-secret")
+    made_up = "p_" + "A" * 16
+    for tool in ("poll_process", "kill_process"):
+        theirs = rt.call(tool, ctx_args("bob", processId=pid))
+        nobody = rt.call(tool, ctx_args("bob", processId=made_up))
+        assert theirs.is_error and nobody.is_error and theirs.structured is None
+        # The same words as for an id that never existed: nothing about the process.
+        assert theirs.text == nobody.text.replace(made_up, pid)
+        assert "alice" not in theirs.text and "sleep" not in theirs.text
+    assert call(rt, "bob", "list_processes") == {"processes": [], "count": 0}
+    # Bob's kill attempt did nothing.
+    assert call(rt, "alice", "poll_process", processId=pid)["status"] == "running"
+
+
+def test_running_processes_keep_the_actor_from_being_reaped(
+    leaks: Leaks, clock: ManualClock, workspace_root: str
+) -> None:
+    with Runtime(servers=[Workspace], ttl=10, clock=clock) as rt:
+        pid = start(rt, "s1", "pwd; sleep 30")
+        cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
+        clock.advance(100)
+        assert rt.reap() == 0  # busy
+        assert call(rt, "s1", "poll_process", processId=pid)["status"] == "running"
+        call(rt, "s1", "kill_process", processId=pid)
+        clock.advance(100)
+        assert rt.reap() == 1
+        deadline = time.monotonic() + WAIT
+        while os.path.exists(cwd) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not os.path.exists(cwd)
+        # The next call is a fresh incarnation: no memory of the old process.
+        gone = rt.call("poll_process", ctx_args("s1", processId=pid))
+        assert gone.is_error and "not found" in gone.text
+    leaks.assert_none()
+
+
+def test_end_session_kills_processes_and_removes_the_directory(
+    rt: Runtime, workspace_root: str
+) -> None:
+    pid = start(rt, "s1", "pwd; sleep 30 & sleep 30; wait")
+    cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
+    other = start(rt, "s2", "sleep 30")
+    assert rt.end_session("s1") == 1
+    assert not os.path.exists(cwd)  # end_session waits for the cleanup
+    assert descendant_names().count("sleep") == 1  # only s2's is left
+    assert call(rt, "s2", "poll_process", processId=other)["status"] == "running"
+    # A new incarnation of s1 works in a new directory.
+    again = wait_done(rt, "s1", start(rt, "s1", "pwd"))["output"].strip()
+    assert again != cwd and os.path.dirname(again) == workspace_root
+
+
+def test_close_with_running_and_chatty_processes_leaves_nothing(leaks: Leaks) -> None:
+    rt = Runtime(servers=[Workspace])
+    for i in range(5):
+        start(rt, f"s{i}", "yes chatty")
+        start(rt, f"s{i}", "sleep 30 & exec sleep 30")
+    rt.close()
+    leaks.assert_none()
+
+
+def test_limits_and_bad_input(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Workspace, "max_running", 2)
+    monkeypatch.setattr(Workspace, "max_timeout", 1.0)
+    first = start(rt, "s1", "sleep 30", timeout=999)  # clamped to 1 s
+    start(rt, "s1", "sleep 30")
+    refused = rt.call("execute_command", ctx_args("s1", command="true"))
+    assert refused.is_error and "limit is 2" in refused.text
+    assert wait_done(rt, "s1", first)["status"] == "timeout"
+    start(rt, "s1", "true")  # a slot is free again
+    with pytest.raises(InvalidArgumentsError, match="timeout"):
+        rt.call("execute_command", ctx_args("s1", command="true", timeout=-1))
+    with pytest.raises(InvalidArgumentsError, match="command"):
+        rt.call("execute_command", ctx_args("s1", command=""))
