@@ -58,9 +58,9 @@ def configure_logging(
         if lvl_name not in _LEVELS:
             raise ValueError(f"CTXACTORS_LOG_LEVEL: unknown level {lvl_name!r}")
         target = file if file is not None else os.environ.get("CTXACTORS_LOG_FILE")
-        stream: TextIO
+        stream: TextIO | None
         if target is None or target == "":
-            stream = sys.stderr
+            stream = None  # whatever sys.stderr is at the time of each line
         elif isinstance(target, str):
             stream = open(target, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
         else:
@@ -81,12 +81,39 @@ def configure_logging(
                 renderer,
             ],
             wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[lvl_name]),
-            logger_factory=structlog.WriteLoggerFactory(file=stream),
+            logger_factory=_Sink(stream).factory,
             cache_logger_on_first_use=False,
         )
         _configured_by_us = True
         # pykka logs through the standard library; keep its lines off stdout as well.
         logging.getLogger("pykka").setLevel(max(_LEVELS[lvl_name], logging.WARNING))
+
+
+class _Sink:
+    """Where rendered lines go: a stream, or standard error looked up per line.
+
+    Looking ``sys.stderr`` up per line follows hosts and test runners that swap it; a write
+    that fails (a closed stream, a full disk) is dropped, because a log line must never
+    fail the call that wrote it.
+    """
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def factory(self, *_: Any) -> _Sink:
+        return self
+
+    def msg(self, message: str) -> None:
+        stream = self._stream if self._stream is not None else sys.stderr
+        try:
+            with self._lock:
+                stream.write(message + "\n")
+                stream.flush()
+        except (ValueError, OSError):
+            pass
+
+    log = debug = info = warning = warn = error = err = critical = exception = msg
 
 
 def get_logger(name: str = "ctxactors", **context: Any) -> Any:

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from ctxactors import Runtime
+from ctxactors.logs import configure_logging
 
 
 class ManualClock:
@@ -24,6 +25,12 @@ class ManualClock:
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._now += seconds
+
+
+@pytest.fixture(autouse=True)
+def default_logging() -> None:
+    """Every test starts from the default log configuration (some commands change it)."""
+    configure_logging(format="json", level="info", force=True)
 
 
 @pytest.fixture
