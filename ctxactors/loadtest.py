@@ -165,28 +165,32 @@ def verification_calls(
 # -- drivers -------------------------------------------------------------------------------
 
 
+def _settle(owner: Owner, call: PlannedCall, metrics: Metrics, started: float, result: Any) -> None:
+    """Count a finished call (an `Outcome`, or the exception it raised) and check it."""
+    if isinstance(result, Outcome):
+        metrics.ok(time.perf_counter() - started, call, result)
+        owner.record(call, result)
+    else:
+        metrics.failed(call, result)
+        owner.record(call, None)
+
+
 def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
     started = time.perf_counter()
     try:
-        outcome = target.call(call.tool, call.args, call.ctx)
+        result: Any = target.call(call.tool, call.args, call.ctx)
     except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
-        metrics.failed(call, exc)
-        owner.record(call, None)
-        return
-    metrics.ok(time.perf_counter() - started, call, outcome)
-    owner.record(call, outcome)
+        result = exc
+    _settle(owner, call, metrics, started, result)
 
 
 async def _asend(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
     started = time.perf_counter()
     try:
-        outcome = await target.acall(call.tool, call.args, call.ctx)
+        result: Any = await target.acall(call.tool, call.args, call.ctx)
     except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
-        metrics.failed(call, exc)
-        owner.record(call, None)
-        return
-    metrics.ok(time.perf_counter() - started, call, outcome)
-    owner.record(call, outcome)
+        result = exc
+    _settle(owner, call, metrics, started, result)
 
 
 def run_threads(
