@@ -255,6 +255,8 @@ async def run_tasks(
         async with gate:
             await _asend(target, owner, call, metrics)
 
+    if isinstance(target, McpTarget):
+        await target.aopen()
     try:
         await asyncio.gather(*(drive(u) for u in units))
         await asyncio.gather(*(one(o, c) for o, c in verification_calls(units, books)))

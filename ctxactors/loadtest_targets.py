@@ -131,33 +131,30 @@ class McpTarget:
 
     One client connection carries every session: the context rides in each call's ``_meta``
     under the ``ctxactors/`` keys, as a host that multiplexes conversations would send it.
+    `url` may also be an in-process MCP server object (the SDK's ``Client`` accepts both).
     """
 
-    def __init__(self, url: str, *, timeout: float) -> None:
+    def __init__(self, url: Any, *, timeout: float) -> None:
         self.url = url
-        self.description = f"MCP (streamable HTTP) at {url}"
+        self.description = f"MCP (streamable HTTP) at {url}" if isinstance(url, str) else "MCP"
         self._timeout = timeout
         self._client: Any = None
-        self._lock: asyncio.Lock | None = None
 
-    async def _connected(self) -> Any:
-        if self._client is None:
-            if self._lock is None:
-                self._lock = asyncio.Lock()
-            async with self._lock:
-                if self._client is None:
-                    from mcp import Client
+    async def aopen(self) -> None:
+        """Connect; call it from the task that will call `aclose` (anyio's cancel scopes)."""
+        from mcp import Client
 
-                    client = Client(self.url, read_timeout_seconds=self._timeout)
-                    await client.__aenter__()
-                    self._client = client
-        return self._client
+        client = Client(self.url, read_timeout_seconds=self._timeout)
+        await client.__aenter__()
+        self._client = client
 
     def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
         raise TransportError("unsupported", "the MCP target runs with --async only")
 
     async def acall(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
-        client = await self._connected()
+        client = self._client
+        if client is None:
+            raise TransportError("not connected", "McpTarget.aopen() was not awaited")
         meta = {META_KEYS["session_id"]: ctx.session_id}
         if ctx.assistant_id is not None:
             meta[META_KEYS["assistant_id"]] = ctx.assistant_id

@@ -13,7 +13,7 @@ import pytest
 
 from ctxactors import loadtest
 from ctxactors.context import ToolContext
-from ctxactors.loadtest_targets import EmbeddedTarget
+from ctxactors.loadtest_targets import EmbeddedTarget, TransportError
 from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit, parse_mix
 
 
@@ -140,3 +140,126 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
     assert "verdict      PASS: 0 violations" in done.stdout
     assert "p50" in done.stdout and "peak RSS" in done.stdout
     assert json.loads(out.read_text())["workload_calls"] == 100
+
+
+class Flaky(EmbeddedTarget):
+    """Every 7th call fails in transit, the way a dropped connection would."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.calls = 0
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        self.calls += 1
+        if self.calls % 7 == 0:
+            raise TransportError("HTTP 502", "bad gateway")
+        return super().call(tool, args, ctx)
+
+
+def test_transport_errors_are_counted_by_kind_and_fail_the_run() -> None:
+    args = parse("--sessions", "5", "--calls", "20")
+    target = Flaky(ttl=3600.0, max_actors=1000, call_timeout=30.0)
+    units, books = loadtest.build_workload(args, allow_resets=False)
+    metrics = loadtest.Metrics()
+    try:
+        loadtest.run_threads(target, units, books, 1, metrics)
+    finally:
+        target.close()
+    report = loadtest.build_report(args, target, units, books, metrics, 1.0, None, False)
+    assert report["errors"] == {"HTTP 502": target.calls // 7}
+    assert report["violations"] == []  # an unknown outcome is not taken for cross-talk
+    assert not report["passed"]
+
+
+def serve_rest(rt: Any) -> tuple[Any, str]:
+    """A minimal REST front for the runtime on an ephemeral loopback port (test double).
+
+    Shapes follow the REST contract: POST /api/v1/tools/{name}, context in X-*-Id headers,
+    the MCP result object as the body.
+    """
+    import socket
+    import threading
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from ctxactors.context import inject_context
+
+    async def tool(request: Request) -> JSONResponse:
+        h = request.headers
+        ctx = ToolContext(h["x-session-id"], h.get("x-assistant-id"), h.get("x-thread-id"))
+        result = await rt.acall(
+            request.path_params["name"], inject_context(await request.json(), ctx)
+        )
+        return JSONResponse(result.to_mcp())
+
+    app = Starlette(routes=[Route("/api/v1/tools/{name}", tool, methods=["POST"])])
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if server.started:
+            break
+        threading.Event().wait(0.05)
+    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+def test_rest_target_over_loopback(tmp_path: Path, use_async: bool) -> None:
+    from ctxactors import Runtime
+
+    with Runtime() as rt:
+        server, url = serve_rest(rt)
+        try:
+            argv = ["--url", url, "--sessions", "10", "--calls", "12", "--workers", "4"]
+            code, report = run_cli(tmp_path, *argv, *(["--async"] if use_async else []))
+        finally:
+            server.should_exit = True
+        assert code == 0, report
+        assert report["target"] == f"REST API at {url}"
+        assert report["workload_calls"] == 120 and report["errors"] == {}
+        assert rt.stats()["spawned"] == 10 * 2 + 10
+
+
+def test_mcp_target_sends_context_in_meta() -> None:
+    """The MCP client path, against an in-process low-level MCP server over the runtime."""
+    import asyncio
+
+    import mcp_types as types
+    from mcp.server.lowlevel import Server as McpServer
+
+    from ctxactors import Runtime
+    from ctxactors.loadtest_targets import McpTarget
+
+    with Runtime() as rt:
+
+        async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+            result = await rt.acall(params.name, params.arguments, meta=params.meta)
+            return types.CallToolResult(
+                content=[types.TextContent(type="text", text=result.text)],
+                structured_content=result.structured,
+                is_error=result.is_error,
+            )
+
+        async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            return types.ListToolsResult(
+                tools=[
+                    types.Tool(name=t["name"], input_schema=t["inputSchema"])
+                    for t in rt.list_tools()
+                ]
+            )
+
+        server = McpServer("test", on_list_tools=list_tools, on_call_tool=call_tool)
+        target = McpTarget(server, timeout=30.0)
+        args = parse("--sessions", "4", "--calls", "10", "--async")
+        units, books = loadtest.build_workload(args, allow_resets=False)
+        metrics = loadtest.Metrics()
+        asyncio.run(loadtest.run_tasks(target, units, books, 16, metrics))
+        report = loadtest.build_report(args, target, units, books, metrics, 1.0, None, False)
+        assert report["passed"], (report["violations"], report["error_samples"])
+        assert rt.stats()["spawned"] == 4 * 2 + 4  # one actor per key: the context arrived
