@@ -141,10 +141,11 @@ def follow_records(
             if stop.wait(poll):
                 return
             try:
-                size = os.stat(path).st_size
+                now = os.stat(path)
             except OSError:
                 continue  # rotated away; wait for the new file
-            if size < stream.tell():
+            replaced = now.st_ino != os.fstat(stream.fileno()).st_ino
+            if replaced or now.st_size < stream.tell():
                 stream.close()
                 stream = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115
                 number, pending = 0, ""

@@ -153,7 +153,7 @@ def test_summary_per_session_and_tool(tmp_path: Path) -> None:
     assert "tool calls by session" in table and "s2" in table and "s1 " not in table
 
 
-def test_follow_prints_appended_lines_and_survives_truncation(tmp_path: Path) -> None:
+def test_follow_prints_appended_lines_and_survives_truncation_and_rotation(tmp_path: Path) -> None:
     path = tmp_path / "live.log"
     path.write_text(call_line("s1", "create_goal", 1.0) + "\n")
     stop = threading.Event()
@@ -185,6 +185,10 @@ def test_follow_prints_appended_lines_and_survives_truncation(tmp_path: Path) ->
         assert wait_for(2) == [1.0, 2.0]
         path.write_text(call_line("s1", "mark_todo", 3.0) + "\n")  # truncated and rewritten
         assert wait_for(3) == [1.0, 2.0, 3.0]
+        path.rename(tmp_path / "live.log.1")  # rotated: a new file takes the name
+        lines = [call_line("s1", "get_planning_state", float(d)) for d in (4, 5, 6)]
+        (tmp_path / "live.log").write_text("\n".join(lines) + "\n")
+        assert wait_for(6) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     finally:
         stop.set()
         worker.join(timeout=20)
