@@ -200,22 +200,24 @@ class Content(Server):
         long_terms = [t for t in terms if len(t) >= _TRIGRAM]
         short_terms = [t for t in terms if len(t) < _TRIGRAM]
         rows = self._search(long_terms, short_terms, limit)
+        scored = [
+            (rowid, -rank if rank is not None else float(_occurrences(content, terms)), content)
+            for rowid, rank, content in rows
+        ]
+        if not long_terms:  # an unranked LIKE scan: rank by occurrences found
+            scored.sort(key=lambda row: -row[1])
+            del scored[limit:]
         results = []
-        for rowid, rank, content in rows:
+        for rowid, score, content in scored:
             content_id = self._by_rowid[rowid]
-            snippet, hits = _snippet(content, terms)
-            score = -rank if rank is not None else float(hits)
             results.append(
                 {
                     "id": content_id,
                     "filename": self._items[content_id].filename,
-                    "snippet": snippet,
+                    "snippet": _snippet(content, terms),
                     "score": score,
                 }
             )
-        if not long_terms:  # unranked LIKE scan: rank by occurrences found
-            results.sort(key=lambda r: -r["score"])
-            results = results[:limit]
         return {"results": results, "count": len(results)}
 
     def _search(
@@ -262,21 +264,30 @@ def _escape_like(term: str) -> str:
     return term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def _snippet(content: str, terms: list[str]) -> tuple[str, int]:
-    """Text around the first hit of any term, the hits marked ``[...]``; and the hit count.
+def _folded(content: str, terms: list[str]) -> tuple[str, list[str]]:
+    """Content and terms lower-cased, unless that changes lengths (then both as given)."""
+    folded = content.lower()
+    if len(folded) != len(content):
+        return content, sorted(set(terms), key=len)
+    return folded, sorted({t.lower() for t in terms}, key=len)
+
+
+def _occurrences(content: str, terms: list[str]) -> int:
+    folded, needles = _folded(content, terms)
+    return sum(folded.count(n) for n in needles)
+
+
+def _snippet(content: str, terms: list[str]) -> str:
+    """Text around the first hit of any term, with the hits marked ``[...]``.
 
     Built in Python rather than with FTS5's ``snippet()``, whose fragments are counted in
     trigram tokens and come out clipped for this tokenizer.
     """
-    folded = content.lower()
-    if len(folded) != len(content):  # case folding changed lengths: match exactly instead
-        folded = content
-    needles = sorted({t.lower() if folded is not content else t for t in terms}, key=len)
-    hits = sum(folded.count(n) for n in needles)
+    folded, needles = _folded(content, terms)
     first = min((i for n in needles if (i := folded.find(n)) >= 0), default=-1)
     if first < 0:  # matched on the filename only
         text = content[: 2 * _SNIPPET_CHARS]
-        return text + ("…" if len(content) > len(text) else ""), hits
+        return text + ("…" if len(content) > len(text) else "")
     start = max(first - _SNIPPET_CHARS, 0)
     end = min(first + _SNIPPET_CHARS, len(content))
     marks: list[tuple[int, int]] = []
@@ -297,4 +308,4 @@ def _snippet(content: str, terms: list[str]) -> tuple[str, int]:
         cursor = e
     parts.append(content[cursor:end])
     text = "".join(parts).replace("\n", " ")
-    return ("…" if start > 0 else "") + text + ("…" if end < len(content) else ""), hits
+    return ("…" if start > 0 else "") + text + ("…" if end < len(content) else "")

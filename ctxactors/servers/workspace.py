@@ -260,8 +260,8 @@ class Workspace(Server):
     ) -> dict[str, Any]:
         """Start a shell command (/bin/sh -c) in this session's working directory without
         waiting for it. Returns a processId to poll for status and output. The command and
-        everything it starts are killed after `timeout` seconds (default 600, at most
-        3600)."""
+        everything it starts are killed after `timeout` seconds (a default applies when it
+        is omitted; values above the server's maximum are lowered to it)."""
         running = sum(1 for p in self._procs.values() if not p.done.is_set())
         if running >= self.max_running:
             raise ToolError(
@@ -284,8 +284,17 @@ class Workspace(Server):
         proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, self._finished)
         with self._active_lock:
             self._active += 1
+        try:
+            proc.thread.start()
+        except BaseException:  # no thread, no watcher: don't leave the child behind
+            with self._active_lock:
+                self._active -= 1
+            os.killpg(popen.pid, signal.SIGKILL)
+            popen.wait()
+            if popen.stdout is not None:
+                popen.stdout.close()
+            raise
         self._procs[process_id] = proc
-        proc.thread.start()
         self._log.info("process_started", process_id=process_id, pid=popen.pid, timeout_s=seconds)
         return {"processId": process_id, "status": "running"}
 
