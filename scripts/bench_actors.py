@@ -10,7 +10,10 @@ Each figure sits beside a baseline measured in the same run:
 - one reaper pass over 10,000 idle actors (`Runtime.reap`, manual clock) vs telling 10,000
   bare pykka actors to stop;
 - event-loop lag (how late a 1 ms ticker wakes up) during 1,000 concurrent `acall`s vs an
-  idle loop and vs the same 1,000 calls bridged with ``run_in_executor``.
+  idle loop, vs launching 1,000 trivial tasks at once (what `gather` itself costs), and vs
+  the same 1,000 calls bridged with ``run_in_executor``. `acall` never waits in the loop,
+  but each call's routing (parse, validate, hand to the actor) does run in it: launching
+  1,000 at once shows up as one long loop iteration.
 
 Every memory case runs in a fresh interpreter so one case's freed memory can't flatter the
 next. The process is pinned to one CPU unless ``--no-pin`` (cross-CPU wake-ups otherwise
@@ -172,6 +175,16 @@ def case_loop_lag(calls: int) -> dict[str, Any]:
         async def idle() -> None:
             await asyncio.sleep(0.2)
 
+        async def trivial() -> None:  # the cost of launching 1,000 tasks at once, alone
+            loop = asyncio.get_running_loop()
+
+            async def one() -> None:
+                future = loop.create_future()
+                loop.call_soon(future.set_result, None)
+                await future
+
+            await asyncio.gather(*(one() for _ in args))
+
         async def acalls() -> None:
             await asyncio.gather(*(rt.acall("bump", a) for a in args))
 
@@ -182,6 +195,7 @@ def case_loop_lag(calls: int) -> dict[str, Any]:
         async def all_three() -> dict[str, Any]:
             return {
                 "idle_loop": await _lag_during(idle),
+                "trivial_tasks": await _lag_during(trivial),
                 "acall": await _lag_during(acalls),
                 "run_in_executor": await _lag_during(executor),
             }
@@ -236,6 +250,7 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"{'':34} {'work (ms)':>12} {'lag p99 ms':>12} {'lag max ms':>12}")
     for key, label in (
         ("idle_loop", "idle loop (baseline)"),
+        ("trivial_tasks", "1,000 trivial tasks (baseline)"),
         ("acall", "Runtime.acall"),
         ("run_in_executor", "run_in_executor(rt.call)"),
     ):
