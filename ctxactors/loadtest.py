@@ -126,7 +126,7 @@ class Metrics:
 
     def sample(self, target: Target) -> None:
         self.peak_rss = max(self.peak_rss, psutil.Process().memory_info().rss)
-        stats = target.stats() if not isinstance(target, McpTarget) else None
+        stats = target.stats()
         if stats:
             self.peak_actors = max(self.peak_actors, int(stats.get("actors", 0)))
 
@@ -257,14 +257,12 @@ async def run_tasks(
         async with gate:
             await _asend(target, owner, call, metrics)
 
-    if isinstance(target, McpTarget):
-        await target.aopen()
+    await target.aopen()  # and aclose, in this same task: anyio's cancel scopes need it
     try:
         await asyncio.gather(*(drive(u) for u in units))
         await asyncio.gather(*(one(o, c) for o, c in verification_calls(units, books)))
     finally:
-        if isinstance(target, McpTarget):
-            await target.aclose()
+        await target.aclose()
 
 
 # -- report --------------------------------------------------------------------------------

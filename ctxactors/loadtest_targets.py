@@ -8,7 +8,6 @@ REST, and ``_meta`` over MCP.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -37,6 +36,10 @@ class Target(Protocol):
 
     def stats(self) -> dict[str, int] | None: ...
 
+    async def aopen(self) -> None: ...
+
+    async def aclose(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -59,6 +62,12 @@ class EmbeddedTarget:
 
     def stats(self) -> dict[str, int] | None:
         return self.runtime.stats()
+
+    async def aopen(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        pass
 
     def close(self) -> None:
         self.runtime.close()
@@ -117,13 +126,17 @@ class RestTarget:
             return None
         return body if isinstance(body, dict) else None
 
+    async def aopen(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        """Close the async client on the loop that made it."""
+        if self._aclient is not None:
+            await self._aclient.aclose()
+            self._aclient = None
+
     def close(self) -> None:
         self._client.close()
-        if self._aclient is not None:
-            try:
-                asyncio.run(self._aclient.aclose())
-            except RuntimeError:
-                pass
 
 
 class McpTarget:
