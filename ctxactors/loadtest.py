@@ -306,8 +306,8 @@ def build_report(
         "threads": args.threads,
         "calls_per_session": args.calls,
         "planning_keys": len(units),
-        "workload_calls": sum(args.calls for _ in books),
-        "verification_calls": done - sum(args.calls for _ in books),
+        "workload_calls": args.sessions * args.calls,
+        "verification_calls": done - args.sessions * args.calls,
         "elapsed_s": round(elapsed, 3),
         "throughput_calls_per_s": round(done / elapsed, 1) if elapsed else 0.0,
         "latency_ms": {
