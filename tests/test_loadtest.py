@@ -66,33 +66,51 @@ def test_eviction_under_load_stays_exact(tmp_path: Path) -> None:
     assert report["actors"]["peak_live"] <= 6 + 8  # the cap, plus at most one busy per worker
 
 
-class CrossTalk(EmbeddedTarget):
-    """A broken router: one session's calls land on another session's key."""
+class Broken(EmbeddedTarget):
+    """The embedded runtime with a fault injected: `tamper` sees the n-th call first."""
 
-    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
-        if ctx.session_id.endswith("s00003") and tool == "create_goal":
-            ctx = ToolContext(ctx.session_id[:-1] + "4", ctx.assistant_id, ctx.thread_id)
-        return super().call(tool, args, ctx)
-
-
-class StateLoss(EmbeddedTarget):
-    """A runtime that silently drops a session's state halfway through."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self) -> None:
+        super().__init__(ttl=3600.0, max_actors=1000, call_timeout=30.0)
         self.calls = 0
+
+    def tamper(self, n: int, tool: str, ctx: ToolContext) -> ToolContext:
+        raise NotImplementedError
 
     def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
         self.calls += 1
-        if self.calls == 150:
+        return super().call(tool, args, self.tamper(self.calls, tool, ctx))
+
+
+class CrossTalk(Broken):
+    """A broken router: one session's goals land on another session's key."""
+
+    def tamper(self, n: int, tool: str, ctx: ToolContext) -> ToolContext:
+        if ctx.session_id.endswith("s00003") and tool == "create_goal":
+            return ToolContext(ctx.session_id[:-1] + "4", ctx.assistant_id, ctx.thread_id)
+        return ctx
+
+
+class StateLoss(Broken):
+    """A runtime that silently drops a session's state halfway through."""
+
+    def tamper(self, n: int, tool: str, ctx: ToolContext) -> ToolContext:
+        if n == 150:
             self.runtime.end_session(ctx.session_id)
-        return super().call(tool, args, ctx)
+        return ctx
 
 
-@pytest.mark.parametrize(("broken", "expect"), [(CrossTalk, "s00004/"), (StateLoss, "missing")])
-def test_checker_names_the_session_and_the_difference(broken: type, expect: str) -> None:
-    args = parse("--sessions", "8", "--calls", "40", "--mix", "create_goal=1,add_todo=1")
-    target = broken(ttl=3600.0, max_actors=1000, call_timeout=30.0)
+class Flaky(Broken):
+    """Every 7th call fails in transit, the way a dropped connection would."""
+
+    def tamper(self, n: int, tool: str, ctx: ToolContext) -> ToolContext:
+        if n % 7 == 0:
+            raise TransportError("HTTP 502", "bad gateway")
+        return ctx
+
+
+def drive(target: Broken, *argv: str) -> dict[str, Any]:
+    """One sender thread (a deterministic call order) through the load test's own checks."""
+    args = parse(*argv)
     units, books = loadtest.build_workload(args, allow_resets=False)
     metrics = loadtest.Metrics()
     try:
@@ -100,9 +118,23 @@ def test_checker_names_the_session_and_the_difference(broken: type, expect: str)
         stats = target.stats()
     finally:
         target.close()
-    report = loadtest.build_report(args, target, units, books, metrics, 1.0, stats, False)
+    return loadtest.build_report(args, target, units, books, metrics, 1.0, stats, False)
+
+
+@pytest.mark.parametrize(("broken", "expect"), [(CrossTalk, "s00004/"), (StateLoss, "missing")])
+def test_checker_names_the_session_and_the_difference(broken: type[Broken], expect: str) -> None:
+    mix = "create_goal=1,add_todo=1"
+    report = drive(broken(), "--sessions", "8", "--calls", "40", "--mix", mix)
     assert not report["passed"]
     assert any(expect in v and "session '" in v for v in report["violations"]), report["violations"]
+
+
+def test_transport_errors_are_counted_by_kind_and_fail_the_run() -> None:
+    target = Flaky()
+    report = drive(target, "--sessions", "5", "--calls", "20")
+    assert report["errors"] == {"HTTP 502": target.calls // 7}
+    assert report["violations"] == []  # an unknown outcome is not taken for cross-talk
+    assert not report["passed"]
 
 
 def test_reset_rule_accepts_only_a_fresh_incarnation() -> None:
@@ -143,35 +175,6 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
     assert "verdict      PASS: 0 violations" in done.stdout
     assert "p50" in done.stdout and "peak RSS" in done.stdout
     assert json.loads(out.read_text())["workload_calls"] == 100
-
-
-class Flaky(EmbeddedTarget):
-    """Every 7th call fails in transit, the way a dropped connection would."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.calls = 0
-
-    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
-        self.calls += 1
-        if self.calls % 7 == 0:
-            raise TransportError("HTTP 502", "bad gateway")
-        return super().call(tool, args, ctx)
-
-
-def test_transport_errors_are_counted_by_kind_and_fail_the_run() -> None:
-    args = parse("--sessions", "5", "--calls", "20")
-    target = Flaky(ttl=3600.0, max_actors=1000, call_timeout=30.0)
-    units, books = loadtest.build_workload(args, allow_resets=False)
-    metrics = loadtest.Metrics()
-    try:
-        loadtest.run_threads(target, units, books, 1, metrics)
-    finally:
-        target.close()
-    report = loadtest.build_report(args, target, units, books, metrics, 1.0, None, False)
-    assert report["errors"] == {"HTTP 502": target.calls // 7}
-    assert report["violations"] == []  # an unknown outcome is not taken for cross-talk
-    assert not report["passed"]
 
 
 def serve_rest(rt: Any) -> tuple[Any, str]:
