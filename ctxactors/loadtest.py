@@ -327,6 +327,7 @@ def build_report(
         "expect_reaping": allow_resets,
         "state_resets_seen": resets,
         "peak_rss_mb": round(metrics.peak_rss / 2**20, 1),
+        "rss_of": "the load generator only" if args.url else "runtime and load generator",
         "violations_count": len(violations),
         "violations": violations[:100],
         # Tool error results are judged by the checker (a violation unless a reset explains
@@ -354,7 +355,7 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         f" reaped {actors['reaped']}, evicted {actors['evicted']}\n"
         f"  state resets {report['state_resets_seen']} seen"
         f" ({'accepted: reaping expected' if report['expect_reaping'] else 'none allowed'})\n"
-        f"  peak RSS     {report['peak_rss_mb']:.1f} MB"
+        f"  peak RSS     {report['peak_rss_mb']:.1f} MB ({report['rss_of']})"
     )
     for sample in report["error_samples"][:5]:
         out(f"  error        {sample}")
