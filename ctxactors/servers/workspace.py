@@ -113,8 +113,10 @@ class _Process:
         finally:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
-            self.done.set()
+            # Not busy before "done": whoever saw the process finish (kill_process, a
+            # poll) must also see the server idle, or a reap right after could skip it.
             self._on_done()
+            self.done.set()
 
     def _drain(self) -> None:
         assert self.proc.stdout is not None
