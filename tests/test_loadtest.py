@@ -47,7 +47,8 @@ def test_clean_run_passes_with_exact_counts(tmp_path: Path, argv: tuple[str, ...
     # one state read per unit, one playbook list per assistant, at most one probe per session
     lists = sessions * report["assistants"]
     assert units + lists <= report["verification_calls"] <= units + lists + sessions
-    assert report["actors"]["spawned"] == units + sessions  # planning keys + playbook stores
+    # planning keys + playbook stores (servers that are always present may add their own)
+    assert report["actors"]["spawned"] >= units + sessions
     assert report["actors"]["reaped"] == 0 and report["state_resets_seen"] == 0
     assert report["latency_ms"]["p50"] <= report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
     assert report["peak_rss_mb"] > 0
@@ -177,6 +178,15 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["workload_calls"] == 100
 
 
+def keys_by_server(rt: Any) -> dict[str, int]:
+    """Live keys of the servers the load test calls (one per session/assistant/thread)."""
+    counts: dict[str, int] = {}
+    for key in rt.registry.keys():
+        if key[0] in ("planning", "playbooks"):
+            counts[key[0]] = counts.get(key[0], 0) + 1
+    return counts
+
+
 def serve_rest(rt: Any) -> tuple[Any, str]:
     """A minimal REST front for the runtime on an ephemeral loopback port (test double).
 
@@ -229,7 +239,7 @@ def test_rest_target_over_loopback(tmp_path: Path, use_async: bool) -> None:
         assert code == 0, report
         assert report["target"] == f"REST API at {url}"
         assert report["workload_calls"] == 120 and report["errors"] == {}
-        assert rt.stats()["spawned"] == 10 * 2 + 10
+        assert keys_by_server(rt) == {"planning": 10 * 2, "playbooks": 10}
 
 
 def test_mcp_target_sends_context_in_meta() -> None:
@@ -268,4 +278,4 @@ def test_mcp_target_sends_context_in_meta() -> None:
         asyncio.run(loadtest.run_tasks(target, units, books, 16, metrics))
         report = loadtest.build_report(args, target, units, books, metrics, 1.0, None, False)
         assert report["passed"], (report["violations"], report["error_samples"])
-        assert rt.stats()["spawned"] == 4 * 2 + 4  # one actor per key: the context arrived
+        assert keys_by_server(rt) == {"planning": 4 * 2, "playbooks": 4}  # the context arrived
