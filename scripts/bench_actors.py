@@ -101,7 +101,9 @@ def case_runtime(n: int) -> dict[str, Any]:
     drained = time.perf_counter() - started
     return {
         "spawn_s": spawn,
-        "rss_per_actor_kb": (after - before) / n / 1024,
+        # per live actor: servers every runtime has (history, say) may add their own actors
+        "rss_per_actor_kb": (after - before) / live / 1024,
+        "rss_per_session_kb": (after - before) / n / 1024,
         "live": live,
         "reap_pass_s": reap,
         "reaped": reaped,
