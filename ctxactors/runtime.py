@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from ctxactors.actors import AsyncReply, Call, SyncReply
+from ctxactors.actors import AsyncReply, Call, Reply, SyncReply
 from ctxactors.context import ToolContext, clean_args, parse_arguments, read_context
 from ctxactors.logs import get_logger
 from ctxactors.registry import Registry
@@ -41,7 +41,9 @@ class Runtime:
     key's actor is reaped (its state is ephemeral); `max_actors` caps the live actors (the
     least recently used idle one is passivated to make room); `clock` is an injectable
     monotonic clock for tests. With an injected clock and no `scan_interval` there is no
-    background reaper: the test calls `reap()` itself.
+    background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
+    `list_tools()` publish only the batch and preset tools, whose description lists every
+    other tool; every tool can still be called either way.
     """
 
     def __init__(
@@ -53,7 +55,10 @@ class Runtime:
         max_actors: int = 10_000,
         call_timeout: float = 30.0,
         clock: Callable[[], float] | None = None,
+        tools: str = "all",
     ) -> None:
+        if tools not in ("all", "unified"):
+            raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
         if servers is None:
             from ctxactors.servers import BUILTIN
 
@@ -64,7 +69,15 @@ class Runtime:
         self._tools: dict[str, ToolSpec] = collect_tools(self._servers)
         self._factories = {s: functools.partial(s.create, self) for s in self._servers}
         # Kept encoded: every list_tools() decodes a fresh copy the caller may change.
-        self._definitions = msgspec.json.encode([s.definition() for s in self._tools.values()])
+        # tools="unified" lists only the batch and preset tools (same calls, shorter list).
+        if tools == "unified":
+            from ctxactors.servers.batch import unified_definitions
+
+            definitions = unified_definitions(self._tools)
+        else:
+            definitions = [s.definition() for s in self._tools.values()]
+        self.tools_mode = tools
+        self._definitions = msgspec.json.encode(definitions)
         self.call_timeout = call_timeout
         self._log = get_logger("ctxactors")
         if scan_interval is None and clock is None:
@@ -146,18 +159,20 @@ class Runtime:
         ctx: ToolContext,
         validated: Any,
         args: dict[str, Any],
-        reply: SyncReply | AsyncReply | None,
+        reply: Reply | None,
         *,
         fn: Callable[[Any], Any] | None = None,
+        observe: bool = True,
     ) -> None:
         """Hand an already validated call to its key's actor (for the batch tool).
 
         `fn` replaces the handler (a compensation, say) while keeping the key and the
-        bookkeeping.
+        bookkeeping; ``observe=False`` keeps it out of the observers (an undo is not a
+        call of the tool it undoes, so the operation history must not record it).
         """
         started = time.perf_counter()
         log = self._log
-        observers = self._observers
+        observers = self._observers if observe else ()
 
         def run(server: Server) -> ToolResult:
             return spec.invoke(server, ctx, validated)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ctxactors.servers.batch import Batch, Presets
 from ctxactors.servers.content import Content
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
@@ -12,6 +13,6 @@ from ctxactors.tools import Server
 BUILTIN: list[type[Server]] = [Planning, Playbooks, Content, Workspace]
 
 # Part of every runtime, whatever servers it was given (history, batch).
-ALWAYS: list[type[Server]] = []
+ALWAYS: list[type[Server]] = [Batch, Presets]
 
-__all__ = ["ALWAYS", "BUILTIN", "Content", "Planning", "Playbooks", "Workspace"]
+__all__ = ["ALWAYS", "BUILTIN", "Batch", "Content", "Planning", "Playbooks", "Presets", "Workspace"]

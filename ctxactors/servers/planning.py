@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
 from ctxactors.tools import Scope, Server, tool
@@ -28,7 +29,25 @@ class Planning(Server):
         self._next += 1
         return f"{prefix}{self._next}"
 
-    @tool
+    # Undos for transactional batches (ids are never handed out again).
+    def _remove_goal(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        self.goals.pop(result["id"], None)
+
+    def _remove_todo(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        self.todos.pop(result["id"], None)
+
+    def _done_before(self, ctx: ToolContext, args: Any) -> bool | None:
+        todo = self.todos.get(args.todo_id)
+        return None if todo is None else bool(todo["done"])
+
+    def _restore_done(
+        self, ctx: ToolContext, args: Any, result: dict[str, Any], before: bool | None
+    ) -> None:
+        todo = self.todos.get(args.todo_id)
+        if todo is not None and before is not None:
+            todo["done"] = before
+
+    @tool(compensate=_remove_goal)
     def create_goal(self, ctx: ToolContext, goal: NonEmpty) -> dict[str, Any]:
         """Create a goal to work towards. Returns its id."""
         goal_id = self._new_id("g")
@@ -36,7 +55,7 @@ class Planning(Server):
         self.goals[goal_id] = record
         return dict(record)
 
-    @tool
+    @tool(compensate=_remove_todo)
     def add_todo(
         self, ctx: ToolContext, name: NonEmpty, goal_id: str | None = None
     ) -> dict[str, Any]:
@@ -48,7 +67,7 @@ class Planning(Server):
         self.todos[todo_id] = record
         return dict(record)
 
-    @tool(idempotent=True)
+    @tool(idempotent=True, compensate=Compensation(_restore_done, before=_done_before))
     def mark_todo(self, ctx: ToolContext, todo_id: str, done: bool = True) -> dict[str, Any]:
         """Mark a todo done (or not done again with done=false)."""
         todo = self.todos.get(todo_id)

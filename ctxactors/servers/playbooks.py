@@ -31,7 +31,11 @@ class Playbooks(Server):
         self.selected: dict[str | None, str] = {}  # assistant -> playbook id
         self._next = 0
 
-    @tool
+    def _remove_playbook(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        """Undo of create_playbook for transactional batches (the id is not reused)."""
+        self.playbooks.pop(result["id"], None)
+
+    @tool(compensate=_remove_playbook)
     def create_playbook(self, ctx: ToolContext, name: Name, steps: Steps = []) -> dict[str, Any]:  # noqa: B006 - msgspec copies empty defaults
         """Create a playbook (a named list of steps) owned by the calling assistant."""
         self._next += 1

@@ -1,0 +1,298 @@
+"""The batch tool's types, and turning a list of operations into a checked plan.
+
+The msgspec types here are the batch tool's argument and result types: the published
+``inputSchema`` and the validation both come from them. `make_plan` checks a whole batch
+before anything runs (unknown tools, duplicate ids, unknown dependencies, cycles, size,
+nesting, missing compensations, each operation's arguments), and any problem rejects the
+batch with a `ToolError` naming the operation.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import msgspec
+
+from ctxactors.compensation import Compensation, as_compensation
+from ctxactors.context import ToolContext, clean_args
+from ctxactors.results import CtxActorsError, ToolError
+from ctxactors.tools import ToolSpec
+
+OpId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+Millis = Annotated[int, msgspec.Meta(ge=1, le=3_600_000)]
+
+
+class Condition(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """Run an operation only on the outcome of another: give exactly one of the two."""
+
+    if_success: Annotated[
+        OpId | None, msgspec.Meta(description="run only if this operation succeeded")
+    ] = None
+    if_failed: Annotated[
+        OpId | None, msgspec.Meta(description="run only if this operation failed")
+    ] = None
+
+
+class Operation(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True):
+    """One tool call of a batch."""
+
+    tool: Annotated[str | None, msgspec.Meta(description="tool name (or category+action)")] = None
+    category: Annotated[str | None, msgspec.Meta(description="server name")] = None
+    action: Annotated[str | None, msgspec.Meta(description="tool name within category")] = None
+    id: Annotated[OpId | None, msgspec.Meta(description="name for dependsOn/${id.path}")] = None
+    arguments: Annotated[
+        dict[str, Any],
+        msgspec.Meta(description='tool arguments; "${opId.path}" inserts an earlier result'),
+    ] = {}
+    depends_on: Annotated[
+        list[OpId], msgspec.Meta(max_length=1000, description="ids that must succeed first")
+    ] = []
+    condition: Condition | None = None
+    thread: (
+        Annotated[
+            str, msgspec.Meta(min_length=1, max_length=200, description="run in this sub-thread")
+        ]
+        | None
+    ) = None
+    timeout: Annotated[Millis | None, msgspec.Meta(description="this operation's limit, ms")] = None
+
+
+class BatchOptions(msgspec.Struct, rename="camel", forbid_unknown_fields=True):
+    """How the whole batch runs."""
+
+    parallel: Annotated[bool, msgspec.Meta(description="run independent operations at once")] = (
+        False
+    )
+    transactional: Annotated[
+        bool, msgspec.Meta(description="on any failure undo what succeeded")
+    ] = False
+    timeout: Annotated[Millis | None, msgspec.Meta(description="whole batch limit, ms")] = None
+    include_metadata: bool = False
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+
+
+class OpError(msgspec.Struct):
+    code: str
+    message: str
+
+
+class OpMetadata(msgspec.Struct, rename="camel"):
+    started_ms: float
+    duration_ms: float
+    thread: str | None
+    deduplicated: bool = False
+
+
+class OpResult(msgspec.Struct, omit_defaults=True):
+    """What became of one operation: status is success, failed, skipped or rolled_back."""
+
+    id: str
+    tool: str
+    status: str
+    data: Any = None
+    error: OpError | None = None
+    metadata: OpMetadata | None = None
+
+
+class Summary(msgspec.Struct, rename="camel"):
+    total: int
+    successful: int
+    failed: int
+    skipped: int
+    rolled_back: int
+    execution_time: float  # ms
+
+
+class BatchResult(msgspec.Struct):
+    summary: Summary
+    results: list[OpResult]
+
+
+class Step:
+    """One operation after checking: the tool, its context, and what it waits for."""
+
+    __slots__ = (
+        "index",
+        "id",
+        "spec",
+        "args",
+        "validated",
+        "ctx",
+        "needs",
+        "after",
+        "condition",
+        "timeout",
+        "compensation",
+    )
+
+    def __init__(
+        self, index: int, op_id: str, spec: ToolSpec, args: dict[str, Any], ctx: ToolContext
+    ) -> None:
+        self.index = index
+        self.id = op_id
+        self.spec = spec
+        self.args = args
+        self.validated: Any = None  # None while the arguments hold references
+        self.ctx = ctx
+        self.needs: set[str] = set()  # must have succeeded (dependsOn + references)
+        self.after: set[str] = set()  # must have finished (needs + the condition's op)
+        self.condition: Condition | None = None
+        self.timeout: float | None = None  # seconds
+        self.compensation: Compensation | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        return self.spec.server.scope.key(self.spec.server.name, self.ctx)
+
+
+# ${opId} or ${opId.path.to.value}; a path element of digits indexes a list.
+REFERENCE = re.compile(r"\$\{([^}.\s]+)((?:\.[^}.\s]+)*)\}")
+
+
+def references(value: Any) -> set[str]:
+    """The operation ids referenced anywhere inside an argument value."""
+    found: set[str] = set()
+    if isinstance(value, str):
+        found.update(m.group(1) for m in REFERENCE.finditer(value))
+    elif isinstance(value, dict):
+        for item in value.values():
+            found |= references(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= references(item)
+    return found
+
+
+def make_plan(
+    operations: list[Operation],
+    tools: Mapping[str, ToolSpec],
+    ctx: ToolContext,
+    *,
+    excluded: frozenset[str],
+    max_operations: int,
+    transactional: bool = False,
+    check_arguments: bool = True,
+) -> list[Step]:
+    """Check a batch as a whole and return its steps in input order.
+
+    `excluded` names the servers whose tools may not appear in a batch (the batch and
+    preset tools themselves: a nested batch is refused). With `check_arguments` false the
+    arguments are not validated (a preset is saved before its placeholders are filled).
+    """
+    if not operations:
+        raise ToolError("a batch needs at least one operation")
+    if len(operations) > max_operations:
+        raise ToolError(
+            f"a batch may hold at most {max_operations} operations, got {len(operations)}"
+        )
+    steps: list[Step] = []
+    seen: dict[str, int] = {}
+    for index, op in enumerate(operations):
+        where = f"operation {index} ({op.id!r})" if op.id else f"operation {index}"
+        spec = _resolve_tool(op, tools, where)
+        if spec.server.name in excluded:
+            raise ToolError(f"{where}: {spec.name!r} can't run inside a batch (no nesting)")
+        op_id = op.id if op.id is not None else f"#{index}"
+        if op_id in seen:
+            raise ToolError(f"{where}: duplicate id {op_id!r} (also operation {seen[op_id]})")
+        seen[op_id] = index
+        thread = op.thread if op.thread is not None else ctx.thread_id
+        # The context is the batch call's own: the session and assistant can't change,
+        # and reserved fields inside the arguments are dropped.
+        step_ctx = ToolContext(ctx.session_id, ctx.assistant_id, thread)
+        step = Step(index, op_id, spec, clean_args(op.arguments), step_ctx)
+        step.needs = set(op.depends_on) | references(step.args)
+        step.condition = op.condition
+        step.after = set(step.needs)
+        if op.condition is not None:
+            given = [c for c in (op.condition.if_success, op.condition.if_failed) if c]
+            if len(given) != 1:
+                raise ToolError(f"{where}: a condition names exactly one of ifSuccess/ifFailed")
+            step.after.add(given[0])
+        step.timeout = None if op.timeout is None else op.timeout / 1000
+        step.compensation = as_compensation(spec.compensate)
+        if transactional and step.compensation is None and not spec.read_only:
+            raise ToolError(
+                f"{where}: {spec.name!r} has no compensation, so it can't run in a "
+                "transactional batch"
+            )
+        if check_arguments and not references(step.args):
+            try:
+                step.validated = spec.validate(step.args)
+            except CtxActorsError as exc:
+                raise ToolError(f"{where}: {exc}") from None
+        steps.append(step)
+    for step in steps:
+        for other in sorted(step.after):
+            if other not in seen:
+                raise ToolError(
+                    f"operation {step.index} ({step.id!r}) depends on unknown {other!r}"
+                )
+            if other == step.id:
+                raise ToolError(f"operation {step.index} ({step.id!r}) depends on itself")
+    try:
+        graphlib.TopologicalSorter({s.id: s.after for s in steps}).prepare()
+    except graphlib.CycleError as exc:
+        cycle = " -> ".join(exc.args[1])
+        raise ToolError(f"the operations' dependencies form a cycle: {cycle}") from None
+    return steps
+
+
+def _resolve_tool(op: Operation, tools: Mapping[str, ToolSpec], where: str) -> ToolSpec:
+    name = op.tool if op.tool is not None else op.action
+    if name is None:
+        raise ToolError(f"{where}: give `tool`, or `category` and `action`")
+    if op.tool is not None and op.action is not None and op.action != op.tool:
+        raise ToolError(f"{where}: `tool` {op.tool!r} and `action` {op.action!r} disagree")
+    spec = tools.get(name)
+    if spec is None:
+        raise ToolError(f"{where}: unknown tool {name!r}")
+    if op.category is not None and op.category != spec.server.name:
+        raise ToolError(
+            f"{where}: {name!r} is in category {spec.server.name!r}, not {op.category!r}"
+        )
+    return spec
+
+
+class ReferenceError_(ToolError):
+    """A `${opId.path}` that names no value in that operation's result."""
+
+
+def resolve(value: Any, results: Mapping[str, Any]) -> Any:
+    """The value with every reference replaced from the finished operations' data.
+
+    A string that is exactly one reference becomes the referenced value (any type); a
+    reference inside a longer string is replaced by the value's text.
+    """
+    if isinstance(value, str):
+        whole = REFERENCE.fullmatch(value)
+        if whole:
+            return _lookup(whole, results)
+        return REFERENCE.sub(lambda m: _text(_lookup(m, results)), value)
+    if isinstance(value, dict):
+        return {k: resolve(v, results) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, results) for v in value]
+    return value
+
+
+def _lookup(match: re.Match[str], results: Mapping[str, Any]) -> Any:
+    op_id, path = match.group(1), match.group(2)
+    value = results.get(op_id)
+    walked = op_id
+    for part in path.split(".")[1:]:
+        walked += "." + part
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise ReferenceError_(f"reference ${{{match.group(0)[2:-1]}}}: no value at {walked}")
+    return value
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
