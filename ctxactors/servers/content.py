@@ -33,6 +33,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
 from ctxactors.tools import Scope, Server, tool
@@ -107,7 +108,26 @@ class Content(Server):
             raise ToolError(f"content {content_id!r} not found")
         return item
 
-    @tool
+    # Undos for transactional batches: ids are never handed out again, and a restored
+    # item comes back with its id, its row and its place in the listing.
+    def _undo_add(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        if result["id"] in self._items:
+            self.delete_content(ctx, result["id"])
+
+    def _before_delete(self, ctx: ToolContext, args: Any) -> tuple[str, _Item, str] | None:
+        if args.id not in self._items:
+            return None
+        return args.id, self._items[args.id], self.read_content(ctx, args.id)["content"]
+
+    def _undo_delete(
+        self, ctx: ToolContext, args: Any, result: Any, before: tuple[str, _Item, str] | None
+    ) -> None:
+        if before is None or before[0] in self._items:
+            return
+        self._insert(*before)
+        self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
+
+    @tool(compensate=_undo_add)
     def add_content(self, ctx: ToolContext, filename: Filename, content: str) -> dict[str, Any]:
         """Store a document (a file's text, notes, a tool's output) so it can be searched
         and read back later in this session. Returns its id."""
@@ -129,26 +149,29 @@ class Content(Server):
             )
         self._next += 1
         content_id = f"c{self._next}"
+        self._insert(content_id, _Item(self._next, filename, size), content)
+        return {"id": content_id, "filename": filename}
+
+    def _insert(self, content_id: str, item: _Item, content: str) -> None:
         indexed = _indexable(content)
         with self._db:  # both rows or neither
             self._db.execute("BEGIN")
             self._db.execute(
                 "INSERT INTO texts(rowid, filename, content, raw) VALUES (?, ?, ?, ?)",
                 (
-                    self._next,
-                    _indexable(filename),
+                    item.rowid,
+                    _indexable(item.filename),
                     indexed,
                     None if indexed == content else content,
                 ),
             )
             self._db.execute(
                 "INSERT INTO docs(rowid, filename, content) VALUES (?, ?, ?)",
-                (self._next, _indexable(filename), indexed),
+                (item.rowid, _indexable(item.filename), indexed),
             )
-        self._items[content_id] = _Item(self._next, filename, size)
-        self._by_rowid[self._next] = content_id
-        self._bytes += size
-        return {"id": content_id, "filename": filename}
+        self._items[content_id] = item
+        self._by_rowid[item.rowid] = content_id
+        self._bytes += item.size
 
     @tool(read_only=True)
     def read_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
@@ -168,7 +191,11 @@ class Content(Server):
         ]
         return {"items": items, "count": len(items)}
 
-    @tool(destructive=True, idempotent=True)
+    @tool(
+        destructive=True,
+        idempotent=True,
+        compensate=Compensation(_undo_delete, before=_before_delete),
+    )
     def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Delete a stored document by its id."""
         item = self._get(id)

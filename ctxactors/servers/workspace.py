@@ -256,7 +256,15 @@ class Workspace(Server):
             raise ToolError(f"process {process_id!r} not found in this session")
         return proc
 
-    @tool(open_world=True)
+    def _undo_execute(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        """Undo for transactional batches: kill the process (and its group), forget it."""
+        proc = self._procs.get(result["processId"])
+        if proc is not None:
+            proc.kill("killed")
+            if proc.done.wait(_JOIN_TIMEOUT):  # else close() must still find it
+                del self._procs[result["processId"]]
+
+    @tool(open_world=True, compensate=_undo_execute)
     def execute_command(
         self, ctx: ToolContext, command: Command, timeout: Timeout | None = None
     ) -> dict[str, Any]:
