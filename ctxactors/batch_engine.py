@@ -313,7 +313,7 @@ class BatchRun:
         structured, prior = value.structured, reply.prior
 
         def undo(server: Any) -> ToolResult:
-            comp.apply(server, step.ctx, step.validated, structured, prior)
+            comp(server, step.ctx, step.validated, structured, prior)
             return ToolResult.ok({"compensated": step.spec.name})
 
         done = SyncReply() if wait is not None else None

@@ -37,7 +37,8 @@ class Compensation:
         """Record what the undo will need; runs in the actor just before the tool."""
         return None if self.before is None else self.before(server, ctx, args)
 
-    def apply(self, server: Any, ctx: Any, args: Any, result: Any, prior: Any) -> None:
+    def __call__(self, server: Any, ctx: Any, args: Any, result: Any, prior: Any) -> None:
+        """Undo one call (in the key's actor), given what `prepare` recorded."""
         if self.before is None:
             self.undo(server, ctx, args, result)
         else:

@@ -40,7 +40,7 @@ class Sleeper(Server):
         return {"thread": ctx.thread_id}
 
 
-def median_ms(fn: Callable[[], None], repeat: int) -> float:
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
     times = []
     for _ in range(repeat):
         start = time.perf_counter()

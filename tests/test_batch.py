@@ -89,9 +89,7 @@ def rt() -> Iterator[Runtime]:
         runtime.close()
 
 
-def batch(
-    rt: Runtime, operations: list[dict[str, Any]], session: str = "s1", **options: Any
-) -> ToolResult:
+def batch(rt: Runtime, operations: list[Any], session: str = "s1", **options: Any) -> ToolResult:
     args: dict[str, Any] = {"operations": operations, "__sessionId": session}
     if options:
         args["options"] = options
@@ -524,9 +522,7 @@ def test_rollback_restores_planning_and_content_exactly(rt: Runtime) -> None:
     assert rt.call("search_content", {"query": "beta", "__sessionId": "s1"}).structured == (
         before_search
     )
-    assert (
-        rt.call("search_content", {"query": "delta", "__sessionId": "s1"}).structured["count"] == 0
-    )  # type: ignore[index]
+    assert state(rt, "search_content", query="delta")["count"] == 0
     # Ids are never reused after a rollback.
     later = rt.call("create_goal", {"goal": "later", "__sessionId": "s1"}).structured
     assert later == {"id": "g5", "goal": "later"}  # g3 and t4 went to the rolled-back batch
