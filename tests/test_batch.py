@@ -645,3 +645,44 @@ def test_unified_mode_lists_batch_and_presets_naming_every_action(rt: Runtime) -
     assert {t["name"] for t in rt.list_tools()} >= {"batch", "create_goal", "put"}
     with pytest.raises(ValueError, match="'all' or 'unified'"):
         Runtime(tools="some")
+
+
+def test_concurrent_transactional_batches_keep_exactly_the_committed_ones(rt: Runtime) -> None:
+    """Sixteen transactional batches on one session at once; every odd one fails at the end.
+
+    Each batch writes to its own thread and to the shared session-scoped content store, so
+    rollbacks interleave with other batches' writes on the same key.
+    """
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            ops: list[dict[str, Any]] = [
+                {"id": "p", "tool": "put", "arguments": {"value": f"v{i}"}, "thread": f"t{i}"},
+                {
+                    "id": "c",
+                    "tool": "add_content",
+                    "arguments": {"filename": f"f{i}", "content": "x"},
+                },
+                {"id": "g", "tool": "create_goal", "arguments": {"goal": f"g{i}"}},
+            ]
+            if i % 2:
+                ops.append({"id": "boom", "tool": "fail", "dependsOn": ["p", "c", "g"]})
+            result = batch(rt, ops, parallel=bool(i % 4 < 2), transactional=True)
+            assert result.is_error == bool(i % 2), result.text
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(3 * WAIT)
+    assert not errors, errors
+    files = sorted(item["filename"] for item in state(rt, "list_content")["items"])
+    assert files == sorted(f"f{i}" for i in range(0, 16, 2))
+    goals = sorted(g["goal"] for g in state(rt, "get_planning_state")["goals"])
+    assert goals == sorted(f"g{i}" for i in range(0, 16, 2))
+    for i in range(16):
+        expected = [f"v{i}"] if i % 2 == 0 else []
+        assert state(rt, "items_now", __threadId=f"t{i}")["items"] == expected
