@@ -224,6 +224,8 @@ def make_plan(
                 step.validated = spec.validate(step.args)
             except CtxActorsError as exc:
                 raise ToolError(f"{where}: {exc}") from None
+        elif check_arguments:  # values come later: check the names now, the values then
+            _check_names(spec, step.args, where)
         steps.append(step)
     for step in steps:
         for other in sorted(step.after):
@@ -239,6 +241,20 @@ def make_plan(
         cycle = " -> ".join(exc.args[1])
         raise ToolError(f"the operations' dependencies form a cycle: {cycle}") from None
     return steps
+
+
+def _check_names(spec: ToolSpec, args: Mapping[str, Any], where: str) -> None:
+    """For arguments whose values come from references: the names, at least, up front."""
+    fields = msgspec.structs.fields(spec.args_type)
+    unknown = sorted(set(args) - {f.encode_name for f in fields})
+    missing = [f.encode_name for f in fields if f.required and f.encode_name not in args]
+    problems = []
+    if unknown:
+        problems.append(f"unknown {', '.join(unknown)}")
+    if missing:
+        problems.append(f"missing {', '.join(missing)}")
+    if problems:
+        raise ToolError(f"{where}: invalid arguments for {spec.name!r}: {'; '.join(problems)}")
 
 
 def _resolve_tool(op: Operation, tools: Mapping[str, ToolSpec], where: str) -> ToolSpec:

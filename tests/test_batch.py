@@ -236,6 +236,14 @@ def test_order_is_topological_not_input_order(rt: Runtime) -> None:
         ([{"id": "x", "tool": "run_preset", "arguments": {"name": "a"}}], "no nesting"),
         ([{"id": "x", "tool": "put", "arguments": {"value": 3}}], "operation 1 ('x'): invalid"),
         ([{"id": "x", "tool": "put", "arguments": {}}], "missing required field `value`"),
+        (
+            [{"id": "x", "tool": "put", "arguments": {"value": "${p.value}", "colour": 1}}],
+            "operation 1 ('x'): invalid arguments for 'put': unknown colour",
+        ),
+        (
+            [{"id": "x", "tool": "add_todo", "arguments": {"goal_id": "${p.value}"}}],
+            "operation 1 ('x'): invalid arguments for 'add_todo': missing name",
+        ),
         ([{"id": "x", "category": "content", "action": "put"}], "in category 'probe'"),
         ([{"id": "x"}], "give `tool`, or `category` and `action`"),
         (

@@ -5,6 +5,9 @@ and hands each operation to that operation's key with `Runtime.submit`, with the
 call's own context, so a batch can reach nothing its caller couldn't reach with direct
 calls. Presets live per assistant (``Scope.ASSISTANT``) and run inside the presets actor
 the same way. Neither tool may appear inside a batch, so no actor ever waits on itself.
+
+Limits (environment, read at import): ``CTXACTORS_BATCH_MAX_OPERATIONS`` (100 operations a
+batch, at most 1000) and ``CTXACTORS_BATCH_MAX_PRESETS`` (100 presets per assistant).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError, ToolResult
+from ctxactors.servers.content import env_int
 from ctxactors.tools import Scope, Server, ToolSpec, tool
 
 Operations = Annotated[list[Operation], msgspec.Meta(max_length=1000)]
@@ -63,7 +67,7 @@ class Batch(Server):
 
     name = "batch"
     scope = Scope.THREAD
-    max_operations: ClassVar[int] = 100
+    max_operations: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_OPERATIONS", 100)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
@@ -101,7 +105,7 @@ class Presets(Server):
 
     name = "presets"
     scope = Scope.ASSISTANT
-    max_presets: ClassVar[int] = 100
+    max_presets: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS", 100)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
