@@ -273,7 +273,7 @@ def _resolve_tool(op: Operation, tools: Mapping[str, ToolSpec], where: str) -> T
     return spec
 
 
-class ReferenceError_(ToolError):
+class BadReference(ToolError):
     """A `${opId.path}` that names no value in that operation's result."""
 
 
@@ -306,7 +306,7 @@ def _lookup(match: re.Match[str], results: Mapping[str, Any]) -> Any:
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
         else:
-            raise ReferenceError_(f"reference ${{{match.group(0)[2:-1]}}}: no value at {walked}")
+            raise BadReference(f"reference ${{{match.group(0)[2:-1]}}}: no value at {walked}")
     return value
 
 

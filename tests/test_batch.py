@@ -694,3 +694,22 @@ def test_concurrent_transactional_batches_keep_exactly_the_committed_ones(rt: Ru
     for i in range(16):
         expected = [f"v{i}"] if i % 2 == 0 else []
         assert state(rt, "items_now", __threadId=f"t{i}")["items"] == expected
+
+
+def test_a_reference_to_a_missing_value_fails_that_operation(rt: Runtime) -> None:
+    result = batch(
+        rt,
+        [
+            {"id": "g", "tool": "create_goal", "arguments": {"goal": "a"}},
+            {"id": "t", "tool": "add_todo", "arguments": {"name": "${g.nope.deeper}"}},
+            {"id": "u", "tool": "add_todo", "arguments": {"name": "${g.id}"}, "dependsOn": ["t"]},
+        ],
+    )
+    by_id = {r["id"]: r for r in result.structured["results"]}  # type: ignore[index]
+    assert by_id["t"]["status"] == "failed"
+    assert by_id["t"]["error"] == {
+        "code": "invalid_arguments",
+        "message": "reference ${g.nope.deeper}: no value at g.nope",
+    }
+    assert by_id["u"]["status"] == "skipped"
+    assert state(rt, "get_planning_state")["todos"] == []
