@@ -1,0 +1,1 @@
+"""How hosts reach the runtime: MCP (stdio, streamable HTTP) and the REST API, one module each."""

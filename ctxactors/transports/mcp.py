@@ -1,0 +1,289 @@
+"""The MCP server: the official SDK's low-level `Server` in front of a `Runtime`.
+
+`tools/list` publishes exactly `Runtime.list_tools()` (clean schemas, no reserved field);
+`tools/call` hands the raw arguments (``__*`` fields included) and the request's ``_meta``
+to `Runtime.acall`. Where the call's context comes from, first match wins per field:
+
+1. the ``__sessionId`` / ``__assistantId`` / ``__threadId`` arguments a host injected;
+2. the ``_meta`` keys ``ctxactors/sessionId``, ``ctxactors/assistantId``,
+   ``ctxactors/threadId``;
+3. on a stateful streamable-HTTP session, its ``Mcp-Session-Id`` as the session id;
+4. otherwise the session ``default``.
+
+Errors follow MCP: an unknown tool (or a closed runtime) is a JSON-RPC error; arguments that
+don't fit the schema, a timeout and a tool's own failure are a result with ``isError: true``
+whose text tells the model what to fix.
+
+The SDK runs each request of a connection in its own task, and `Runtime.acall` only awaits a
+future, so calls on one connection run concurrently (calls to one key still queue in that
+key's actor, by design).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from ctxactors.context import META_KEYS
+from ctxactors.logs import get_logger
+from ctxactors.results import (
+    CallTimeoutError,
+    CtxActorsError,
+    InvalidArgumentsError,
+    RuntimeClosedError,
+    ToolResult,
+)
+from ctxactors.runtime import Runtime
+
+MCP_PATH = "/mcp"
+_SESSION_META = META_KEYS["session_id"]
+# One JSON-RPC line on stdin may be as large as the HTTP body cap allows, and then some.
+_STDIN_LINE_LIMIT = 64 * 1024 * 1024
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class McpFrontend:
+    """One `Runtime` served over MCP: the SDK server plus the count of calls in flight.
+
+    The count is what lets a shutdown wait for calls already taken before it stops the
+    runtime (`drain`). Build one per runtime; it serves any number of connections.
+    """
+
+    def __init__(self, runtime: Runtime, *, name: str = "ctxactors") -> None:
+        self.runtime = runtime
+        self._log = get_logger("ctxactors.mcp")
+        # Parsed once: the definitions never change for the runtime's lifetime.
+        self._tools = [types.Tool.model_validate(d) for d in runtime.list_tools()]
+        self._in_flight = 0
+        self._draining = False
+        self.server: Server[Any] = Server(
+            name,
+            version=_version(),
+            instructions=(
+                "Tools whose state is kept per conversation. The host passes the "
+                "conversation in _meta (ctxactors/sessionId) or as __sessionId arguments."
+            ),
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+        )
+
+    async def _list_tools(
+        self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=self._tools)
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        if self._draining:
+            raise MCPError(RuntimeClosedError.code, "the server is shutting down; no new calls")
+        meta = call_meta(params.meta, _http_session_id(ctx))
+        self._in_flight += 1
+        try:
+            result = await self.runtime.acall(params.name, params.arguments, meta=meta)
+        except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
+            result = ToolResult.error(str(exc))
+        except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors
+            raise MCPError(exc.code, str(exc)) from None
+        finally:
+            self._in_flight -= 1
+        return types.CallToolResult.model_validate(result.to_mcp())
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new calls and wait (up to `timeout` s) for those in flight to answer."""
+        self._draining = True
+        deadline = time.monotonic() + timeout
+        while self._in_flight and time.monotonic() < deadline:
+            await anyio.sleep(0.02)
+        if self._in_flight:
+            self._log.warning("drain_timeout", in_flight=self._in_flight, waited_s=timeout)
+        return self._in_flight == 0
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ctxactors")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
+
+
+def call_meta(meta: Mapping[str, Any] | None, http_session: str | None) -> dict[str, Any] | None:
+    """The ``_meta`` to route with: the request's own, plus the HTTP session as a fallback.
+
+    The runtime reads arguments before ``_meta`` field by field, so putting the
+    ``Mcp-Session-Id`` under ``ctxactors/sessionId`` only when the host gave none there
+    keeps the documented order (arguments, then ``_meta``, then the HTTP session).
+    """
+    if http_session is None or (meta and meta.get(_SESSION_META) is not None):
+        return dict(meta) if meta else None
+    merged = dict(meta) if meta else {}
+    merged[_SESSION_META] = http_session
+    return merged
+
+
+def _http_session_id(ctx: ServerRequestContext[Any]) -> str | None:
+    """The ``Mcp-Session-Id`` of the HTTP request that carried this call, if any.
+
+    The session manager only routes a request to a session whose id it issued, so the
+    header can't name a session the client doesn't hold.
+    """
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("mcp-session-id")
+    return value if isinstance(value, str) and value else None
+
+
+# -- stdio -------------------------------------------------------------------------------
+
+
+async def serve_stdio(frontend: McpFrontend, *, drain_timeout: float) -> None:
+    """Serve one client on stdin/stdout until end of stdin, SIGTERM or SIGINT.
+
+    On a signal, calls in flight get their answers before the server stops. The caller
+    closes the runtime afterwards (which stops every actor and kills their processes).
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        stdin = await stack.enter_async_context(_cancellable_stdin())
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signum in signals:
+                        frontend._log.info("shutdown", signal=signal.Signals(signum).name)
+                        await frontend.drain(drain_timeout)
+                        tg.cancel_scope.cancel()
+                        return
+
+            tg.start_soon(stop_on_signal)
+            async with stdio_server(stdin=stdin) as (read, write):  # type: ignore[arg-type]
+                await frontend.server.run(
+                    read, write, frontend.server.create_initialization_options()
+                )
+            frontend._log.info("shutdown", reason="end of stdin")
+            tg.cancel_scope.cancel()
+
+
+class _Lines:
+    """An async iterator of text lines over an asyncio stream reader."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+
+    def __aiter__(self) -> _Lines:
+        return self
+
+    async def __anext__(self) -> str:
+        line = await self._reader.readline()
+        if not line:
+            raise StopAsyncIteration
+        return line.decode("utf-8", errors="replace")
+
+
+@contextlib.asynccontextmanager
+async def _cancellable_stdin() -> AsyncIterator[_Lines | None]:
+    """Stdin read by the event loop, so a SIGTERM can stop the server while the client
+    keeps stdin open (the SDK's default reads in a worker thread, which no cancel
+    interrupts). Fd 0 then points at the null device so nothing else reads the protocol.
+    Yields None (the SDK's own reader) when stdin is a regular file, which asyncio can't
+    watch.
+    """
+    loop = asyncio.get_running_loop()
+    private = os.dup(0)
+    reader = asyncio.StreamReader(limit=_STDIN_LINE_LIMIT)
+    pipe = os.fdopen(private, "rb", buffering=0)
+    try:
+        transport, _ = await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe
+        )
+    except ValueError:  # a regular file
+        pipe.close()
+        yield None
+        return
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    saved = os.dup(0)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    try:
+        yield _Lines(reader)
+    finally:
+        transport.close()
+        os.dup2(saved, 0)
+        os.close(saved)
+
+
+# -- streamable HTTP ---------------------------------------------------------------------
+
+
+def session_manager(
+    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+) -> StreamableHTTPSessionManager:
+    """The SDK's streamable-HTTP session manager for `frontend` (stateful sessions).
+
+    Bound to a loopback address, it checks Host and Origin (DNS-rebinding protection), as
+    the SDK's own app does; bound elsewhere, the operator chose to expose it.
+    """
+    security = None
+    if host in _LOOPBACK:
+        security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+        )
+    return StreamableHTTPSessionManager(
+        app=frontend.server, security_settings=security, max_request_body_size=max_body
+    )
+
+
+def mcp_route(manager: StreamableHTTPSessionManager) -> Route:
+    """`/mcp` as a `Route` (a `Mount` would redirect ``/mcp`` to ``/mcp/``)."""
+
+    return Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager))
+
+
+def mcp_lifespan(manager: StreamableHTTPSessionManager, frontend: McpFrontend, *, drain: float):
+    """A Starlette lifespan that runs the session manager; on shutdown, calls in flight
+    answer before the sessions close."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with manager.run():
+            try:
+                yield
+            finally:
+                await frontend.drain(drain)
+
+    return lifespan
+
+
+def mcp_app(
+    runtime: Runtime, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+) -> Starlette:
+    """A Starlette app with only ``/mcp`` (used when the REST app is not available)."""
+    frontend = McpFrontend(runtime)
+    manager = session_manager(frontend, host=host, max_body=max_body)
+    return Starlette(
+        routes=[mcp_route(manager)],
+        lifespan=mcp_lifespan(manager, frontend, drain=runtime.call_timeout),
+    )
