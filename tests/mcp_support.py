@@ -1,0 +1,155 @@
+"""Helpers for the MCP transport tests: a test tool server and ways to start ``ctxactors serve``.
+
+`Gate` is loaded into the served runtime with ``--server mcp_support:Gate`` (the tests
+directory is put on the subprocess's PYTHONPATH). Its tools let a test prove concurrency by
+ordering, not by timing: ``wait_gate`` only returns ``opened: true`` if ``open_gate`` ran
+while it was still waiting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from mcp import StdioServerParameters
+
+from ctxactors import Scope, Server, ToolContext, tool
+
+TESTS_DIR = Path(__file__).resolve().parent
+_gates: dict[str, threading.Event] = {}
+_gates_lock = threading.Lock()
+
+
+def _gate(name: str) -> threading.Event:
+    with _gates_lock:
+        return _gates.setdefault(name, threading.Event())
+
+
+class Gate(Server):
+    """Blocking tools for concurrency and shutdown tests (never in a real deployment)."""
+
+    name = "gate"
+    scope = Scope.SESSION
+
+    @tool
+    def wait_gate(self, ctx: ToolContext, gate: str, timeout: float = 20.0) -> dict[str, Any]:
+        """Wait until open_gate(gate) is called (or timeout)."""
+        return {"opened": _gate(gate).wait(timeout)}
+
+    @tool
+    def open_gate(self, ctx: ToolContext, gate: str) -> dict[str, Any]:
+        """Open a gate."""
+        _gate(gate).set()
+        return {"opened": True}
+
+    @tool
+    def slow(self, ctx: ToolContext, marker: str, seconds: float) -> dict[str, Any]:
+        """Write the server's pid to `marker`, then sleep."""
+        Path(marker).write_text(str(os.getpid()))
+        time.sleep(seconds)
+        return {"slept": seconds}
+
+
+def serve_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env.setdefault("CTXACTORS_LOG_LEVEL", "warning")
+    return env
+
+
+SERVE = [sys.executable, "-m", "ctxactors.cli", "serve", "--server", "mcp_support:Gate"]
+
+
+def stdio_params(*extra: str) -> StdioServerParameters:
+    return StdioServerParameters(command=SERVE[0], args=[*SERVE[1:], *extra], env=serve_env())
+
+
+def schema_keys(value: Any) -> Iterator[str]:
+    """Every property name anywhere in a JSON schema."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "properties" and isinstance(item, dict):
+                yield from item
+            yield from schema_keys(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from schema_keys(item)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def http_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``ctxactors serve --transport http`` on a free loopback port; yields (url, process)."""
+    for _attempt in range(3):
+        port = free_port()
+        proc = subprocess.Popen(
+            [*SERVE, "--transport", "http", "--port", str(port), *extra],
+            env=serve_env(),
+            stdin=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}/mcp"
+        if _wait_listening(proc, port):
+            break
+        _stop(proc)
+    else:
+        raise RuntimeError("ctxactors serve --transport http did not start")
+    try:
+        yield url, proc
+    finally:
+        _stop(proc)
+
+
+def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1.0)
+            return True
+        except httpx.TransportError:
+            time.sleep(0.05)
+    return False
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def wait_until(predicate: Any, timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())

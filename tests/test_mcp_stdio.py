@@ -1,0 +1,221 @@
+"""``ctxactors serve`` over stdio, driven by the official MCP SDK client as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import Client, MCPError
+from mcp_support import SERVE, pid_alive, schema_keys, serve_env, stdio_params, wait_until
+
+from ctxactors import Runtime
+from ctxactors.servers import BUILTIN
+
+pytestmark = pytest.mark.timeout(50)
+
+
+def run(coro_fn: Any) -> Any:
+    return anyio.run(coro_fn)
+
+
+def goals(result: Any) -> set[str]:
+    return {g["goal"] for g in result.structured_content["goals"]}
+
+
+def test_list_tools_publishes_the_runtime_list_with_clean_schemas() -> None:
+    async def main() -> list[Any]:
+        async with Client(stdio_params()) as client:
+            return (await client.list_tools()).tools
+
+    tools = run(main)
+    from mcp_support import Gate
+
+    with Runtime([*BUILTIN, Gate]) as rt:
+        expected = rt.list_tools()
+    assert [t.name for t in tools] == [t["name"] for t in expected]
+    for tool, want in zip(tools, expected, strict=True):
+        assert tool.input_schema == want["inputSchema"]
+        assert tool.description == want["description"]
+        keys = set(schema_keys(tool.input_schema))
+        assert not any(k.startswith("__") or k in ("sessionId", "session_id") for k in keys)
+    create_goal = next(t for t in tools if t.name == "create_goal")
+    assert create_goal.annotations is not None and create_goal.annotations.read_only_hint is False
+
+
+def test_sessions_see_only_their_own_goals_under_concurrent_calls() -> None:
+    async def main() -> dict[str, set[str]]:
+        async with Client(stdio_params()) as client:
+
+            async def create(session: str, i: int) -> None:
+                args = {"goal": f"{session}-{i}", "__sessionId": session}
+                result = await client.call_tool("create_goal", args)
+                assert not result.is_error, result.content
+
+            await asyncio.gather(*(create(s, i) for i in range(20) for s in ("s1", "s2")))
+            seen = {}
+            for session in ("s1", "s2", "default"):
+                state = await client.call_tool("get_planning_state", {"__sessionId": session})
+                seen[session] = goals(state)
+            return seen
+
+    seen = run(main)
+    assert seen["s1"] == {f"s1-{i}" for i in range(20)}
+    assert seen["s2"] == {f"s2-{i}" for i in range(20)}
+    assert seen["default"] == set()
+
+
+def test_meta_route_and_arguments_win_over_meta() -> None:
+    async def main() -> tuple[set[str], set[str], set[str]]:
+        async with Client(stdio_params()) as client:
+            meta = {"ctxactors/sessionId": "m1", "ctxactors/assistantId": "a1"}
+            await client.call_tool("create_goal", {"goal": "via meta"}, meta=meta)
+            # The injected argument wins over _meta, field by field.
+            await client.call_tool(
+                "create_goal", {"goal": "via arg", "__sessionId": "m2"}, meta=meta
+            )
+            m1 = goals(await client.call_tool("get_planning_state", {}, meta=meta))
+            # ...so the assistant still came from _meta: (m2, a1), not (m2, None).
+            m2 = goals(
+                await client.call_tool("get_planning_state", {"__sessionId": "m2"}, meta=meta)
+            )
+            m2_alone = goals(await client.call_tool("get_planning_state", {"__sessionId": "m2"}))
+            assert m2_alone == set()
+            default = goals(await client.call_tool("get_planning_state", {}))
+            return m1, m2, default
+
+    m1, m2, default = run(main)
+    assert m1 == {"via meta"}
+    assert m2 == {"via arg"}
+    assert default == set()
+
+
+def test_invalid_arguments_and_unknown_tool() -> None:
+    async def main() -> tuple[Any, MCPError, Any]:
+        async with Client(stdio_params()) as client:
+            bad = await client.call_tool("create_goal", {"goal": 5, "__sessionId": "s"})
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool("no_such_tool", {})
+            refused = await client.call_tool("mark_todo", {"todo_id": "t9", "__sessionId": "s"})
+            still = await client.call_tool("create_goal", {"goal": "ok", "__sessionId": "s"})
+            assert not still.is_error
+            return bad, unknown.value, refused
+
+    bad, unknown, refused = run(main)
+    assert bad.is_error
+    assert "Expected `str`, got `int`" in bad.content[0].text and "$.goal" in bad.content[0].text
+    assert unknown.code == -32601 and "no_such_tool" in unknown.message
+    assert refused.is_error and "t9" in refused.content[0].text
+
+
+def test_calls_on_one_connection_run_concurrently() -> None:
+    """wait_gate only reports opened if open_gate ran while it was still waiting."""
+
+    async def main() -> tuple[Any, Any]:
+        async with Client(stdio_params()) as client:
+            waiting = asyncio.ensure_future(
+                client.call_tool("wait_gate", {"gate": "stdio-g", "__sessionId": "w"})
+            )
+            await asyncio.sleep(0.2)
+            opened = await client.call_tool("open_gate", {"gate": "stdio-g", "__sessionId": "o"})
+            return await waiting, opened
+
+    waited, opened = run(main)
+    assert opened.structured_content == {"opened": True}
+    assert waited.structured_content == {"opened": True}
+
+
+def _spawn_sleeper(client: Client, session: str) -> Any:
+    async def go() -> int:
+        started = await client.call_tool(
+            "execute_command", {"command": "echo $$; exec sleep 60", "__sessionId": session}
+        )
+        process_id = started.structured_content["processId"]
+        for _ in range(200):
+            polled = await client.call_tool(
+                "poll_process", {"processId": process_id, "__sessionId": session}
+            )
+            if polled.structured_content["output"].strip():
+                return int(polled.structured_content["output"].split()[0])
+            await asyncio.sleep(0.05)
+        raise AssertionError("the command printed no pid")
+
+    return go()
+
+
+def test_end_of_stdin_stops_actors_and_kills_their_processes() -> None:
+    async def main() -> int:
+        async with Client(stdio_params()) as client:
+            return await _spawn_sleeper(client, "eof")
+
+    pid = run(main)
+    # The child runs in its own session, out of reach of the client's group kill.
+    assert wait_until(lambda: not pid_alive(pid)), f"workspace process {pid} survived"
+
+
+def test_sigterm_lets_the_call_in_flight_answer_then_stops(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+
+    async def main() -> tuple[Any, int, int]:
+        async with Client(stdio_params()) as client:
+            child = await _spawn_sleeper(client, "term")
+            call = asyncio.ensure_future(
+                client.call_tool(
+                    "slow", {"marker": str(marker), "seconds": 1.0, "__sessionId": "t"}
+                )
+            )
+            await asyncio.to_thread(wait_until, marker.exists)
+            server_pid = int(marker.read_text())
+            os.kill(server_pid, signal.SIGTERM)
+            return await call, server_pid, child
+
+    result, server_pid, child = run(main)
+    assert not result.is_error and result.structured_content == {"slept": 1.0}
+    assert wait_until(lambda: not pid_alive(server_pid))
+    assert wait_until(lambda: not pid_alive(child)), f"workspace process {child} survived"
+
+
+def test_stdout_carries_only_protocol_messages() -> None:
+    """Every stdout line is JSON-RPC, even with info logging and a tool that fails."""
+    env = serve_env() | {"CTXACTORS_LOG_LEVEL": "debug"}
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "create_goal", "arguments": {"goal": "x"}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 4,
+            "method": "tools/call",
+            "params": {"name": "mark_todo", "arguments": {"todo_id": "nope"}},
+        },
+    ]
+    stdin = "".join(json.dumps(m) + "\n" for m in messages)
+    done = subprocess.run(
+        SERVE, input=stdin.encode(), env=env, capture_output=True, timeout=40, check=True
+    )
+    lines = done.stdout.decode().splitlines()
+    parsed = [json.loads(line) for line in lines]
+    assert all(m["jsonrpc"] == "2.0" for m in parsed)
+    assert {m["id"] for m in parsed} <= {1, 2, 3, 4}
+    assert b"tool_call" in done.stderr  # the logs went to stderr
