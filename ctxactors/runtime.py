@@ -90,6 +90,7 @@ class Runtime:
             log=self._log,
         )
         self._observers: list[Observer] = []
+        self._early_observers: list[Observer] = []
         for server in self._servers:
             server.attach(self)
 
@@ -173,9 +174,17 @@ class Runtime:
         started = time.perf_counter()
         log = self._log
         observers = self._observers if observe else ()
+        early = self._early_observers if observe else ()
+        body = fn or (lambda server: spec.invoke(server, ctx, validated))
 
         def run(server: Server) -> ToolResult:
-            return spec.invoke(server, ctx, validated)
+            result: ToolResult = body(server)
+            for observer in early:  # before the reply: a caller's next call sees their effect
+                try:
+                    observer(ctx, spec, args, result)
+                except Exception as exc:  # noqa: BLE001 - recording never fails a call
+                    log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
+            return result
 
         def after(result: ToolResult) -> None:
             log.info(
@@ -194,11 +203,16 @@ class Runtime:
                     log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
 
         key = spec.server.scope.key(spec.server.name, ctx)
-        self._registry.submit(key, self._factories[spec.server], Call(fn or run, reply, after))
+        self._registry.submit(key, self._factories[spec.server], Call(run, reply, after))
 
-    def add_observer(self, observer: Observer) -> None:
-        """Run `observer` in the actor thread after every call that reached a server."""
-        self._observers.append(observer)
+    def add_observer(self, observer: Observer, *, before_reply: bool = False) -> None:
+        """Run `observer` in the actor thread after every call that reached a server.
+
+        By default it runs once the caller has its reply. ``before_reply=True`` runs it
+        just before, for a cheap hand-off whose effect the caller's next call must see
+        (the operation history: "what did I just do?" must include the call that returned).
+        """
+        (self._early_observers if before_reply else self._observers).append(observer)
 
     # -- introspection and lifecycle -----------------------------------------------------
 

@@ -9,6 +9,7 @@ import msgspec
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
+from ctxactors.servers.history import pick
 from ctxactors.tools import Scope, Server, tool
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=10_000)]
@@ -47,7 +48,7 @@ class Planning(Server):
         if todo is not None and before is not None:
             todo["done"] = before
 
-    @tool(compensate=_remove_goal)
+    @tool(compensate=_remove_goal, extract=pick(created_goal="id"))
     def create_goal(self, ctx: ToolContext, goal: NonEmpty) -> dict[str, Any]:
         """Create a goal to work towards. Returns its id."""
         goal_id = self._new_id("g")
@@ -55,7 +56,7 @@ class Planning(Server):
         self.goals[goal_id] = record
         return dict(record)
 
-    @tool(compensate=_remove_todo)
+    @tool(compensate=_remove_todo, extract=pick(created_todo="id", goal_id="goal_id"))
     def add_todo(
         self, ctx: ToolContext, name: NonEmpty, goal_id: str | None = None
     ) -> dict[str, Any]:
@@ -67,7 +68,13 @@ class Planning(Server):
         self.todos[todo_id] = record
         return dict(record)
 
-    @tool(idempotent=True, compensate=Compensation(_restore_done, before=_done_before))
+    @tool(
+        idempotent=True,
+        compensate=Compensation(_restore_done, before=_done_before),
+        extract=lambda args, r: {
+            ("completed_todo" if r.structured["done"] else "reopened_todo"): r.structured["id"]
+        },
+    )
     def mark_todo(self, ctx: ToolContext, todo_id: str, done: bool = True) -> dict[str, Any]:
         """Mark a todo done (or not done again with done=false)."""
         todo = self.todos.get(todo_id)

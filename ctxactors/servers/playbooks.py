@@ -8,6 +8,7 @@ import msgspec
 
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
+from ctxactors.servers.history import pick
 from ctxactors.tools import Scope, Server, tool
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
@@ -35,7 +36,7 @@ class Playbooks(Server):
         """Undo of create_playbook for transactional batches (the id is not reused)."""
         self.playbooks.pop(result["id"], None)
 
-    @tool(compensate=_remove_playbook)
+    @tool(compensate=_remove_playbook, extract=pick(created_playbook="id", name="name"))
     def create_playbook(self, ctx: ToolContext, name: Name, steps: Steps = []) -> dict[str, Any]:  # noqa: B006 - msgspec copies empty defaults
         """Create a playbook (a named list of steps) owned by the calling assistant."""
         self._next += 1
@@ -59,7 +60,10 @@ class Playbooks(Server):
         ]
         return {"playbooks": mine}
 
-    @tool(idempotent=True)
+    @tool(
+        idempotent=True,
+        extract=lambda args, r: {"selected_playbook": r.structured["selected"]["id"]},
+    )
     def select_playbook(self, ctx: ToolContext, id: str) -> dict[str, Any]:
         """Select one of the calling assistant's playbooks to follow."""
         playbook = self.playbooks.get(id)

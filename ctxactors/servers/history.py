@@ -1,0 +1,316 @@
+"""Operation history: what this session's tools just did, for follow-up questions.
+
+"Which answers were deselected?" can only be answered if the call that deselected them is
+remembered. Every call that reaches a server is recorded in its session's history (one
+`History` actor per session, so it is isolated by key, reaped with the session's other
+actors and removed by `Runtime.end_session`). The model reads it with
+``get_recent_context{limit?, tool_filter?}``.
+
+Recording never fails or blocks the call it records. An observer runs in the calling key's
+actor just before the reply: it snapshots the arguments (compacted, so a 4 MiB upload does
+not stay in memory 50 times) and *tells* the session's history actor to record them, a
+hand-off of a few microseconds. Because the hand-off precedes the reply, a caller that got
+its result and then asks for the history always finds that call in it. Metadata is
+extracted inside the history actor, off the caller's path.
+
+Metadata: a tool may declare ``@tool(extract=fn)`` with ``fn(args: dict, result:
+ToolResult) -> dict | None`` (`pick` builds the common one); it replaces the generic
+extractor for that tool's successful calls. The generic one keeps ids (``id``, ``*_id``,
+``*Id``), counts, and anything under a ``selected*``/``deselected*``/``created*``/
+``affected*`` key. An error result's metadata is its message. Extractors run in the
+history actor and must only read their arguments.
+
+Bounds: the newest ``CTXACTORS_HISTORY_MAX_OPERATIONS`` (50) operations per session, each
+kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600); per runtime with `History.configure`.
+``get_recent_context`` itself is never recorded: asking must not push real operations out.
+"""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import os
+import re
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import msgspec
+import structlog
+
+from ctxactors.actors import Call
+from ctxactors.context import ToolContext
+from ctxactors.results import CtxActorsError, ToolResult
+from ctxactors.servers.content import env_int
+from ctxactors.tools import Scope, Server, ToolSpec, tool
+
+Extractor = Callable[[dict[str, Any], ToolResult], "dict[str, Any] | None"]
+
+_log = structlog.get_logger("ctxactors.history").bind()
+
+
+class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One recorded call, as `get_recent_context` returns it."""
+
+    timestamp: str  # ISO 8601, UTC, milliseconds
+    tool: str
+    arguments: dict[str, Any]
+    is_error: bool
+    metadata: dict[str, Any]
+    assistant_id: str | None = None
+    thread_id: str | None = None
+
+
+class RecentContext(msgspec.Struct, frozen=True):
+    """The result of ``get_recent_context``: newest first."""
+
+    operations: list[Operation]
+    count: int
+
+
+class HistoryConfig(msgspec.Struct, frozen=True):
+    """Bounds of one runtime's histories; `clock` is monotonic seconds (injectable for tests)."""
+
+    max_operations: int = 50
+    ttl: float = 3600.0
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        if self.max_operations < 1:
+            raise ValueError(f"max_operations must be at least 1, got {self.max_operations}")
+        if not self.ttl > 0:
+            raise ValueError(f"ttl must be positive, got {self.ttl}")
+
+
+def _env_config() -> HistoryConfig:
+    raw_ttl = os.environ.get("CTXACTORS_HISTORY_TTL", "").strip()
+    try:
+        ttl = float(raw_ttl) if raw_ttl else 3600.0
+    except ValueError:
+        raise ValueError(f"CTXACTORS_HISTORY_TTL must be a number, got {raw_ttl!r}") from None
+    return HistoryConfig(env_int("CTXACTORS_HISTORY_MAX_OPERATIONS", 50), ttl)
+
+
+# Per-runtime settings; weak so a closed, dropped runtime doesn't stay alive through them.
+_configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDictionary()
+
+
+class _Pending(msgspec.Struct, frozen=True):
+    """What the observer hands to the history actor (extraction happens there)."""
+
+    at: float  # the config clock, for the TTL
+    wall: float
+    spec: ToolSpec
+    ctx: ToolContext
+    arguments: dict[str, Any]
+    result: ToolResult
+
+
+Limit = Annotated[int, msgspec.Meta(ge=1)]
+ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+ToolFilter = ToolName | Annotated[list[ToolName], msgspec.Meta(max_length=100)] | None
+
+
+class History(Server):
+    """The recent operations of one session, newest last, bounded by count and age."""
+
+    name = "history"
+    scope = Scope.SESSION
+
+    def __init__(self, config: HistoryConfig | None = None) -> None:
+        self.config = config or HistoryConfig()
+        self._ops: deque[tuple[float, Operation]] = deque(maxlen=self.config.max_operations)
+
+    @classmethod
+    def create(cls, runtime: Any) -> History:
+        return cls(_configs.get(runtime))
+
+    @classmethod
+    def configure(
+        cls,
+        runtime: Any,
+        *,
+        max_operations: int | None = None,
+        ttl: float | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        """Set this runtime's bounds (applies to histories created from now on)."""
+        current = _configs.get(runtime) or _env_config()
+        _configs[runtime] = HistoryConfig(
+            max_operations if max_operations is not None else current.max_operations,
+            ttl if ttl is not None else current.ttl,
+            clock or current.clock,
+        )
+
+    @classmethod
+    def attach(cls, runtime: Any) -> None:
+        """Record every call of this runtime in the caller's session history."""
+        _configs.setdefault(runtime, _env_config())
+        registry = runtime.registry
+        factory = functools.partial(cls.create, runtime)
+        key_of = cls.scope.key
+
+        def observe(
+            ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: ToolResult
+        ) -> None:
+            if issubclass(spec.server, History):
+                return  # asking about the history is not an operation
+            config = _configs.get(runtime) or HistoryConfig()
+            pending = _Pending(config.clock(), time.time(), spec, ctx, compact(args), result)
+            try:
+                # Straight to the registry: no log line, no observers (no recursion).
+                registry.submit(key_of(cls.name, ctx), factory, Call(lambda s: s.record(pending)))
+            except CtxActorsError:
+                pass  # the runtime is closing: nothing left to ask the history
+
+        runtime.add_observer(observe, before_reply=True)
+
+    def record(self, pending: _Pending) -> None:
+        """Add one operation (runs in this session's history actor)."""
+        op = Operation(
+            timestamp=_iso(pending.wall),
+            tool=pending.spec.name,
+            arguments=pending.arguments,
+            is_error=pending.result.is_error,
+            metadata=extract_metadata(pending.spec, pending.arguments, pending.result),
+            assistant_id=pending.ctx.assistant_id,
+            thread_id=pending.ctx.thread_id,
+        )
+        self._ops.append((pending.at, op))
+
+    def _expire(self) -> None:
+        cutoff = self.config.clock() - self.config.ttl
+        while self._ops and self._ops[0][0] <= cutoff:
+            self._ops.popleft()
+
+    @tool(read_only=True)
+    def get_recent_context(
+        self, ctx: ToolContext, limit: Limit = 5, tool_filter: ToolFilter = None
+    ) -> RecentContext:
+        """Recent operations of this conversation, newest first: tool, arguments, whether
+        it failed, and what it did (ids created, items selected or deselected, errors).
+        Use it to answer follow-up questions about earlier tool calls. `tool_filter` keeps
+        only the named tool(s); `limit` (default 5) is capped at the number kept."""
+        self._expire()
+        wanted = {tool_filter} if isinstance(tool_filter, str) else tool_filter
+        found: list[Operation] = []
+        for _, op in reversed(self._ops):
+            if len(found) >= limit:
+                break
+            if wanted is None or op.tool in wanted:
+                found.append(op)
+        return RecentContext(found, len(found))
+
+
+def _iso(wall: float) -> str:
+    moment = datetime.datetime.fromtimestamp(wall, datetime.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# -- metadata ------------------------------------------------------------------------------
+
+_ID_KEY = re.compile(r"^(id|.+_id|.+Id|.+_ids|.+Ids)$")
+_COUNT_KEY = re.compile(r"^(count|total|.+_count|.+Count)$")
+_LIST_KEY = re.compile(r"^(selected|deselected|created|affected|removed|deleted)", re.IGNORECASE)
+MAX_ERROR = 500
+
+
+def extract_metadata(spec: ToolSpec, args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
+    """The metadata of one call: the error, the tool's own extractor, or the generic one."""
+    if result.is_error:
+        return {"error": _clip(result.text, MAX_ERROR)}
+    extractor: Extractor | None = spec.extract
+    if extractor is None:
+        return generic_metadata(result.structured)
+    try:
+        found = extractor(args, result)
+    except Exception as exc:  # noqa: BLE001 - a bad extractor costs metadata, not the record
+        _log.warning("extract_failed", tool=spec.name, error=f"{type(exc).__name__}: {exc}")
+        return generic_metadata(result.structured)
+    return compact(dict(found or {}))
+
+
+def generic_metadata(structured: dict[str, Any] | None) -> dict[str, Any]:
+    """Ids, counts and selected/deselected/created/affected items of a structured result."""
+    if not structured:
+        return {}
+    found: dict[str, Any] = {}
+    for key, value in structured.items():
+        if _LIST_KEY.match(key) and isinstance(value, list | dict):
+            found[key] = _ids_or_items(value)
+        elif _ID_KEY.match(key) and _scalar(value, allow_list=True):
+            found[key] = value
+        elif _COUNT_KEY.match(key) and isinstance(value, int) and not isinstance(value, bool):
+            found[key] = value
+    return compact(found)
+
+
+def _scalar(value: Any, allow_list: bool = False) -> bool:
+    if isinstance(value, str | int) and not isinstance(value, bool):
+        return True
+    return allow_list and isinstance(value, list) and all(_scalar(v) for v in value)
+
+
+def _ids_or_items(value: list[Any] | dict[str, Any]) -> Any:
+    """A record's id when it has one (``{"selected": {playbook}}`` -> its id), else itself."""
+    if isinstance(value, dict):
+        return value["id"] if "id" in value and _scalar(value["id"]) else value
+    return [_ids_or_items(v) if isinstance(v, dict) else v for v in value]
+
+
+def pick(**fields: str) -> Extractor:
+    """An extractor copying result fields under metadata names, skipping absent/None ones.
+
+    ``@tool(extract=pick(created_goal="id"))`` records ``{"created_goal": "g1"}``.
+    """
+
+    def extract(args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
+        structured = result.structured or {}
+        return {
+            name: structured[field]
+            for name, field in fields.items()
+            if structured.get(field) is not None
+        }
+
+    return extract
+
+
+# -- compaction ----------------------------------------------------------------------------
+
+MAX_STRING = 500
+MAX_ITEMS = 50
+MAX_DEPTH = 6
+
+
+def compact(value: Any, depth: int = 0) -> Any:
+    """A bounded copy: long strings, lists and dicts are cut with a note of what was cut.
+
+    A record's size must not follow its call's (an ``add_content`` of 4 MiB would otherwise
+    be kept 50 times per session).
+    """
+    if isinstance(value, str):
+        return _clip(value, MAX_STRING)
+    if isinstance(value, dict):
+        if depth >= MAX_DEPTH:
+            return f"<object of {len(value)} keys>"
+        items = list(value.items())
+        out = {str(k): compact(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        if len(items) > MAX_ITEMS:
+            out["…"] = f"{len(items) - MAX_ITEMS} more keys"
+        return out
+    if isinstance(value, list | tuple):
+        if depth >= MAX_DEPTH:
+            return f"<list of {len(value)} items>"
+        out_list = [compact(v, depth + 1) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            out_list.append(f"… {len(value) - MAX_ITEMS} more items")
+        return out_list
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return _clip(repr(value), MAX_STRING)
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text)} chars)"

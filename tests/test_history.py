@@ -1,0 +1,325 @@
+"""Operation history: recording, extraction, bounds, isolation, and the follow-up scenario."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ManualClock, ctx_args
+
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.results import InvalidArgumentsError, ToolError, ToolResult
+from ctxactors.servers import BUILTIN
+from ctxactors.servers.history import History, compact, generic_metadata, pick
+
+
+class Survey(Server):
+    """A host app's survey: choosing some answers deselects the ones they conflict with."""
+
+    name = "survey"
+    scope = Scope.SESSION
+
+    ANSWERS = {
+        "a1": ("No compiled languages", {"a4"}),
+        "a2": ("JavaScript only", {"a4", "a5"}),
+        "a3": ("Python 2 only", {"a5"}),
+        "a4": ("C++", set()),
+        "a5": ("Python", set()),
+        "a6": ("Likes tabs", set()),
+    }
+
+    def __init__(self) -> None:
+        self.selected: dict[str, set[str]] = {"123": {"a1", "a2", "a3", "a6"}}
+
+    @tool
+    def add_survey_answers(
+        self, ctx: ToolContext, project_id: str, answers: list[str]
+    ) -> dict[str, Any]:
+        """Select answers in a project's survey; conflicting answers are deselected."""
+        chosen = self.selected.get(project_id)
+        if chosen is None:
+            raise ToolError(f"project {project_id!r} not found")
+        deselected = sorted(
+            a for a in chosen if self.ANSWERS[a][1] & set(answers) and a not in answers
+        )
+        chosen.difference_update(deselected)
+        chosen.update(answers)
+        return {"project_id": project_id, "selected": sorted(answers), "deselected": deselected}
+
+    @tool(extract=lambda args, result: 1 / 0)
+    def flaky_extract(self, ctx: ToolContext) -> dict[str, Any]:
+        """A tool whose extractor fails: the call and the record must survive it."""
+        return {"id": "x1"}
+
+    @tool(extract=pick(made="id", missing="nope"))
+    def picked(self, ctx: ToolContext) -> dict[str, Any]:
+        """A tool with a declarative extractor."""
+        return {"id": "p1", "other": 2}
+
+
+SERVERS = [*BUILTIN, Survey, History]
+
+
+@pytest.fixture
+def rt() -> Iterator[Runtime]:
+    with Runtime(servers=SERVERS) as runtime:
+        yield runtime
+
+
+def recent(rt: Runtime, session: str, **args: Any) -> list[dict[str, Any]]:
+    result = rt.call("get_recent_context", ctx_args(session, **args))
+    assert not result.is_error, result.text
+    assert result.structured is not None
+    ops: list[dict[str, Any]] = result.structured["operations"]
+    assert result.structured["count"] == len(ops)
+    return ops
+
+
+def test_follow_up_question_finds_the_deselected_answers(rt: Runtime) -> None:
+    """ "Add C++ and Python" -> 3 answers deselected -> "which ones?" is answerable."""
+    s = ctx_args("s1", "a1", project_id="123", answers=["a4", "a5"])
+    first = rt.call("add_survey_answers", s)
+    assert first.structured == {
+        "project_id": "123",
+        "selected": ["a4", "a5"],
+        "deselected": ["a1", "a2", "a3"],
+    }
+    for i in range(8):  # later, unrelated work pushes it out of the default window
+        rt.call("create_goal", ctx_args("s1", "a1", goal=f"goal {i}"))
+    assert all(op["tool"] == "create_goal" for op in recent(rt, "s1"))
+
+    ops = recent(rt, "s1", tool_filter="add_survey_answers")
+    assert len(ops) == 1
+    assert ops[0]["arguments"] == {"project_id": "123", "answers": ["a4", "a5"]}
+    assert ops[0]["metadata"]["deselected"] == ["a1", "a2", "a3"]
+    assert ops[0]["metadata"]["selected"] == ["a4", "a5"]
+    assert ops[0]["metadata"]["project_id"] == "123"
+    assert ops[0]["is_error"] is False and ops[0]["assistant_id"] == "a1"
+
+
+def test_newest_first_default_five_and_limit_clamped_to_what_is_kept(rt: Runtime) -> None:
+    for i in range(60):
+        rt.call("create_goal", ctx_args("s1", goal=f"g{i}"))
+    ops = recent(rt, "s1")
+    assert [op["arguments"]["goal"] for op in ops] == ["g59", "g58", "g57", "g56", "g55"]
+    everything = recent(rt, "s1", limit=1_000_000)
+    assert len(everything) == 50  # the default bound, not an error
+    assert everything[-1]["arguments"]["goal"] == "g10"
+    assert [op["metadata"] for op in ops[:2]] == [{"created_goal": "g60"}, {"created_goal": "g59"}]
+
+
+def test_asking_is_never_recorded_and_never_pushes_operations_out(rt: Runtime) -> None:
+    rt.call("create_goal", ctx_args("s1", goal="keep me"))
+    for _ in range(60):
+        recent(rt, "s1", limit=50)
+    ops = recent(rt, "s1", limit=50)
+    assert [op["tool"] for op in ops] == ["create_goal"]
+
+
+def test_every_call_is_visible_to_the_callers_next_call(rt: Runtime) -> None:
+    """The hand-off happens before the reply: no window where a returned call is missing."""
+    for i in range(150):
+        rt.call("add_todo", ctx_args("s1", name=f"t{i}"))
+        ops = recent(rt, "s1", limit=1)
+        assert ops[0]["arguments"]["name"] == f"t{i}"
+
+
+def test_acall_is_recorded_before_its_reply_too(rt: Runtime) -> None:
+    async def main() -> None:
+        for i in range(50):
+            await rt.acall("add_todo", ctx_args("s1", name=f"t{i}"))
+            result = await rt.acall("get_recent_context", ctx_args("s1", limit=1))
+            assert result.structured is not None
+            assert result.structured["operations"][0]["arguments"]["name"] == f"t{i}"
+
+    asyncio.run(main())
+
+
+def test_tool_filter_by_name_or_names_and_errors_are_recorded(rt: Runtime) -> None:
+    rt.call("create_goal", ctx_args("s1", "a", goal="g"))
+    rt.call("add_todo", ctx_args("s1", "a", name="t", goal_id="g1"))
+    rt.call("mark_todo", ctx_args("s1", "a", todo_id="t2"))
+    rt.call("mark_todo", ctx_args("s1", "a", todo_id="t2", done=False))
+    rt.call("mark_todo", ctx_args("s1", "a", todo_id="nope"))
+    rt.call("create_playbook", ctx_args("s1", "a", name="deploy"))
+    rt.call("select_playbook", ctx_args("s1", "a", id="pb1"))
+
+    marks = recent(rt, "s1", tool_filter="mark_todo")
+    assert [op["metadata"] for op in marks] == [
+        {"error": "todo 'nope' not found"},
+        {"reopened_todo": "t2"},
+        {"completed_todo": "t2"},
+    ]
+    assert [op["is_error"] for op in marks] == [True, False, False]
+    both = recent(rt, "s1", tool_filter=["create_goal", "select_playbook"], limit=10)
+    assert [(op["tool"], op["metadata"]) for op in both] == [
+        ("select_playbook", {"selected_playbook": "pb1"}),
+        ("create_goal", {"created_goal": "g1"}),
+    ]
+    todo = recent(rt, "s1", tool_filter="add_todo")[0]["metadata"]
+    assert todo == {"created_todo": "t2", "goal_id": "g1"}
+    playbook = recent(rt, "s1", tool_filter="create_playbook")[0]["metadata"]
+    assert playbook == {"created_playbook": "pb1", "name": "deploy"}
+    assert recent(rt, "s1", tool_filter="no_such_tool") == []
+
+
+def test_sessions_never_see_each_others_history(rt: Runtime) -> None:
+    rt.call("create_goal", ctx_args("s1", "a1", goal="secret of s1"))
+    rt.call("create_goal", ctx_args("s2", "a1", goal="secret of s2"))
+    assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["secret of s1"]
+    assert [op["arguments"]["goal"] for op in recent(rt, "s2")] == ["secret of s2"]
+    assert recent(rt, "s3") == []
+    # A spoofed context field in the model's arguments can't pick another session's history.
+    with pytest.raises(InvalidArgumentsError):
+        rt.call("get_recent_context", {"__sessionId": "s3", "session_id": "s1"})
+
+
+def test_threads_and_assistants_of_one_session_share_its_history(rt: Runtime) -> None:
+    rt.call("create_goal", ctx_args("s1", "a1", "t1", goal="one"))
+    rt.call("create_goal", ctx_args("s1", "a2", "t2", goal="two"))
+    ops = recent(rt, "s1")
+    assert [(op["assistant_id"], op["thread_id"]) for op in ops] == [("a2", "t2"), ("a1", "t1")]
+
+
+def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -> None:
+    with Runtime(servers=SERVERS) as rt:
+        History.configure(rt, max_operations=3, ttl=60, clock=clock)
+        for i in range(5):
+            rt.call("create_goal", ctx_args("s1", goal=f"g{i}"))
+        assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["g4", "g3", "g2"]
+        clock.advance(30)
+        rt.call("create_goal", ctx_args("s1", goal="late"))
+        clock.advance(31)  # the first ones are 61 s old, "late" 31 s
+        assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["late"]
+        clock.advance(30)
+        assert recent(rt, "s1") == []
+
+
+def test_bad_bounds_and_bad_arguments_are_refused_clearly(rt: Runtime) -> None:
+    with pytest.raises(ValueError, match="max_operations"):
+        History.configure(rt, max_operations=0)
+    with pytest.raises(InvalidArgumentsError, match="limit"):
+        rt.call("get_recent_context", ctx_args("s1", limit=0))
+    with pytest.raises(InvalidArgumentsError, match="tool_filter"):
+        rt.call("get_recent_context", ctx_args("s1", tool_filter=5))
+
+
+def test_env_sets_the_default_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXACTORS_HISTORY_MAX_OPERATIONS", "2")
+    with Runtime(servers=SERVERS) as rt:
+        for i in range(4):
+            rt.call("create_goal", ctx_args("s1", goal=f"g{i}"))
+        assert len(recent(rt, "s1", limit=10)) == 2
+    monkeypatch.setenv("CTXACTORS_HISTORY_TTL", "soon")
+    with pytest.raises(ValueError, match="CTXACTORS_HISTORY_TTL"):
+        Runtime(servers=SERVERS)
+
+
+def test_ending_the_session_removes_its_history(rt: Runtime) -> None:
+    rt.call("create_goal", ctx_args("s1", goal="g"))
+    rt.call("create_goal", ctx_args("s2", goal="g"))
+    assert len(recent(rt, "s1")) == 1
+    rt.end_session("s1")
+    assert recent(rt, "s1") == []
+    assert len(recent(rt, "s2")) == 1
+    assert ("history", "s1") in rt.registry.keys()  # the fresh, empty one just asked
+
+
+def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
+    result = rt.call("flaky_extract", ctx_args("s1"))
+    assert result.structured == {"id": "x1"} and not result.is_error
+    assert recent(rt, "s1")[0]["metadata"] == {"id": "x1"}  # the generic one instead
+    rt.call("picked", ctx_args("s1"))
+    assert recent(rt, "s1", limit=1)[0]["metadata"] == {"made": "p1"}
+
+
+def test_batch_operations_are_recorded_one_by_one(rt: Runtime) -> None:
+    ops = [
+        {"id": "g", "tool": "create_goal", "arguments": {"goal": "ship"}},
+        {"id": "t", "tool": "add_todo", "arguments": {"name": "test", "goal_id": "$g.id"}},
+    ]
+    result = rt.call("batch", ctx_args("s1", operations=ops))
+    assert not result.is_error, result.text
+    tools = [op["tool"] for op in recent(rt, "s1", limit=10)]
+    assert sorted(tools[1:]) == ["add_todo", "create_goal"] and tools[0] == "batch"
+
+
+def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
+    with Runtime(servers=SERVERS) as rt:
+        History.configure(rt, max_operations=500)
+        errors: list[BaseException] = []
+
+        def worker(n: int) -> None:
+            try:
+                for i in range(25):
+                    rt.call("add_todo", ctx_args(f"s{n % 2}", f"a{n}", name=f"w{n}-{i}"))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        for s in (0, 1):
+            ops = recent(rt, f"s{s}", limit=500)
+            names = sorted(op["arguments"]["name"] for op in ops)
+            assert names == sorted(f"w{n}-{i}" for n in range(s, 8, 2) for i in range(25))
+            for n in range(s, 8, 2):  # each worker's own calls in the order it made them
+                mine = [
+                    op["arguments"]["name"] for op in reversed(ops) if op["assistant_id"] == f"a{n}"
+                ]
+                assert mine == [f"w{n}-{i}" for i in range(25)]
+
+
+def test_recording_after_close_is_dropped_quietly() -> None:
+    rt = Runtime(servers=SERVERS)
+    rt.call("create_goal", ctx_args("s1", goal="g"))
+    rt.close()
+    rt.close()
+
+
+def test_generic_extractor_keeps_ids_counts_and_selection_lists() -> None:
+    structured = {
+        "id": "c7",
+        "processId": "p1",
+        "goal_id": None,
+        "count": 3,
+        "total_count": 9,
+        "deselected_answers": [{"id": "a1", "text": "x"}, {"id": "a2"}],
+        "selected": {"id": "pb1", "name": "deploy"},
+        "createdIds": ["x", "y"],
+        "affected_rows": 4,
+        "note": "not metadata",
+        "done": True,
+    }
+    assert generic_metadata(structured) == {
+        "id": "c7",
+        "processId": "p1",
+        "count": 3,
+        "total_count": 9,
+        "deselected_answers": ["a1", "a2"],
+        "selected": "pb1",
+        "createdIds": ["x", "y"],
+    }
+    assert generic_metadata(None) == {}
+
+
+def test_compaction_bounds_what_a_record_keeps() -> None:
+    big = {"content": "x" * 1_000_000, "items": list(range(1000)), "deep": [[[[[[["bottom"]]]]]]]}
+    small = compact(big)
+    assert len(small["content"]) < 600 and small["content"].endswith("(1000000 chars)")
+    assert len(small["items"]) == 51 and small["items"][-1] == "… 950 more items"
+    assert "bottom" not in str(small["deep"])
+
+
+def test_extract_metadata_of_an_error_is_its_message() -> None:
+    from ctxactors.servers.history import extract_metadata
+
+    spec = Survey.tools["picked"]
+    error = ToolResult.error("E" * 2000)
+    assert extract_metadata(spec, {}, error)["error"].endswith("(2000 chars)")
