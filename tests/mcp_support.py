@@ -8,6 +8,7 @@ while it was still waiting.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -153,3 +154,19 @@ def wait_until(predicate: Any, timeout: float = 15.0) -> bool:
             return True
         time.sleep(0.05)
     return bool(predicate())
+
+
+async def spawn_sleeper(client: Any, session: str) -> int:
+    """Start `sleep 60` through the workspace tools of `session`; return its pid."""
+    started = await client.call_tool(
+        "execute_command", {"command": "echo $$; exec sleep 60", "__sessionId": session}
+    )
+    process_id = started.structured_content["processId"]
+    for _ in range(200):
+        polled = await client.call_tool(
+            "poll_process", {"processId": process_id, "__sessionId": session}
+        )
+        if polled.structured_content["output"].strip():
+            return int(polled.structured_content["output"].split()[0])
+        await asyncio.sleep(0.05)
+    raise AssertionError("the command printed no pid")

@@ -13,7 +13,15 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client, MCPError
-from mcp_support import SERVE, pid_alive, schema_keys, serve_env, stdio_params, wait_until
+from mcp_support import (
+    SERVE,
+    pid_alive,
+    schema_keys,
+    serve_env,
+    spawn_sleeper,
+    stdio_params,
+    wait_until,
+)
 
 from ctxactors import Runtime
 from ctxactors.servers import BUILTIN
@@ -131,28 +139,10 @@ def test_calls_on_one_connection_run_concurrently() -> None:
     assert waited.structured_content == {"opened": True}
 
 
-def _spawn_sleeper(client: Client, session: str) -> Any:
-    async def go() -> int:
-        started = await client.call_tool(
-            "execute_command", {"command": "echo $$; exec sleep 60", "__sessionId": session}
-        )
-        process_id = started.structured_content["processId"]
-        for _ in range(200):
-            polled = await client.call_tool(
-                "poll_process", {"processId": process_id, "__sessionId": session}
-            )
-            if polled.structured_content["output"].strip():
-                return int(polled.structured_content["output"].split()[0])
-            await asyncio.sleep(0.05)
-        raise AssertionError("the command printed no pid")
-
-    return go()
-
-
 def test_end_of_stdin_stops_actors_and_kills_their_processes() -> None:
     async def main() -> int:
         async with Client(stdio_params()) as client:
-            return await _spawn_sleeper(client, "eof")
+            return await spawn_sleeper(client, "eof")
 
     pid = run(main)
     # The child runs in its own session, out of reach of the client's group kill.
@@ -164,7 +154,7 @@ def test_sigterm_lets_the_call_in_flight_answer_then_stops(tmp_path: Path) -> No
 
     async def main() -> tuple[Any, int, int]:
         async with Client(stdio_params()) as client:
-            child = await _spawn_sleeper(client, "term")
+            child = await spawn_sleeper(client, "term")
             call = asyncio.ensure_future(
                 client.call_tool(
                     "slow", {"marker": str(marker), "seconds": 1.0, "__sessionId": "t"}

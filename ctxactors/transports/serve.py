@@ -132,7 +132,13 @@ def _serve_http(runtime: Runtime, args: argparse.Namespace, log: Any) -> None:
 
 class _DrainingServer(uvicorn.Server):
     """uvicorn's server, but the first SIGTERM/SIGINT first lets MCP calls in flight answer
-    (their HTTP requests are still open), then starts uvicorn's own graceful shutdown."""
+    (their HTTP requests are still open), then starts uvicorn's own graceful shutdown; a
+    second signal forces the exit.
+
+    The signal is not recorded as uvicorn's own handler would, because uvicorn re-raises
+    recorded signals once it has stopped, which would kill the process before `run` closes
+    the runtime (and with it the actors' child processes).
+    """
 
     def __init__(self, config: uvicorn.Config, frontend: McpFrontend, drain: float) -> None:
         super().__init__(config)
@@ -148,15 +154,15 @@ class _DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining or self._loop is None:
-            super().handle_exit(sig, frame)  # a second signal: uvicorn's own way
+            self.should_exit = self.force_exit = True
             return
         self._draining = True
-        self._loop.call_soon_threadsafe(self._start_drain, sig, frame)
+        self._loop.call_soon_threadsafe(self._start_drain)
 
-    def _start_drain(self, sig: int, frame: FrameType | None) -> None:
+    def _start_drain(self) -> None:
         async def drain_then_exit() -> None:
             await self._frontend.drain(self._drain)
-            super(_DrainingServer, self).handle_exit(sig, frame)
+            self.should_exit = True
 
         assert self._loop is not None
         self._task = self._loop.create_task(drain_then_exit())

@@ -1,0 +1,153 @@
+"""``ctxactors serve --transport http`` on a loopback port, driven by the official SDK client."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from mcp import Client, MCPError
+from mcp_support import http_server, pid_alive, schema_keys, spawn_sleeper, wait_until
+
+pytestmark = pytest.mark.timeout(50)
+
+
+@pytest.fixture(scope="module")
+def url() -> Iterator[str]:
+    with http_server() as (address, _proc):
+        yield address
+
+
+def run(coro_fn: Any) -> Any:
+    return anyio.run(coro_fn)
+
+
+def goals(result: Any) -> set[str]:
+    assert not result.is_error, result.content
+    return {g["goal"] for g in result.structured_content["goals"]}
+
+
+def test_mcp_path_is_served_without_redirect(url: str) -> None:
+    response = httpx.post(url, json={}, headers={"Accept": "application/json, text/event-stream"})
+    # A Mount would answer 307 to /mcp/; the SDK answers a bad body with 400.
+    assert response.status_code == 400, response.text
+
+
+def test_list_tools_has_no_reserved_field(url: str) -> None:
+    async def main() -> list[Any]:
+        async with Client(url) as client:
+            return (await client.list_tools()).tools
+
+    tools = run(main)
+    names = {t.name for t in tools}
+    assert {"create_goal", "get_planning_state", "batch", "wait_gate"} <= names
+    for tool in tools:
+        keys = set(schema_keys(tool.input_schema))
+        assert not any(k.startswith("__") or k in ("sessionId", "session_id") for k in keys)
+
+
+def test_stateful_http_sessions_are_isolated_by_mcp_session_id(url: str) -> None:
+    """Two clients, no context given: each Mcp-Session-Id is its own conversation."""
+
+    async def conversation(tag: str) -> set[str]:
+        async with Client(url, mode="legacy") as client:
+            await asyncio.gather(
+                *(client.call_tool("create_goal", {"goal": f"{tag}-{i}"}) for i in range(10))
+            )
+            return goals(await client.call_tool("get_planning_state", {}))
+
+    async def main() -> list[set[str]]:
+        return list(await asyncio.gather(conversation("a"), conversation("b")))
+
+    a, b = run(main)
+    assert a == {f"a-{i}" for i in range(10)}
+    assert b == {f"b-{i}" for i in range(10)}
+
+
+def test_meta_and_arguments_win_over_the_http_session(url: str) -> None:
+    """Two HTTP sessions that name the same ctxactors session share it; arguments beat _meta."""
+    meta = {"ctxactors/sessionId": "shared-http"}
+
+    async def main() -> tuple[set[str], set[str], set[str]]:
+        async with Client(url, mode="legacy") as first:
+            await first.call_tool("create_goal", {"goal": "from first"}, meta=meta)
+            await first.call_tool(
+                "create_goal", {"goal": "by argument", "__sessionId": "arg-http"}, meta=meta
+            )
+            own = goals(await first.call_tool("get_planning_state", {}))
+        async with Client(url, mode="legacy") as second:
+            shared = goals(await second.call_tool("get_planning_state", {}, meta=meta))
+            by_arg = goals(
+                await second.call_tool("get_planning_state", {"__sessionId": "arg-http"})
+            )
+        return own, shared, by_arg
+
+    own, shared, by_arg = run(main)
+    assert own == set()  # the first client's own Mcp-Session-Id conversation stayed empty
+    assert shared == {"from first"}
+    assert by_arg == {"by argument"}
+
+
+def test_modern_protocol_client_routes_by_meta(url: str) -> None:
+    """The SDK's default (auto) mode; with no HTTP session, _meta still routes."""
+    meta = {"ctxactors/sessionId": "modern"}
+
+    async def main() -> set[str]:
+        async with Client(url) as client:
+            await client.call_tool("create_goal", {"goal": "m"}, meta=meta)
+            return goals(await client.call_tool("get_planning_state", {}, meta=meta))
+
+    assert run(main) == {"m"}
+
+
+def test_invalid_arguments_and_unknown_tool(url: str) -> None:
+    async def main() -> tuple[Any, MCPError]:
+        async with Client(url, mode="legacy") as client:
+            bad = await client.call_tool("add_todo", {"name": ""})
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool("no_such_tool", {})
+            return bad, unknown.value
+
+    bad, unknown = run(main)
+    assert bad.is_error and "$.name" in bad.content[0].text
+    assert unknown.code == -32601 and "no_such_tool" in unknown.message
+
+
+def test_calls_on_one_connection_run_concurrently(url: str) -> None:
+    async def main() -> Any:
+        async with Client(url, mode="legacy") as client:
+            waiting = asyncio.ensure_future(
+                client.call_tool("wait_gate", {"gate": "http-g", "__sessionId": "w"})
+            )
+            await asyncio.sleep(0.2)
+            await client.call_tool("open_gate", {"gate": "http-g", "__sessionId": "o"})
+            return await waiting
+
+    assert run(main).structured_content == {"opened": True}
+
+
+def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    with http_server() as (address, proc):
+
+        async def main() -> Any:
+            async with Client(address, mode="legacy") as client:
+                # As hosts do (the client also re-lists to check results against schemas).
+                await client.list_tools()
+                child = await spawn_sleeper(client, "term-http")
+                call = asyncio.ensure_future(
+                    client.call_tool("slow", {"marker": str(marker), "seconds": 1.0})
+                )
+                await asyncio.to_thread(wait_until, marker.exists)
+                proc.send_signal(signal.SIGTERM)
+                return await call, child
+
+        result, child = run(main)
+        assert result.structured_content == {"slept": 1.0}
+        assert proc.wait(20) == 0
+        assert wait_until(lambda: not pid_alive(child)), f"workspace process {child} survived"
