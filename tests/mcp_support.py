@@ -18,12 +18,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 from mcp import StdioServerParameters
+from mcp_types import RequestParamsMeta
 
 from ctxactors import Scope, Server, ToolContext, tool
+from ctxactors.context import META_KEYS
 
 TESTS_DIR = Path(__file__).resolve().parent
 _gates: dict[str, threading.Event] = {}
@@ -84,6 +86,21 @@ def schema_keys(value: Any) -> Iterator[str]:
     elif isinstance(value, list):
         for item in value:
             yield from schema_keys(item)
+
+
+def host_meta(
+    *, session: str | None = None, assistant: str | None = None, thread: str | None = None
+) -> RequestParamsMeta:
+    """The ``_meta`` a host sends to give the call's context (what the README shows)."""
+    meta: dict[str, Any] = {}
+    for attr, value in (
+        ("session_id", session),
+        ("assistant_id", assistant),
+        ("thread_id", thread),
+    ):
+        if value is not None:
+            meta[META_KEYS[attr]] = value
+    return cast(RequestParamsMeta, meta)
 
 
 def free_port() -> int:

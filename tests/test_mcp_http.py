@@ -12,7 +12,7 @@ import anyio
 import httpx
 import pytest
 from mcp import Client, MCPError
-from mcp_support import http_server, pid_alive, schema_keys, spawn_sleeper, wait_until
+from mcp_support import host_meta, http_server, pid_alive, schema_keys, spawn_sleeper, wait_until
 
 pytestmark = pytest.mark.timeout(50)
 
@@ -38,6 +38,16 @@ def test_mcp_path_is_served_without_redirect(url: str) -> None:
     assert response.status_code == 400, response.text
 
 
+def test_foreign_host_header_is_refused(url: str) -> None:
+    """Bound to loopback, /mcp checks Host (DNS-rebinding protection)."""
+    response = httpx.post(
+        url,
+        json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+        headers={"Host": "evil.example", "Accept": "application/json, text/event-stream"},
+    )
+    assert response.status_code in (403, 421), response.status_code
+
+
 def test_list_tools_has_no_reserved_field(url: str) -> None:
     async def main() -> list[Any]:
         async with Client(url) as client:
@@ -61,17 +71,18 @@ def test_stateful_http_sessions_are_isolated_by_mcp_session_id(url: str) -> None
             )
             return goals(await client.call_tool("get_planning_state", {}))
 
-    async def main() -> list[set[str]]:
-        return list(await asyncio.gather(conversation("a"), conversation("b")))
+    tags = [f"c{n}" for n in range(6)]
 
-    a, b = run(main)
-    assert a == {f"a-{i}" for i in range(10)}
-    assert b == {f"b-{i}" for i in range(10)}
+    async def main() -> list[set[str]]:
+        return list(await asyncio.gather(*(conversation(tag) for tag in tags)))
+
+    for tag, seen in zip(tags, run(main), strict=True):
+        assert seen == {f"{tag}-{i}" for i in range(10)}
 
 
 def test_meta_and_arguments_win_over_the_http_session(url: str) -> None:
     """Two HTTP sessions that name the same ctxactors session share it; arguments beat _meta."""
-    meta = {"ctxactors/sessionId": "shared-http"}
+    meta = host_meta(session="shared-http")
 
     async def main() -> tuple[set[str], set[str], set[str]]:
         async with Client(url, mode="legacy") as first:
@@ -95,7 +106,7 @@ def test_meta_and_arguments_win_over_the_http_session(url: str) -> None:
 
 def test_modern_protocol_client_routes_by_meta(url: str) -> None:
     """The SDK's default (auto) mode; with no HTTP session, _meta still routes."""
-    meta = {"ctxactors/sessionId": "modern"}
+    meta = host_meta(session="modern")
 
     async def main() -> set[str]:
         async with Client(url) as client:

@@ -15,6 +15,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp_support import (
     SERVE,
+    host_meta,
     pid_alive,
     schema_keys,
     serve_env,
@@ -57,6 +58,30 @@ def test_list_tools_publishes_the_runtime_list_with_clean_schemas() -> None:
     assert create_goal.annotations is not None and create_goal.annotations.read_only_hint is False
 
 
+def test_unified_tools_lists_batch_tools_and_still_calls_the_rest() -> None:
+    async def main() -> tuple[set[str], Any]:
+        async with Client(stdio_params("--tools", "unified")) as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            created = await client.call_tool("create_goal", {"goal": "u", "__sessionId": "u"})
+            return names, created
+
+    names, created = run(main)
+    assert "batch" in names and "create_goal" not in names
+    assert created.structured_content == {"id": "g1", "goal": "u"}
+
+
+def test_bad_server_spec_is_a_clear_error() -> None:
+    done = subprocess.run(
+        [*SERVE[:-2], "--server", "mcp_support:Nope"],
+        env=serve_env(),
+        capture_output=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert b"mcp_support:Nope" in done.stderr and done.stdout == b""
+
+
 def test_sessions_see_only_their_own_goals_under_concurrent_calls() -> None:
     async def main() -> dict[str, set[str]]:
         async with Client(stdio_params()) as client:
@@ -82,7 +107,7 @@ def test_sessions_see_only_their_own_goals_under_concurrent_calls() -> None:
 def test_meta_route_and_arguments_win_over_meta() -> None:
     async def main() -> tuple[set[str], set[str], set[str]]:
         async with Client(stdio_params()) as client:
-            meta = {"ctxactors/sessionId": "m1", "ctxactors/assistantId": "a1"}
+            meta = host_meta(session="m1", assistant="a1")
             await client.call_tool("create_goal", {"goal": "via meta"}, meta=meta)
             # The injected argument wins over _meta, field by field.
             await client.call_tool(

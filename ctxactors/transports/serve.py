@@ -31,7 +31,7 @@ from ctxactors.transports.mcp import (
 )
 
 # How long uvicorn keeps connections (say, idle SSE streams) open once calls have drained.
-_HTTP_GRACE_S = 3.0
+_HTTP_GRACE_S = 3
 _MAX_BODY = 4 * 1024 * 1024
 
 
