@@ -27,7 +27,8 @@ import importlib.metadata
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import anyio
@@ -236,6 +237,9 @@ async def _cancellable_stdin() -> AsyncIterator[_Lines | None]:
 # -- streamable HTTP ---------------------------------------------------------------------
 
 
+Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
+
+
 def session_manager(
     frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
 ) -> StreamableHTTPSessionManager:
@@ -256,15 +260,15 @@ def session_manager(
     )
 
 
-def mcp_route(manager: StreamableHTTPSessionManager) -> Route:
-    """`/mcp` as a `Route` (a `Mount` would redirect ``/mcp`` to ``/mcp/``)."""
-
-    return Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager))
-
-
-def mcp_lifespan(manager: StreamableHTTPSessionManager, frontend: McpFrontend, *, drain: float):
-    """A Starlette lifespan that runs the session manager; on shutdown, calls in flight
-    answer before the sessions close."""
+def mcp_parts(
+    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+) -> tuple[Route, Lifespan]:
+    """What an app needs to serve MCP: the ``/mcp`` route and the lifespan that runs its
+    session manager. The route is a `Route` (a `Mount` would redirect ``/mcp`` to
+    ``/mcp/``). On shutdown, calls in flight answer before the sessions close.
+    """
+    manager = session_manager(frontend, host=host, max_body=max_body)
+    drain = frontend.runtime.call_timeout
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -274,16 +278,12 @@ def mcp_lifespan(manager: StreamableHTTPSessionManager, frontend: McpFrontend, *
             finally:
                 await frontend.drain(drain)
 
-    return lifespan
+    return Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager)), lifespan
 
 
 def mcp_app(
-    runtime: Runtime, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
 ) -> Starlette:
-    """A Starlette app with only ``/mcp`` (used when the REST app is not available)."""
-    frontend = McpFrontend(runtime)
-    manager = session_manager(frontend, host=host, max_body=max_body)
-    return Starlette(
-        routes=[mcp_route(manager)],
-        lifespan=mcp_lifespan(manager, frontend, drain=runtime.call_timeout),
-    )
+    """A Starlette app with only ``/mcp`` (when the REST app is not installed)."""
+    route, lifespan = mcp_parts(frontend, host=host, max_body=max_body)
+    return Starlette(routes=[route], lifespan=lifespan)

@@ -24,10 +24,9 @@ from ctxactors.runtime import Runtime
 from ctxactors.tools import Server
 from ctxactors.transports.mcp import (
     McpFrontend,
-    mcp_lifespan,
-    mcp_route,
+    mcp_app,
+    mcp_parts,
     serve_stdio,
-    session_manager,
 )
 
 # How long uvicorn keeps connections (say, idle SSE streams) open once calls have drained.
@@ -103,16 +102,14 @@ def run(args: argparse.Namespace) -> int:
 def http_app(runtime: Runtime, *, host: str) -> tuple[Starlette, McpFrontend]:
     """The Starlette app (REST + ``/mcp``, or ``/mcp`` alone) and its MCP front end."""
     frontend = McpFrontend(runtime)
-    manager = session_manager(frontend, host=host, max_body=_MAX_BODY)
-    lifespan = mcp_lifespan(manager, frontend, drain=runtime.call_timeout)
     try:
         from ctxactors.transports.http import create_app
     except ModuleNotFoundError as exc:
         if exc.name != "ctxactors.transports.http":
             raise
-        return Starlette(routes=[mcp_route(manager)], lifespan=lifespan), frontend
-    app = create_app(runtime, max_body=_MAX_BODY, routes=[mcp_route(manager)], lifespan=lifespan)
-    return app, frontend
+        return mcp_app(frontend, host=host, max_body=_MAX_BODY), frontend
+    route, lifespan = mcp_parts(frontend, host=host, max_body=_MAX_BODY)
+    return create_app(runtime, max_body=_MAX_BODY, routes=[route], lifespan=lifespan), frontend
 
 
 def _serve_http(runtime: Runtime, args: argparse.Namespace, log: Any) -> None:
