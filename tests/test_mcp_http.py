@@ -162,3 +162,22 @@ def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
         assert result.structured_content == {"slept": 1.0}
         assert proc.wait(20) == 0
         assert wait_until(lambda: not pid_alive(child)), f"workspace process {child} survived"
+
+
+def test_rest_api_and_mcp_share_one_runtime(url: str) -> None:
+    """With the REST module installed, one app serves both, over the same runtime."""
+    pytest.importorskip("ctxactors.transports.http")
+
+    async def main() -> None:
+        async with Client(url, mode="legacy") as client:
+            await client.call_tool(
+                "create_goal", {"goal": "seen by REST"}, meta=host_meta(session="both")
+            )
+
+    run(main)
+    base = url.removesuffix("/mcp")
+    response = httpx.post(
+        f"{base}/api/v1/tools/get_planning_state", json={}, headers={"X-Session-Id": "both"}
+    )
+    assert response.status_code == 200, response.text
+    assert "seen by REST" in response.text

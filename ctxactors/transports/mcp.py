@@ -107,10 +107,6 @@ class McpFrontend:
             self._in_flight -= 1
         return types.CallToolResult.model_validate(result.to_mcp())
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
     async def drain(self, timeout: float) -> bool:
         """Refuse new calls and wait (up to `timeout` s) for those in flight to answer."""
         self._draining = True
