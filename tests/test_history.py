@@ -323,3 +323,20 @@ def test_extract_metadata_of_an_error_is_its_message() -> None:
     spec = Survey.tools["picked"]
     error = ToolResult.error("E" * 2000)
     assert extract_metadata(spec, {}, error)["error"].endswith("(2000 chars)")
+
+
+def test_a_rolled_back_batch_shows_what_ran_but_never_the_undo(rt: Runtime) -> None:
+    ops = [
+        {"id": "g", "tool": "create_goal", "arguments": {"goal": "ship"}},
+        {"id": "bad", "tool": "mark_todo", "arguments": {"todo_id": "nope"}, "dependsOn": ["g"]},
+    ]
+    result = rt.call("batch", ctx_args("s1", operations=ops, options={"transactional": True}))
+    assert result.is_error
+    assert rt.call("get_planning_state", ctx_args("s1")).structured == {"goals": [], "todos": []}
+    tools = [(op["tool"], op["is_error"]) for op in recent(rt, "s1", limit=10)]
+    assert tools == [
+        ("get_planning_state", False),
+        ("batch", True),
+        ("mark_todo", True),
+        ("create_goal", False),
+    ]
