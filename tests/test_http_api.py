@@ -127,6 +127,10 @@ def test_bad_input_gets_clear_4xx_errors_and_the_server_keeps_serving(
     headers = {"X-Session-Id": "s1", "content-type": "application/json"}
     bad_json = client.post("/api/v1/tools/create_goal", content=b'{"goal": ', headers=headers)
     assert error_of(bad_json, 400)["code"] == "malformed_json"
+    deep = client.post("/api/v1/tools/create_goal", content=b"[" * 20_000 + b"]" * 20_000)
+    assert "nested too deeply" in error_of(deep, 400)["message"]
+    null = client.post("/api/v1/tools/list_content", content=b"null", headers=headers)
+    assert "got null" in error_of(null, 400)["message"]
     not_object = call(client, "create_goal", ["Learn Rust"])
     assert "JSON object" in error_of(not_object, 400)["message"]
     wrong_type = error_of(call(client, "create_goal", {"goal": 5}), 400)

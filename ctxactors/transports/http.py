@@ -170,6 +170,8 @@ async def _body(request: Request) -> Any:
         raise ApiError(
             400, "malformed_json", f"the request body is not valid JSON: {exc}"
         ) from None
+    except RecursionError:
+        raise ApiError(400, "malformed_json", "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         kind = "null" if body is None else type(body).__name__
         raise ApiError(400, "invalid_body", f"the request body must be a JSON object, got {kind}")
