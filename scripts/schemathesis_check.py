@@ -13,6 +13,7 @@ import argparse
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -82,7 +83,9 @@ def main() -> int:
             *(("--report-dir", args.report_dir) if args.report_dir else ()),
         ]
         try:
-            code = subprocess.run(command, timeout=600).returncode
+            # In a scratch directory: the CLI leaves a .schemathesis/ cache where it runs.
+            with tempfile.TemporaryDirectory() as scratch:
+                code = subprocess.run(command, timeout=600, cwd=scratch).returncode
         finally:
             server.should_exit = True
             thread.join(20)
