@@ -236,6 +236,12 @@ def test_query_runs_the_agent_loop_with_a_model(rt: Runtime) -> None:
     with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
         bad = http.post("/api/v1/query", json={"query": ""})
         assert "$.query" in error_of(bad, 400)["message"]
+        long_header = http.post(
+            "/api/v1/query",
+            json={"query": "hi", "session_id": "q1"},
+            headers={"X-Session-Id": "x" * 300},
+        )
+        assert error_of(long_header, 400)["code"] == "invalid_header"
         r = http.post(
             "/api/v1/query",
             json={"query": "make a goal", "session_id": "q1"},

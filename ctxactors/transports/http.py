@@ -258,7 +258,8 @@ def create_app(
             req = msgspec.convert(await _body(request), QueryRequest, strict=True)
         except msgspec.ValidationError as exc:
             raise ApiError(400, "invalid_request", f"invalid query request: {exc}") from None
-        session_id = req.session_id or _header_id(request, "X-Session-Id") or uuid.uuid4().hex
+        header = _header_id(request, "X-Session-Id")  # checked even when the body names one
+        session_id = req.session_id or header or uuid.uuid4().hex
         answer = await _ask(runtime, model, req.query, session_id, request)
         return _json(QueryResponse(session_id, answer), headers={"X-Session-Id": session_id})
 
