@@ -15,7 +15,7 @@ from ctxactors.results import (
     UnknownToolError,
 )
 from ctxactors.runtime import Runtime
-from ctxactors.tools import Scope, Server, tool
+from ctxactors.tools import Scope, Server, pick, tool
 
 __all__ = [
     "CallTimeoutError",
@@ -31,5 +31,6 @@ __all__ = [
     "UnknownToolError",
     "clean_args",
     "inject_context",
+    "pick",
     "tool",
 ]

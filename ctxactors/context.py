@@ -71,6 +71,8 @@ def parse_arguments(arguments: Mapping[str, Any] | str | bytes | None) -> dict[s
             arguments = _decode(arguments)
         except msgspec.DecodeError as exc:
             raise InvalidArgumentsError(f"arguments are not valid JSON: {exc}") from None
+        except RecursionError:  # msgspec's answer to nesting deeper than the stack allows
+            raise InvalidArgumentsError("arguments are nested too deeply to decode") from None
     if isinstance(arguments, dict):
         return arguments
     if isinstance(arguments, Mapping):

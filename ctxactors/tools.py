@@ -136,6 +136,26 @@ class _ToolOptions(msgspec.Struct, frozen=True):
 
 _MARK = "__ctxactors_tool__"
 
+# ``fn(args, result) -> metadata``: what the operation history keeps of a successful call.
+Extractor = Callable[[dict[str, Any], ToolResult], "dict[str, Any] | None"]
+
+
+def pick(**fields: str) -> Extractor:
+    """An extractor copying result fields under metadata names, skipping absent/None ones.
+
+    ``@tool(extract=pick(created_goal="id"))`` records ``{"created_goal": "g1"}``.
+    """
+
+    def extract(args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
+        structured = result.structured or {}
+        return {
+            name: structured[field]
+            for name, field in fields.items()
+            if structured.get(field) is not None
+        }
+
+    return extract
+
 
 @typing.overload
 def tool(fn: Callable[..., Any], /) -> Callable[..., Any]: ...
@@ -148,7 +168,7 @@ def tool(
     destructive: bool = False,
     idempotent: bool = False,
     open_world: bool = False,
-    extract: Callable[..., Any] | None = None,
+    extract: Extractor | None = None,
     compensate: Callable[..., Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:

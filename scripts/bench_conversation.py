@@ -19,6 +19,7 @@ The process is pinned to one CPU (when the OS allows) so figures hold from run t
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import os
 import random
@@ -108,15 +109,18 @@ def bench_selection(n: int, repeat: int) -> None:
     for budget in (8_000, 32_000, 128_000, 100_000_000):
         window = select_messages_within_context(messages, budget, counter=warm)
         cached = timed(
-            lambda b=budget: select_messages_within_context(messages, b, counter=warm), repeat
+            functools.partial(select_messages_within_context, messages, budget, counter=warm),
+            repeat,
         )
 
         def cold(b: int = budget, make: Callable[[], object] = BPETokenCounter) -> None:
             select_messages_within_context(messages, b, counter=make())  # type: ignore[arg-type]
 
         uncached = timed(cold, 3)
-        uncached_heuristic = timed(lambda b=budget: cold(b, HeuristicTokenCounter), 3)
-        one_more = timed(lambda b=budget: select_after_one_more_step(messages, b, warm), repeat)
+        uncached_heuristic = timed(functools.partial(cold, budget, HeuristicTokenCounter), 3)
+        one_more = timed(
+            functools.partial(select_after_one_more_step, messages, budget, warm), repeat
+        )
         label = "everything" if budget >= 100_000_000 else f"{budget:,}"
         print(
             f"{label:>12} {len(window) - 1:>6} {cached * 1e3:>7.2f} ms {uncached * 1e3:>10.1f} ms "

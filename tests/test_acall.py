@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from conftest import ctx_args
 
 from ctxactors import (
     CallTimeoutError,
@@ -18,7 +19,6 @@ from ctxactors import (
     tool,
 )
 from ctxactors.servers import BUILTIN
-from tests.conftest import ctx_args
 
 
 class Sleepy(Server):

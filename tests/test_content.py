@@ -8,12 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import ctx_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxactors import InvalidArgumentsError, Runtime, ToolContext
 from ctxactors.servers.content import MAX_RESULTS, Content, fts_phrases
-from tests.conftest import ctx_args
 
 KOREAN = "여러 파일을 분석해서 리포트 작성"
 
@@ -248,7 +248,7 @@ def test_ending_a_session_drops_its_store_and_its_thread() -> None:
     before = threading.active_count()
     with Runtime(servers=[Content]) as rt:
         call(rt, "s1", "add_content", filename="a", content="gone soon")
-        assert rt.end_session("s1") == 1
+        assert rt.end_session("s1") == 2  # the store and the session's history
         assert call(rt, "s1", "list_content")["count"] == 0  # a fresh incarnation
         assert call(rt, "s1", "search_content", query="gone")["count"] == 0
     assert threading.active_count() == before

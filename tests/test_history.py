@@ -60,7 +60,7 @@ class Survey(Server):
         return {"id": "p1", "other": 2}
 
 
-SERVERS = [*BUILTIN, Survey, History]
+SERVERS = [*BUILTIN, Survey]  # the history is part of every runtime
 
 
 @pytest.fixture
@@ -164,6 +164,40 @@ def test_tool_filter_by_name_or_names_and_errors_are_recorded(rt: Runtime) -> No
     playbook = recent(rt, "s1", tool_filter="create_playbook")[0]["metadata"]
     assert playbook == {"created_playbook": "pb1", "name": "deploy"}
     assert recent(rt, "s1", tool_filter="no_such_tool") == []
+
+
+def test_every_runtime_records_without_being_asked_to() -> None:
+    with Runtime(servers=[Survey]) as rt:
+        assert "get_recent_context" in {t["name"] for t in rt.list_tools()}
+        rt.call("add_survey_answers", ctx_args("s1", project_id="123", answers=["a5"]))
+        assert [op["metadata"]["deselected"] for op in recent(rt, "s1")] == [["a2", "a3"]]
+
+
+def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Runtime) -> None:
+    added = rt.call("add_content", ctx_args("s1", filename="notes.md", content="x" * 10_000))
+    content_id = added.structured["id"]
+    rt.call("delete_content", ctx_args("s1", id=content_id))
+    started = rt.call("execute_command", ctx_args("s1", command="echo hello; exit 3"))
+    pid = started.structured["processId"]
+    for _ in range(500):
+        polled = rt.call("poll_process", ctx_args("s1", processId=pid))
+        if polled.structured["status"] != "running":
+            break
+        threading.Event().wait(0.01)
+    assert polled.structured["output"] == "hello\n"
+    ops = {op["tool"]: op for op in reversed(recent(rt, "s1", limit=50))}  # newest wins
+    assert ops["add_content"]["metadata"] == {"created_content": content_id, "filename": "notes.md"}
+    assert ops["add_content"]["arguments"]["content"].endswith("(10000 chars)")
+    assert ops["delete_content"]["metadata"] == {
+        "deleted_content": content_id,
+        "filename": "notes.md",
+    }
+    assert ops["execute_command"]["metadata"] == {"process_id": pid, "status": "running"}
+    assert ops["poll_process"]["metadata"] == {
+        "process_id": pid,
+        "status": "exited",
+        "exit_code": 3,
+    }
 
 
 def test_sessions_never_see_each_others_history(rt: Runtime) -> None:

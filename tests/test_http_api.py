@@ -25,11 +25,10 @@ from test_history import Survey
 from ctxactors import Runtime
 from ctxactors.conversation import Message, ScriptedModel, ToolCall
 from ctxactors.servers import BUILTIN
-from ctxactors.servers.history import History
 from ctxactors.transports.http import create_app
 
 WAIT = 20.0
-SERVERS = [*BUILTIN, Survey, History]
+SERVERS = [*BUILTIN, Survey]
 
 
 @contextlib.contextmanager

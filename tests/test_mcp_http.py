@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
+import threading
 from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +15,17 @@ import anyio
 import httpx
 import pytest
 from mcp import Client, MCPError
-from mcp_support import host_meta, http_server, pid_alive, schema_keys, spawn_sleeper, wait_until
+from mcp_support import (
+    SERVE,
+    host_meta,
+    http_server,
+    pid_alive,
+    schema_keys,
+    serve_env,
+    spawn_sleeper,
+    wait_until,
+)
+from test_conversation_models import Stub
 
 pytestmark = pytest.mark.timeout(50)
 
@@ -165,8 +178,7 @@ def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
 
 
 def test_rest_api_and_mcp_share_one_runtime(url: str) -> None:
-    """With the REST module installed, one app serves both, over the same runtime."""
-    pytest.importorskip("ctxactors.transports.http")
+    """One app serves both, over the same runtime."""
 
     async def main() -> None:
         async with Client(url, mode="legacy") as client:
@@ -181,3 +193,46 @@ def test_rest_api_and_mcp_share_one_runtime(url: str) -> None:
     )
     assert response.status_code == 200, response.text
     assert "seen by REST" in response.text
+
+
+def test_query_asks_the_model_given_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--model-url``/``--model`` (key from the environment) make /api/v1/query answer."""
+    model_server = ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=model_server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("CTXACTORS_MODEL_API_KEY", "sk-test")
+    model_url = f"http://127.0.0.1:{model_server.server_address[1]}/v1"
+    try:
+        with http_server("--model-url", model_url, "--model", "stub") as (url, _proc):
+            base = url.removesuffix("/mcp")
+            response = httpx.post(
+                f"{base}/api/v1/query",
+                json={"query": "Ship it", "session_id": "q1"},
+                headers={"X-Assistant-Id": "a1"},
+                timeout=20,
+            )
+            assert response.status_code == 200, response.text
+            assert response.json()["session_id"] == "q1"
+            assert "Ship it" in response.json()["answer"]
+            state = httpx.post(
+                f"{base}/api/v1/tools/get_planning_state",
+                json={},
+                headers={"X-Session-Id": "q1", "X-Assistant-Id": "a1"},
+            )
+            assert [g["goal"] for g in state.json()["structuredContent"]["goals"]] == ["Ship it"]
+    finally:
+        model_server.shutdown()
+        model_server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--transport", "http", "--model", "m"], "--model-url and --model go together"),
+        (["--model-url", "http://x/v1", "--model", "m"], "only --transport http serves"),
+    ],
+)
+def test_model_options_are_checked_before_anything_starts(extra: list[str], message: str) -> None:
+    proc = subprocess.run(
+        [*SERVE, *extra], env=serve_env(), capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode != 0 and message in proc.stderr

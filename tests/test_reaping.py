@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 import pytest
+from conftest import ManualClock, ctx_args, settle
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.servers import BUILTIN
-from tests.conftest import ManualClock, ctx_args
 
 
 class Gate(Server):
@@ -45,12 +45,15 @@ def make(clock: ManualClock, **kw: Any) -> Runtime:
 def test_idle_actors_are_reaped_after_ttl_and_state_is_gone(clock: ManualClock) -> None:
     with make(clock, ttl=60) as rt:
         rt.call("create_goal", ctx_args("s1", goal="old"))
+        settle(rt, "s1")
         clock.advance(30)
         rt.call("create_goal", ctx_args("s2", goal="fresh"))
+        settle(rt, "s2")
         assert rt.reap() == 0
         clock.advance(31)  # s1 idle for 61 s, s2 for 31 s
-        assert rt.reap() == 1
-        assert rt.stats()["actors"] == 1 and rt.stats()["reaped"] == 1
+        assert rt.reap() == 2  # s1's planning actor and its history
+        assert rt.stats()["actors"] == 2 and rt.stats()["reaped"] == 2
+        assert {k[1] for k in rt.registry.keys()} == {"s2"}
         assert rt.call("get_planning_state", ctx_args("s1")).structured["goals"] == []
         assert [
             g["goal"] for g in rt.call("get_planning_state", ctx_args("s2")).structured["goals"]
@@ -61,33 +64,58 @@ def test_an_actor_with_a_call_in_flight_is_never_reaped(clock: ManualClock) -> N
     Gate.gates["inflight"] = threading.Event()
     with make(clock, ttl=10) as rt:
         rt.call("count", ctx_args("busy"))
+        settle(rt, "busy")
         t = threading.Thread(target=lambda: rt.call("wait_gate", ctx_args("busy", gate="inflight")))
         t.start()
         deadline = time.monotonic() + 5
         while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         clock.advance(100)
-        assert rt.reap() == 0
+        assert rt.reap() == 1  # only the session's idle history
+        assert rt.registry.keys() == [("gate", "busy")]
         Gate.gates["inflight"].set()
         t.join(5)
         # The call finished: it counted as a use, and the incarnation kept its state.
         assert rt.call("count", ctx_args("busy")).structured == {"n": 3}
+        settle(rt, "busy")
         clock.advance(11)
-        assert rt.reap() == 1
+        assert rt.reap() == 2
+
+
+class ThreadCount(Server):
+    """A counter per thread, so that many keys share one session (and one history actor)."""
+
+    name = "threadcount"
+    scope = Scope.THREAD
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    @tool
+    def tick(self, ctx: ToolContext) -> dict[str, Any]:
+        """Count calls on this incarnation."""
+        self.n += 1
+        return {"n": self.n}
 
 
 def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualClock) -> None:
-    with make(clock, ttl=3600, max_actors=3) as rt:
-        for s in ("s1", "s2", "s3"):
-            rt.call("count", ctx_args(s))
+    # Four live actors: the session's history (used after every call, so never the least
+    # recently used) and three thread counters.
+    with Runtime([ThreadCount], clock=clock, ttl=3600, max_actors=4) as rt:
+        for t in ("t1", "t2", "t3"):
+            rt.call("tick", ctx_args("s", "a", t))
+            settle(rt, "s")
             clock.advance(1)
-        rt.call("count", ctx_args("s1"))  # s2 is now the least recently used
-        rt.call("count", ctx_args("s4"))
+        rt.call("tick", ctx_args("s", "a", "t1"))  # t2 is now the least recently used
+        rt.call("tick", ctx_args("s", "a", "t4"))
         stats = rt.stats()
-        assert stats["actors"] == 3 and stats["evicted"] == 1
-        assert {k[1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
-        assert rt.call("count", ctx_args("s1")).structured == {"n": 3}
-        assert rt.call("count", ctx_args("s2")).structured == {"n": 1}  # fresh incarnation
+        assert stats["actors"] == 4 and stats["evicted"] == 1
+        assert set(rt.registry.keys()) == {
+            ("history", "s"),
+            *(("threadcount", "s", "a", t) for t in ("t1", "t3", "t4")),
+        }
+        assert rt.call("tick", ctx_args("s", "a", "t1")).structured == {"n": 3}
+        assert rt.call("tick", ctx_args("s", "a", "t2")).structured == {"n": 1}  # fresh
 
 
 def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: ManualClock) -> None:
@@ -103,7 +131,8 @@ def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: Man
         while rt.stats()["inflight"] < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert rt.call("count", ctx_args("extra")).structured == {"n": 1}
-        assert rt.stats()["actors"] == 3
+        # Two busy gates, then "extra" and its history, spawned while it was still busy.
+        assert rt.stats()["actors"] == 4 and rt.stats()["evicted"] == 0
         Gate.gates["cap"].set()
         for t in threads:
             t.join(5)
@@ -145,8 +174,8 @@ def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> N
             rt.call("create_goal", ctx_args(s, "a1", goal="g"))
             rt.call("create_goal", ctx_args(s, "a2", goal="g"))
             rt.call("create_playbook", ctx_args(s, "a1", name="p"))
-        assert rt.stats()["actors"] == 6
-        assert rt.end_session("s1") == 3
+        assert rt.stats()["actors"] == 8  # per session: 2 planning, playbooks, history
+        assert rt.end_session("s1") == 4
         assert rt.end_session("s1") == 0
         assert {k[1] for k in rt.registry.keys()} == {"s2"}
         assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured["goals"] == []

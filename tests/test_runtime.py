@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from conftest import ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import (
@@ -22,7 +23,6 @@ from ctxactors import (
     tool,
 )
 from ctxactors.servers import BUILTIN
-from tests.conftest import ctx_args
 
 
 class Flaky(Server):
@@ -124,6 +124,7 @@ def test_llm_spoofing_another_assistant_through_inject_context_is_refused(rt: Ru
         ("null", "got null"),
         ("42", "got int"),
         ('{"goal": ', "not valid JSON"),
+        ('{"goal": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
         ({"goal": "x", "__sessionId": 7}, "__sessionId"),
         ({"goal": "x", "__threadId": ["t"]}, "__threadId"),
         ({"goal": ""}, "$.goal"),
@@ -172,7 +173,8 @@ def test_a_failing_handler_gives_an_error_result_and_keeps_the_state(
     # The same actor kept its state; other keys are untouched.
     assert rt.call("bump", ctx_args("s1")).structured == {"count": 2}
     assert rt.call("bump", ctx_args("s2")).structured == {"count": 2}
-    assert rt.stats()["spawned"] == 2
+    # One bump actor per session plus its history: the failure spawned nothing new.
+    assert rt.stats()["spawned"] == 4
 
 
 def test_timeout_raises_and_the_late_reply_never_reaches_a_later_call(rt: Runtime) -> None:
@@ -260,7 +262,9 @@ def test_concurrent_first_calls_for_one_key_spawn_exactly_one_actor(rt: Runtime)
     for t in threads:
         t.join()
     assert not errors
-    assert rt.stats()["spawned"] == 1
+    # One actor for the key and one for its session's history, however many raced.
+    assert sorted(k[0] for k in rt.registry.keys()) == ["flaky", "history"]
+    assert rt.stats()["spawned"] == 2
     assert rt.call("bump", ctx_args("one-key")).structured == {"count": 65}
 
 

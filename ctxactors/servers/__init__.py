@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ctxactors.servers.batch import Batch, Presets
 from ctxactors.servers.content import Content
+from ctxactors.servers.history import History
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
 from ctxactors.servers.workspace import Workspace
@@ -13,6 +14,16 @@ from ctxactors.tools import Server
 BUILTIN: list[type[Server]] = [Planning, Playbooks, Content, Workspace]
 
 # Part of every runtime, whatever servers it was given (history, batch).
-ALWAYS: list[type[Server]] = [Batch, Presets]
+ALWAYS: list[type[Server]] = [History, Batch, Presets]
 
-__all__ = ["ALWAYS", "BUILTIN", "Batch", "Content", "Planning", "Playbooks", "Presets", "Workspace"]
+__all__ = [
+    "ALWAYS",
+    "BUILTIN",
+    "Batch",
+    "Content",
+    "History",
+    "Planning",
+    "Playbooks",
+    "Presets",
+    "Workspace",
+]

@@ -36,7 +36,7 @@ import msgspec
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
-from ctxactors.tools import Scope, Server, tool
+from ctxactors.tools import Scope, Server, pick, tool
 
 MAX_RESULTS = 50  # search_content's `limit` is clamped to this
 MAX_TERMS = 16  # query terms beyond this are refused (each one is a clause)
@@ -127,7 +127,7 @@ class Content(Server):
         self._insert(*before)
         self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
 
-    @tool(compensate=_undo_add)
+    @tool(compensate=_undo_add, extract=pick(created_content="id", filename="filename"))
     def add_content(self, ctx: ToolContext, filename: Filename, content: str) -> dict[str, Any]:
         """Store a document (a file's text, notes, a tool's output) so it can be searched
         and read back later in this session. Returns its id."""
@@ -195,6 +195,7 @@ class Content(Server):
         destructive=True,
         idempotent=True,
         compensate=Compensation(_undo_delete, before=_before_delete),
+        extract=pick(deleted_content="id", filename="filename"),
     )
     def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Delete a stored document by its id."""

@@ -44,9 +44,17 @@ from ctxactors.actors import Call
 from ctxactors.context import ToolContext
 from ctxactors.results import CtxActorsError, ToolResult
 from ctxactors.servers.content import env_int
-from ctxactors.tools import Scope, Server, ToolSpec, tool
+from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
-Extractor = Callable[[dict[str, Any], ToolResult], "dict[str, Any] | None"]
+__all__ = [
+    "History",
+    "Operation",
+    "RecentContext",
+    "compact",
+    "extract_metadata",
+    "generic_metadata",
+    "pick",
+]
 
 _log = structlog.get_logger("ctxactors.history").bind()
 
@@ -258,23 +266,6 @@ def _ids_or_items(value: list[Any] | dict[str, Any]) -> Any:
     if isinstance(value, dict):
         return value["id"] if "id" in value and _scalar(value["id"]) else value
     return [_ids_or_items(v) if isinstance(v, dict) else v for v in value]
-
-
-def pick(**fields: str) -> Extractor:
-    """An extractor copying result fields under metadata names, skipping absent/None ones.
-
-    ``@tool(extract=pick(created_goal="id"))`` records ``{"created_goal": "g1"}``.
-    """
-
-    def extract(args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
-        structured = result.structured or {}
-        return {
-            name: structured[field]
-            for name, field in fields.items()
-            if structured.get(field) is not None
-        }
-
-    return extract
 
 
 # -- compaction ----------------------------------------------------------------------------

@@ -8,11 +8,15 @@ import msgspec
 
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError
-from ctxactors.servers.history import pick
-from ctxactors.tools import Scope, Server, tool
+from ctxactors.results import ToolError, ToolResult
+from ctxactors.tools import Scope, Server, pick, tool
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=10_000)]
+
+
+def _todo_outcome(args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
+    todo = result.structured or {}
+    return {("completed_todo" if todo.get("done") else "reopened_todo"): todo.get("id")}
 
 
 class Planning(Server):
@@ -71,9 +75,7 @@ class Planning(Server):
     @tool(
         idempotent=True,
         compensate=Compensation(_restore_done, before=_done_before),
-        extract=lambda args, r: {
-            ("completed_todo" if r.structured["done"] else "reopened_todo"): r.structured["id"]
-        },
+        extract=_todo_outcome,
     )
     def mark_todo(self, ctx: ToolContext, todo_id: str, done: bool = True) -> dict[str, Any]:
         """Mark a todo done (or not done again with done=false)."""

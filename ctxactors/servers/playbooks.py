@@ -8,8 +8,7 @@ import msgspec
 
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
-from ctxactors.servers.history import pick
-from ctxactors.tools import Scope, Server, tool
+from ctxactors.tools import Scope, Server, pick, tool
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 Steps = Annotated[
@@ -62,7 +61,7 @@ class Playbooks(Server):
 
     @tool(
         idempotent=True,
-        extract=lambda args, r: {"selected_playbook": r.structured["selected"]["id"]},
+        extract=lambda args, r: {"selected_playbook": (r.structured or {})["selected"]["id"]},
     )
     def select_playbook(self, ctx: ToolContext, id: str) -> dict[str, Any]:
         """Select one of the calling assistant's playbooks to follow."""

@@ -49,12 +49,14 @@ from ctxactors.context import ToolContext
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolError
 from ctxactors.servers.content import env_int
-from ctxactors.tools import Scope, Server, tool
+from ctxactors.tools import Scope, Server, pick, tool
 
 _TICK = 0.5  # seconds a watcher sleeps at most between checks of its deadline and stop flag
 _DRAIN_GRACE = 1.0  # after a kill, seconds to keep reading what is still buffered
 _JOIN_TIMEOUT = 5.0  # close() waits this long for each watcher
 _KEPT_RECORDS = 200  # finished processes remembered per session (oldest forgotten first)
+# What the operation history keeps of a poll or kill: never the output.
+_PROCESS_OUTCOME = pick(process_id="processId", status="status", exit_code="exitCode")
 
 
 def env_float(name: str, default: float) -> float:
@@ -264,7 +266,11 @@ class Workspace(Server):
             if proc.done.wait(_JOIN_TIMEOUT):  # else close() must still find it
                 del self._procs[result["processId"]]
 
-    @tool(open_world=True, compensate=_undo_execute)
+    @tool(
+        open_world=True,
+        compensate=_undo_execute,
+        extract=pick(process_id="processId", status="status"),
+    )
     def execute_command(
         self, ctx: ToolContext, command: Command, timeout: Timeout | None = None
     ) -> dict[str, Any]:
@@ -313,7 +319,7 @@ class Workspace(Server):
         for pid in finished[: max(len(self._procs) - _KEPT_RECORDS + 1, 0)]:
             del self._procs[pid]
 
-    @tool(read_only=True)
+    @tool(read_only=True, extract=_PROCESS_OUTCOME)
     def poll_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
         """Status (running, exited, killed, timeout), exit code and output so far of a
         process this session started. Old output beyond the cap is dropped (newest kept)."""
@@ -326,7 +332,7 @@ class Workspace(Server):
             "output": proc.output(),
         }
 
-    @tool(destructive=True, idempotent=True)
+    @tool(destructive=True, idempotent=True, extract=_PROCESS_OUTCOME)
     def kill_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
         """Kill a running process of this session and everything it started."""
         proc = self._get(processId)

@@ -275,11 +275,3 @@ def mcp_parts(
                 await frontend.drain(drain)
 
     return Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager)), lifespan
-
-
-def mcp_app(
-    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
-) -> Starlette:
-    """A Starlette app with only ``/mcp`` (when the REST app is not installed)."""
-    route, lifespan = mcp_parts(frontend, host=host, max_body=max_body)
-    return Starlette(routes=[route], lifespan=lifespan)

@@ -1,7 +1,9 @@
 """``ctxactors serve``: the tools over MCP on stdio (default) or streamable HTTP.
 
-With ``--transport http`` one Starlette app serves MCP at ``/mcp`` beside the REST API (when
-`ctxactors.transports.http` is installed). Either way, a shutdown (end of stdin, SIGTERM,
+With ``--transport http`` one Starlette app serves MCP at ``/mcp`` beside the REST API;
+``--model-url`` and ``--model`` give ``/api/v1/query`` an OpenAI-compatible chat model (its
+key, if it needs one, comes from ``CTXACTORS_MODEL_API_KEY``, never the command line, where
+other users could read it). Either way, a shutdown (end of stdin, SIGTERM,
 Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every actor and
 kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
 stdout, which is the stdio protocol channel.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import os
 from types import FrameType
 from typing import Any
 
@@ -19,12 +22,13 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
+from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
 from ctxactors.tools import Server
+from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
     McpFrontend,
-    mcp_app,
     mcp_parts,
     serve_stdio,
 )
@@ -55,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE:CLASS",
         help="add a tool server class to the built-in ones (repeatable)",
     )
+    parser.add_argument(
+        "--model-url",
+        metavar="URL",
+        help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
+    )
+    parser.add_argument("--model", help="the model name to ask at --model-url")
 
 
 def load_server(spec: str) -> type[Server]:
@@ -85,6 +95,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
 def run(args: argparse.Namespace) -> int:
     log = get_logger("ctxactors.serve", transport=args.transport)
+    model = build_model(args)  # a usage error must come before anything starts
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -92,28 +103,36 @@ def run(args: argparse.Namespace) -> int:
             log.info("serving", tools=len(runtime.list_tools()))
             anyio.run(lambda: serve_stdio(frontend, drain_timeout=runtime.call_timeout))
         else:
-            _serve_http(runtime, args, log)
+            _serve_http(runtime, args, model, log)
     finally:
         runtime.close()
         log.info("stopped")
     return 0
 
 
-def http_app(runtime: Runtime, *, host: str) -> tuple[Starlette, McpFrontend]:
-    """The Starlette app (REST + ``/mcp``, or ``/mcp`` alone) and its MCP front end."""
+def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
+    """The chat model of ``/api/v1/query``, or None (the endpoint then answers 503)."""
+    if bool(args.model_url) != bool(args.model):
+        raise SystemExit("--model-url and --model go together: give both or neither")
+    if not args.model_url:
+        return None
+    if args.transport != "http":
+        raise SystemExit("--model-url is for /api/v1/query, which only --transport http serves")
+    return OpenAICompatibleModel(
+        args.model_url, args.model, os.environ.get("CTXACTORS_MODEL_API_KEY") or None
+    )
+
+
+def http_app(runtime: Runtime, *, host: str, model: Any = None) -> tuple[Starlette, McpFrontend]:
+    """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end."""
     frontend = McpFrontend(runtime)
-    try:
-        from ctxactors.transports.http import create_app
-    except ModuleNotFoundError as exc:
-        if exc.name != "ctxactors.transports.http":
-            raise
-        return mcp_app(frontend, host=host, max_body=_MAX_BODY), frontend
     route, lifespan = mcp_parts(frontend, host=host, max_body=_MAX_BODY)
-    return create_app(runtime, max_body=_MAX_BODY, routes=[route], lifespan=lifespan), frontend
+    app = create_app(runtime, max_body=_MAX_BODY, routes=[route], lifespan=lifespan, model=model)
+    return app, frontend
 
 
-def _serve_http(runtime: Runtime, args: argparse.Namespace, log: Any) -> None:
-    app, frontend = http_app(runtime, host=args.host)
+def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any) -> None:
+    app, frontend = http_app(runtime, host=args.host, model=model)
     config = uvicorn.Config(
         app,
         host=args.host,
