@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-import structlog
 
+from ctxactors.logs import get_logger
 from ctxactors.results import InvalidArgumentsError
 
 SESSION_ID = "__sessionId"
@@ -34,7 +34,6 @@ META_KEYS: dict[str, str] = {
 }
 DEFAULT_SESSION = "default"
 
-_log = structlog.get_logger("ctxactors.context")
 _decode = msgspec.json.Decoder().decode
 
 
@@ -132,7 +131,8 @@ def inject_context(
     args = parse_arguments(ai_arguments)
     injected = clean_args(args)
     if len(injected) != len(args):
-        _log.warning(
+        # get_logger configures logging (to stderr) in a host that never made a Runtime.
+        get_logger("ctxactors.context").warning(
             "spoofed_context_dropped",
             fields=sorted(k for k in args if k.startswith("__")),
             session_id=ctx.session_id,

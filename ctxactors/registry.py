@@ -110,6 +110,27 @@ class Registry:
         assert entry.actor is not None
         entry.actor.actor_ref.tell(call)
 
+    def post(self, key: Key, factory: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
+        """Run ``deliver(server)`` for the live server of `key` without sending a message.
+
+        For hand-offs that must not cost a thread wake-up per call (the operation history):
+        `deliver` only puts something where the server will find it the next time it
+        runs, so it must be quick and thread-safe (a ``deque.append``). It runs under the
+        lock, so the entry can't be retired meanwhile. With no live server yet, or with
+        messages still queued for it (an earlier `deliver` among them, which a direct one
+        must not overtake), `deliver` goes to the actor as an ordinary call, in order.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeClosedError("the runtime is closed")
+            entry = self._entries.get(key)  # the table holds no retired entry
+            if entry is not None and entry.server is not None and entry.inflight == 0:
+                self._entries.move_to_end(key)
+                entry.last_used = self._clock()
+                deliver(entry.server)
+                return
+        self.submit(key, factory, Call(deliver))
+
     def _spawn(self, key: Key, factory: Callable[[], Any]) -> Entry:
         entry = Entry(key, self._clock())
         entry.actor = KeyActor.launch(factory, entry, lambda: self._finished(entry))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import string
+import subprocess
+import sys
 
 import pytest
 from hypothesis import given
@@ -82,6 +84,18 @@ def test_inject_context_drops_spoofed_fields_with_a_warning(
     assert any(
         e["event"] == "spoofed_context_dropped" and e["log_level"] == "warning" for e in logs
     )
+
+
+def test_a_host_that_only_injects_context_logs_to_stderr_never_stdout() -> None:
+    # A host process that never made a Runtime (its stdout may be a protocol channel).
+    code = (
+        "from ctxactors import ToolContext, inject_context;"
+        "inject_context('{\"__sessionId\": \"forged\"}', ToolContext('s1'))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == ""
+    assert "spoofed_context_dropped" in proc.stderr
 
 
 @pytest.mark.parametrize("bad", ["[1, 2]", "3", "null", "{not json", '"str"'])

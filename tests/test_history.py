@@ -293,10 +293,26 @@ def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
             except BaseException as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
 
+        writing = threading.Event()
+        writing.set()
+
+        def reader(s: int) -> None:
+            # Reads keep messages queued at the history actor, so records take both paths
+            # (appended directly, or queued behind a read): none may be lost or reordered.
+            try:
+                while writing.is_set():
+                    recent(rt, f"s{s}", limit=500)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        readers = [threading.Thread(target=reader, args=(s,)) for s in (0, 1)]
         threads = [threading.Thread(target=worker, args=(n,)) for n in range(8)]
-        for t in threads:
+        for t in [*readers, *threads]:
             t.start()
         for t in threads:
+            t.join(30)
+        writing.clear()
+        for t in readers:
             t.join(30)
         assert not errors
         for s in (0, 1):

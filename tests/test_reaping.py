@@ -206,3 +206,44 @@ def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
 def test_bad_settings_are_refused(ttl: float) -> None:
     with pytest.raises(ValueError, match="ttl"):
         Runtime(ttl=ttl)
+
+
+def test_post_never_overtakes_a_queued_delivery_and_skips_the_message_when_idle() -> None:
+    from ctxactors.actors import Call
+    from ctxactors.registry import Registry
+
+    class Sink:
+        def __init__(self) -> None:
+            self.items: list[int] = []
+
+        def close(self) -> None:
+            pass
+
+        def is_busy(self) -> bool:
+            return False
+
+    registry = Registry(ttl=60, max_actors=10)
+    key = ("sink", "s1")
+    gate = threading.Event()
+
+    def wait_idle() -> None:
+        deadline = time.monotonic() + 5
+        while registry.stats()["inflight"] and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    try:
+        registry.post(key, Sink, lambda s: s.items.append(1))  # spawns: goes as a message
+        registry.submit(key, Sink, Call(lambda s: gate.wait(5)))  # the actor is now busy
+        registry.post(key, Sink, lambda s: s.items.append(2))  # must queue behind it
+        registry.post(key, Sink, lambda s: s.items.append(3))
+        assert registry.stats()["calls"] == 4
+        gate.set()
+        wait_idle()
+        registry.post(key, Sink, lambda s: s.items.append(4))  # idle: no message at all
+        assert registry.stats()["calls"] == 4
+        registry.submit(key, Sink, Call(lambda s: s.items.append(5)))
+        wait_idle()
+        entry_server = registry._entries[key].server  # noqa: SLF001 - the test's window
+        assert entry_server.items == [1, 2, 3, 4, 5]
+    finally:
+        registry.close(timeout=5)

@@ -6,19 +6,24 @@ remembered. Every call that reaches a server is recorded in its session's histor
 actors and removed by `Runtime.end_session`). The model reads it with
 ``get_recent_context{limit?, tool_filter?}``.
 
-Recording never fails or blocks the call it records. An observer runs in the calling key's
-actor just before the reply: it snapshots the arguments (compacted, so a 4 MiB upload does
-not stay in memory 50 times) and *tells* the session's history actor to record them, a
-hand-off of a few microseconds. Because the hand-off precedes the reply, a caller that got
-its result and then asks for the history always finds that call in it. Metadata is
-extracted inside the history actor, off the caller's path.
+Recording never fails or blocks the call it records, and costs it a few microseconds. An
+observer runs in the calling key's actor just before the reply: it snapshots the arguments
+(compacted, so a 4 MiB upload does not stay in memory 50 times), extracts the metadata, and
+appends the record to the session's history with `Registry.post`: no message and no thread
+wake-up per call (a message per call would double the cost of a cheap call on a busy CPU;
+see ``scripts/bench_history.py``). The bounded deque behind a small lock is the history
+actor's inbox and its state at once; the actor owns its lifecycle (spawned on the session's
+first call, reaped and ended with the session) and answers ``get_recent_context``. Because
+the record is added before the reply, a caller that got its result and then asks for the
+history always finds that call in it.
 
 Metadata: a tool may declare ``@tool(extract=fn)`` with ``fn(args: dict, result:
 ToolResult) -> dict | None`` (`pick` builds the common one); it replaces the generic
 extractor for that tool's successful calls. The generic one keeps ids (``id``, ``*_id``,
 ``*Id``), counts, and anything under a ``selected*``/``deselected*``/``created*``/
 ``affected*`` key. An error result's metadata is its message. Extractors run in the
-history actor and must only read their arguments.
+calling actor's thread before the reply: keep them quick, and let them only read their
+arguments.
 
 Bounds: the newest ``CTXACTORS_HISTORY_MAX_OPERATIONS`` (50) operations per session, each
 kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600); per runtime with `History.configure`.
@@ -31,6 +36,7 @@ import datetime
 import functools
 import os
 import re
+import threading
 import time
 import weakref
 from collections import deque
@@ -40,7 +46,6 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 
-from ctxactors.actors import Call
 from ctxactors.context import ToolContext
 from ctxactors.results import CtxActorsError, ToolResult
 from ctxactors.servers.content import env_int
@@ -105,15 +110,9 @@ def _env_config() -> HistoryConfig:
 _configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDictionary()
 
 
-class _Pending(msgspec.Struct, frozen=True):
-    """What the observer hands to the history actor (extraction happens there)."""
-
-    at: float  # the config clock, for the TTL
-    wall: float
-    spec: ToolSpec
-    ctx: ToolContext
-    arguments: dict[str, Any]
-    result: ToolResult
+# (config clock for the TTL, wall clock, the operation without its timestamp): the
+# timestamp is formatted when read, as most records never are.
+_Record = tuple[float, float, Operation]
 
 
 Limit = Annotated[int, msgspec.Meta(ge=1)]
@@ -129,7 +128,9 @@ class History(Server):
 
     def __init__(self, config: HistoryConfig | None = None) -> None:
         self.config = config or HistoryConfig()
-        self._ops: deque[tuple[float, Operation]] = deque(maxlen=self.config.max_operations)
+        # Appended to from the threads of the session's other actors (see the module doc).
+        self._lock = threading.Lock()
+        self._ops: deque[_Record] = deque(maxlen=self.config.max_operations)
 
     @classmethod
     def create(cls, runtime: Any) -> History:
@@ -166,32 +167,37 @@ class History(Server):
             if issubclass(spec.server, History):
                 return  # asking about the history is not an operation
             config = _configs.get(runtime) or HistoryConfig()
-            pending = _Pending(config.clock(), time.time(), spec, ctx, compact(args), result)
+            arguments = compact(args)
+            op = Operation(
+                timestamp="",
+                tool=spec.name,
+                arguments=arguments,
+                is_error=result.is_error,
+                metadata=extract_metadata(spec, arguments, result),
+                assistant_id=ctx.assistant_id,
+                thread_id=ctx.thread_id,
+            )
+            record = (config.clock(), time.time(), op)
             try:
                 # Straight to the registry: no log line, no observers (no recursion).
-                registry.submit(key_of(cls.name, ctx), factory, Call(lambda s: s.record(pending)))
+                registry.post(key_of(cls.name, ctx), factory, lambda h: h.add(record))
             except CtxActorsError:
                 pass  # the runtime is closing: nothing left to ask the history
 
         runtime.add_observer(observe, before_reply=True)
 
-    def record(self, pending: _Pending) -> None:
-        """Add one operation (runs in this session's history actor)."""
-        op = Operation(
-            timestamp=_iso(pending.wall),
-            tool=pending.spec.name,
-            arguments=pending.arguments,
-            is_error=pending.result.is_error,
-            metadata=extract_metadata(pending.spec, pending.arguments, pending.result),
-            assistant_id=pending.ctx.assistant_id,
-            thread_id=pending.ctx.thread_id,
-        )
-        self._ops.append((pending.at, op))
+    def add(self, record: _Record) -> None:
+        """Add one operation (from any of the session's actor threads)."""
+        with self._lock:
+            self._ops.append(record)
 
-    def _expire(self) -> None:
+    def _current(self) -> list[_Record]:
+        """The records within the TTL, oldest first (expired ones are dropped)."""
         cutoff = self.config.clock() - self.config.ttl
-        while self._ops and self._ops[0][0] <= cutoff:
-            self._ops.popleft()
+        with self._lock:
+            while self._ops and self._ops[0][0] <= cutoff:
+                self._ops.popleft()
+            return list(self._ops)
 
     @tool(read_only=True)
     def get_recent_context(
@@ -201,14 +207,13 @@ class History(Server):
         it failed, and what it did (ids created, items selected or deselected, errors).
         Use it to answer follow-up questions about earlier tool calls. `tool_filter` keeps
         only the named tool(s); `limit` (default 5) is capped at the number kept."""
-        self._expire()
         wanted = {tool_filter} if isinstance(tool_filter, str) else tool_filter
         found: list[Operation] = []
-        for _, op in reversed(self._ops):
+        for _, wall, op in reversed(self._current()):
             if len(found) >= limit:
                 break
             if wanted is None or op.tool in wanted:
-                found.append(op)
+                found.append(msgspec.structs.replace(op, timestamp=_iso(wall)))
         return RecentContext(found, len(found))
 
 
