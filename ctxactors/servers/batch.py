@@ -22,7 +22,7 @@ from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError, ToolResult
-from ctxactors.servers.content import env_int
+from ctxactors.settings import env_int
 from ctxactors.tools import Scope, Server, ToolSpec, tool
 
 Operations = Annotated[list[Operation], msgspec.Meta(max_length=1000)]

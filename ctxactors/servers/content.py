@@ -26,7 +26,6 @@ stored changes.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Iterable
 from typing import Annotated, Any, ClassVar
@@ -36,26 +35,13 @@ import msgspec
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
+from ctxactors.settings import env_int
 from ctxactors.tools import Scope, Server, pick, tool
 
 MAX_RESULTS = 50  # search_content's `limit` is clamped to this
 MAX_TERMS = 16  # query terms beyond this are refused (each one is a clause)
 _TRIGRAM = 3  # the shortest term the trigram index can look up
 _SNIPPET_CHARS = 60  # characters of context either side of the first hit
-
-
-def env_int(name: str, default: int) -> int:
-    """An integer setting from the environment, or `default`; a bad value fails loudly."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
 
 
 Filename = Annotated[str, msgspec.Meta(min_length=1, max_length=1024)]

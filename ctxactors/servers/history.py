@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import os
 import re
 import threading
 import time
@@ -48,7 +47,7 @@ import structlog
 
 from ctxactors.context import ToolContext
 from ctxactors.results import CtxActorsError, ToolResult
-from ctxactors.servers.content import env_int
+from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
 __all__ = [
@@ -98,12 +97,10 @@ class HistoryConfig(msgspec.Struct, frozen=True):
 
 
 def _env_config() -> HistoryConfig:
-    raw_ttl = os.environ.get("CTXACTORS_HISTORY_TTL", "").strip()
-    try:
-        ttl = float(raw_ttl) if raw_ttl else 3600.0
-    except ValueError:
-        raise ValueError(f"CTXACTORS_HISTORY_TTL must be a number, got {raw_ttl!r}") from None
-    return HistoryConfig(env_int("CTXACTORS_HISTORY_MAX_OPERATIONS", 50), ttl)
+    return HistoryConfig(
+        env_int("CTXACTORS_HISTORY_MAX_OPERATIONS", 50),
+        env_float("CTXACTORS_HISTORY_TTL", 3600.0),
+    )
 
 
 # Per-runtime settings; weak so a closed, dropped runtime doesn't stay alive through them.

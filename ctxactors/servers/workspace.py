@@ -48,7 +48,7 @@ import msgspec
 from ctxactors.context import ToolContext
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolError
-from ctxactors.servers.content import env_int
+from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Scope, Server, pick, tool
 
 _TICK = 0.5  # seconds a watcher sleeps at most between checks of its deadline and stop flag
@@ -57,20 +57,6 @@ _JOIN_TIMEOUT = 5.0  # close() waits this long for each watcher
 _KEPT_RECORDS = 200  # finished processes remembered per session (oldest forgotten first)
 # What the operation history keeps of a poll or kill: never the output.
 _PROCESS_OUTCOME = pick(process_id="processId", status="status", exit_code="exitCode")
-
-
-def env_float(name: str, default: float) -> float:
-    """A positive number from the environment, or `default`; a bad value fails loudly."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {raw!r}")
-    return value
 
 
 Command = Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
