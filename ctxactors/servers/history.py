@@ -286,6 +286,8 @@ def compact(value: Any, depth: int = 0) -> Any:
     if isinstance(value, str):
         return _clip(value, MAX_STRING)
     if isinstance(value, dict):
+        if _flat_and_small(value):
+            return dict(value)  # the common case, on every call's path: a plain copy
         if depth >= MAX_DEPTH:
             return f"<object of {len(value)} keys>"
         items = list(value.items())
@@ -303,6 +305,22 @@ def compact(value: Any, depth: int = 0) -> Any:
     if value is None or isinstance(value, bool | int | float):
         return value
     return _clip(repr(value), MAX_STRING)
+
+
+_SCALARS = frozenset({bool, int, float, type(None)})
+
+
+def _flat_and_small(value: dict[Any, Any]) -> bool:
+    """True if `compact` would keep this dict as it is: few keys, short scalar values."""
+    if len(value) > MAX_ITEMS:
+        return False
+    for key, item in value.items():
+        kind = type(item)
+        if type(key) is not str or (
+            len(item) > MAX_STRING if kind is str else kind not in _SCALARS
+        ):
+            return False
+    return True
 
 
 def _clip(text: str, limit: int) -> str:
