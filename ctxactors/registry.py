@@ -72,6 +72,7 @@ class Registry:
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
         self._by_session: dict[Any, set[Key]] = {}
+        self._session_state: dict[Any, dict[str, Any]] = {}
         self._closed = False
         self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0, "calls": 0}
         self._inflight = 0
@@ -110,26 +111,22 @@ class Registry:
         assert entry.actor is not None
         entry.actor.actor_ref.tell(call)
 
-    def post(self, key: Key, factory: Callable[[], Any], deliver: Callable[[Any], None]) -> None:
-        """Run ``deliver(server)`` for the live server of `key` without sending a message.
+    def session_state(self, session_id: Any, name: str, factory: Callable[[], Any]) -> Any:
+        """The session's shared object `name` (made by `factory` on first use), or None.
 
-        For hand-offs that must not cost a thread wake-up per call (the operation history):
-        `deliver` only puts something where the server will find it the next time it
-        runs, so it must be quick and thread-safe (a ``deque.append``). It runs under the
-        lock, so the entry can't be retired meanwhile. With no live server yet, or with
-        messages still queued for it (an earlier `deliver` among them, which a direct one
-        must not overtake), `deliver` goes to the actor as an ordinary call, in order.
+        It lives exactly as long as the session has a live actor: it goes when the last
+        one is reaped, evicted or ended, and a session with no live actor gets None (so
+        nothing is kept for a session that is gone). For what all of a session's actors
+        add to, like the operation history; it must be thread-safe, as they all use it.
         """
         with self._lock:
-            if self._closed:
-                raise RuntimeClosedError("the runtime is closed")
-            entry = self._entries.get(key)  # the table holds no retired entry
-            if entry is not None and entry.server is not None and entry.inflight == 0:
-                self._entries.move_to_end(key)
-                entry.last_used = self._clock()
-                deliver(entry.server)
-                return
-        self.submit(key, factory, Call(deliver))
+            if session_id not in self._by_session:
+                return None
+            shared = self._session_state.setdefault(session_id, {})
+            value = shared.get(name)
+            if value is None:
+                value = shared[name] = factory()
+            return value
 
     def _spawn(self, key: Key, factory: Callable[[], Any]) -> Entry:
         entry = Entry(key, self._clock())
@@ -170,6 +167,7 @@ class Registry:
             keys.discard(entry.key)
             if not keys:
                 del self._by_session[entry.key[1]]
+                self._session_state.pop(entry.key[1], None)
         entry.retiring = True
         return entry.inflight == 0
 

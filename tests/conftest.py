@@ -47,17 +47,6 @@ def runtime() -> Iterator[Runtime]:
         rt.close()
 
 
-def settle(rt: Runtime, *sessions: str) -> None:
-    """Wait until the sessions' history actors have recorded every call made so far.
-
-    Recording is handed off before the reply but finishes in the history actor; a test on a
-    manual clock must not move the clock while it is still running (its last use would be
-    stamped with the new time). The history actor's inbox is FIFO, so a read is a barrier.
-    """
-    for session in sessions:
-        assert not rt.call("get_recent_context", ctx_args(session)).is_error
-
-
 def ctx_args(
     session: str, assistant: str | None = None, thread: str | None = None, **args: object
 ) -> dict[str, object]:

@@ -262,6 +262,21 @@ def test_ending_the_session_removes_its_history(rt: Runtime) -> None:
     assert ("history", "s1") in rt.registry.keys()  # the fresh, empty one just asked
 
 
+def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualClock) -> None:
+    with Runtime(servers=SERVERS, clock=clock, ttl=60) as rt:
+        rt.call("create_goal", ctx_args("s1", "a1", goal="early"))
+        assert rt.registry.keys() == [("planning", "s1", "a1", None)]  # no history actor
+        clock.advance(40)
+        rt.call("create_goal", ctx_args("s1", "a2", goal="later"))
+        clock.advance(30)
+        assert rt.reap() == 1  # a1's planning actor; a2's keeps the session alive
+        assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["later", "early"]
+        clock.advance(61)
+        assert rt.reap() == 2  # a2's planning actor and the history actor that answered
+        assert rt.stats()["sessions"] == 0
+        assert recent(rt, "s1") == []  # a new session: nothing kept from the old one
+
+
 def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
     result = rt.call("flaky_extract", ctx_args("s1"))
     assert result.structured == {"id": "x1"} and not result.is_error

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ManualClock, ctx_args, settle
+from conftest import ManualClock, ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.servers import BUILTIN
@@ -45,15 +45,12 @@ def make(clock: ManualClock, **kw: Any) -> Runtime:
 def test_idle_actors_are_reaped_after_ttl_and_state_is_gone(clock: ManualClock) -> None:
     with make(clock, ttl=60) as rt:
         rt.call("create_goal", ctx_args("s1", goal="old"))
-        settle(rt, "s1")
         clock.advance(30)
         rt.call("create_goal", ctx_args("s2", goal="fresh"))
-        settle(rt, "s2")
         assert rt.reap() == 0
         clock.advance(31)  # s1 idle for 61 s, s2 for 31 s
-        assert rt.reap() == 2  # s1's planning actor and its history
-        assert rt.stats()["actors"] == 2 and rt.stats()["reaped"] == 2
-        assert {k[1] for k in rt.registry.keys()} == {"s2"}
+        assert rt.reap() == 1
+        assert rt.stats()["actors"] == 1 and rt.stats()["reaped"] == 1
         assert rt.call("get_planning_state", ctx_args("s1")).structured["goals"] == []
         assert [
             g["goal"] for g in rt.call("get_planning_state", ctx_args("s2")).structured["goals"]
@@ -64,58 +61,33 @@ def test_an_actor_with_a_call_in_flight_is_never_reaped(clock: ManualClock) -> N
     Gate.gates["inflight"] = threading.Event()
     with make(clock, ttl=10) as rt:
         rt.call("count", ctx_args("busy"))
-        settle(rt, "busy")
         t = threading.Thread(target=lambda: rt.call("wait_gate", ctx_args("busy", gate="inflight")))
         t.start()
         deadline = time.monotonic() + 5
         while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
         clock.advance(100)
-        assert rt.reap() == 1  # only the session's idle history
-        assert rt.registry.keys() == [("gate", "busy")]
+        assert rt.reap() == 0
         Gate.gates["inflight"].set()
         t.join(5)
         # The call finished: it counted as a use, and the incarnation kept its state.
         assert rt.call("count", ctx_args("busy")).structured == {"n": 3}
-        settle(rt, "busy")
         clock.advance(11)
-        assert rt.reap() == 2
-
-
-class ThreadCount(Server):
-    """A counter per thread, so that many keys share one session (and one history actor)."""
-
-    name = "threadcount"
-    scope = Scope.THREAD
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    @tool
-    def tick(self, ctx: ToolContext) -> dict[str, Any]:
-        """Count calls on this incarnation."""
-        self.n += 1
-        return {"n": self.n}
+        assert rt.reap() == 1
 
 
 def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualClock) -> None:
-    # Four live actors: the session's history (used after every call, so never the least
-    # recently used) and three thread counters.
-    with Runtime([ThreadCount], clock=clock, ttl=3600, max_actors=4) as rt:
-        for t in ("t1", "t2", "t3"):
-            rt.call("tick", ctx_args("s", "a", t))
-            settle(rt, "s")
+    with make(clock, ttl=3600, max_actors=3) as rt:
+        for s in ("s1", "s2", "s3"):
+            rt.call("count", ctx_args(s))
             clock.advance(1)
-        rt.call("tick", ctx_args("s", "a", "t1"))  # t2 is now the least recently used
-        rt.call("tick", ctx_args("s", "a", "t4"))
+        rt.call("count", ctx_args("s1"))  # s2 is now the least recently used
+        rt.call("count", ctx_args("s4"))
         stats = rt.stats()
-        assert stats["actors"] == 4 and stats["evicted"] == 1
-        assert set(rt.registry.keys()) == {
-            ("history", "s"),
-            *(("threadcount", "s", "a", t) for t in ("t1", "t3", "t4")),
-        }
-        assert rt.call("tick", ctx_args("s", "a", "t1")).structured == {"n": 3}
-        assert rt.call("tick", ctx_args("s", "a", "t2")).structured == {"n": 1}  # fresh
+        assert stats["actors"] == 3 and stats["evicted"] == 1
+        assert {k[1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
+        assert rt.call("count", ctx_args("s1")).structured == {"n": 3}
+        assert rt.call("count", ctx_args("s2")).structured == {"n": 1}  # fresh incarnation
 
 
 def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: ManualClock) -> None:
@@ -131,8 +103,7 @@ def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: Man
         while rt.stats()["inflight"] < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert rt.call("count", ctx_args("extra")).structured == {"n": 1}
-        # Two busy gates, then "extra" and its history, spawned while it was still busy.
-        assert rt.stats()["actors"] == 4 and rt.stats()["evicted"] == 0
+        assert rt.stats()["actors"] == 3
         Gate.gates["cap"].set()
         for t in threads:
             t.join(5)
@@ -174,8 +145,8 @@ def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> N
             rt.call("create_goal", ctx_args(s, "a1", goal="g"))
             rt.call("create_goal", ctx_args(s, "a2", goal="g"))
             rt.call("create_playbook", ctx_args(s, "a1", name="p"))
-        assert rt.stats()["actors"] == 8  # per session: 2 planning, playbooks, history
-        assert rt.end_session("s1") == 4
+        assert rt.stats()["actors"] == 6
+        assert rt.end_session("s1") == 3
         assert rt.end_session("s1") == 0
         assert {k[1] for k in rt.registry.keys()} == {"s2"}
         assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured["goals"] == []
@@ -208,42 +179,28 @@ def test_bad_settings_are_refused(ttl: float) -> None:
         Runtime(ttl=ttl)
 
 
-def test_post_never_overtakes_a_queued_delivery_and_skips_the_message_when_idle() -> None:
-    from ctxactors.actors import Call
-    from ctxactors.registry import Registry
+def test_session_state_lives_exactly_as_long_as_the_sessions_actors(clock: ManualClock) -> None:
+    made: list[object] = []
 
-    class Sink:
-        def __init__(self) -> None:
-            self.items: list[int] = []
+    def new() -> object:
+        made.append(object())
+        return made[-1]
 
-        def close(self) -> None:
-            pass
-
-        def is_busy(self) -> bool:
-            return False
-
-    registry = Registry(ttl=60, max_actors=10)
-    key = ("sink", "s1")
-    gate = threading.Event()
-
-    def wait_idle() -> None:
-        deadline = time.monotonic() + 5
-        while registry.stats()["inflight"] and time.monotonic() < deadline:
-            time.sleep(0.001)
-
-    try:
-        registry.post(key, Sink, lambda s: s.items.append(1))  # spawns: goes as a message
-        registry.submit(key, Sink, Call(lambda s: gate.wait(5)))  # the actor is now busy
-        registry.post(key, Sink, lambda s: s.items.append(2))  # must queue behind it
-        registry.post(key, Sink, lambda s: s.items.append(3))
-        assert registry.stats()["calls"] == 4
-        gate.set()
-        wait_idle()
-        registry.post(key, Sink, lambda s: s.items.append(4))  # idle: no message at all
-        assert registry.stats()["calls"] == 4
-        registry.submit(key, Sink, Call(lambda s: s.items.append(5)))
-        wait_idle()
-        entry_server = registry._entries[key].server  # noqa: SLF001 - the test's window
-        assert entry_server.items == [1, 2, 3, 4, 5]
-    finally:
-        registry.close(timeout=5)
+    with make(clock, ttl=60, max_actors=2) as rt:
+        registry = rt.registry
+        assert registry.session_state("s1", "x", new) is None  # no live actor: nothing kept
+        rt.call("count", ctx_args("s1"))
+        first = registry.session_state("s1", "x", new)
+        assert first is not None and registry.session_state("s1", "x", new) is first
+        rt.call("count", ctx_args("s2"))
+        rt.call("count", ctx_args("s3"))  # over the cap: s1's only actor is evicted
+        assert registry.session_state("s1", "x", new) is None
+        rt.call("count", ctx_args("s1"))  # s2 evicted now
+        assert registry.session_state("s1", "x", new) is not first  # a fresh one
+        assert rt.end_session("s1") == 1
+        assert registry.session_state("s1", "x", new) is None
+        assert registry.session_state("s3", "x", new) is not None
+        clock.advance(61)
+        assert rt.reap() == 1
+        assert registry.session_state("s3", "x", new) is None
+        assert len(made) == 3

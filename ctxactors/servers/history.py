@@ -1,21 +1,20 @@
 """Operation history: what this session's tools just did, for follow-up questions.
 
 "Which answers were deselected?" can only be answered if the call that deselected them is
-remembered. Every call that reaches a server is recorded in its session's history (one
-`History` actor per session, so it is isolated by key, reaped with the session's other
-actors and removed by `Runtime.end_session`). The model reads it with
-``get_recent_context{limit?, tool_filter?}``.
+remembered. Every call that reaches a server is recorded in its session's history, which
+the model reads with ``get_recent_context{limit?, tool_filter?}``.
 
-Recording never fails or blocks the call it records, and costs it a few microseconds. An
-observer runs in the calling key's actor just before the reply: it snapshots the arguments
-(compacted, so a 4 MiB upload does not stay in memory 50 times), extracts the metadata, and
-appends the record to the session's history with `Registry.post`: no message and no thread
-wake-up per call (a message per call would double the cost of a cheap call on a busy CPU;
-see ``scripts/bench_history.py``). The bounded deque behind a small lock is the history
-actor's inbox and its state at once; the actor owns its lifecycle (spawned on the session's
-first call, reaped and ended with the session) and answers ``get_recent_context``. Because
-the record is added before the reply, a caller that got its result and then asks for the
-history always finds that call in it.
+A session's history is a `SessionHistory` kept by the registry as session state
+(`Registry.session_state`): it lives exactly as long as the session has a live actor, so it
+goes when the session's actors are reaped, evicted or ended, and one session can never
+reach another's. An observer adds each call to it in the calling key's actor, just before
+the reply: it snapshots the arguments (compacted, so a 4 MiB upload does not stay in memory
+50 times), extracts the metadata and appends the record under a small lock. That costs the
+call a few microseconds and no message, no thread and no actor: a message per call to a
+history actor cost a cheap call 1.6x on a busy CPU and an extra actor per session (see
+``scripts/bench_history.py``). Because the record is added before the reply, a caller that
+got its result and then asks for the history always finds that call in it. The `History`
+server is the session-scoped actor that answers ``get_recent_context``; it holds nothing.
 
 Metadata: a tool may declare ``@tool(extract=fn)`` with ``fn(args: dict, result:
 ToolResult) -> dict | None`` (`pick` builds the common one); it replaces the generic
@@ -33,7 +32,6 @@ kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600); per runtime with `History.con
 from __future__ import annotations
 
 import datetime
-import functools
 import re
 import threading
 import time
@@ -46,7 +44,7 @@ import msgspec
 import structlog
 
 from ctxactors.context import ToolContext
-from ctxactors.results import CtxActorsError, ToolResult
+from ctxactors.results import ToolResult
 from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
@@ -112,26 +110,58 @@ _configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDiction
 _Record = tuple[float, float, Operation]
 
 
+def _session_histories(runtime: Any) -> Callable[[str], SessionHistory | None]:
+    """``session_id -> its SessionHistory`` (None once the session is gone)."""
+    registry = runtime.registry
+
+    def new() -> SessionHistory:
+        return SessionHistory(_configs.get(runtime) or HistoryConfig())
+
+    return lambda session_id: registry.session_state(session_id, "history", new)
+
+
 Limit = Annotated[int, msgspec.Meta(ge=1)]
 ToolName = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 ToolFilter = ToolName | Annotated[list[ToolName], msgspec.Meta(max_length=100)] | None
 
 
+class SessionHistory:
+    """The recent operations of one session, oldest first, bounded by count and age.
+
+    Shared by the session's actors (each adds its calls from its own thread), hence the
+    lock; held by the registry as session state, so it goes with the session.
+    """
+
+    def __init__(self, config: HistoryConfig) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._ops: deque[_Record] = deque(maxlen=config.max_operations)
+
+    def add(self, record: _Record) -> None:
+        with self._lock:
+            self._ops.append(record)
+
+    def current(self) -> list[_Record]:
+        """The records within the TTL, oldest first (expired ones are dropped)."""
+        cutoff = self.config.clock() - self.config.ttl
+        with self._lock:
+            while self._ops and self._ops[0][0] <= cutoff:
+                self._ops.popleft()
+            return list(self._ops)
+
+
 class History(Server):
-    """The recent operations of one session, newest last, bounded by count and age."""
+    """Answers ``get_recent_context`` from the caller's session history."""
 
     name = "history"
     scope = Scope.SESSION
 
-    def __init__(self, config: HistoryConfig | None = None) -> None:
-        self.config = config or HistoryConfig()
-        # Appended to from the threads of the session's other actors (see the module doc).
-        self._lock = threading.Lock()
-        self._ops: deque[_Record] = deque(maxlen=self.config.max_operations)
+    def __init__(self, histories: Callable[[str], SessionHistory | None]) -> None:
+        self._histories = histories
 
     @classmethod
     def create(cls, runtime: Any) -> History:
-        return cls(_configs.get(runtime))
+        return cls(_session_histories(runtime))
 
     @classmethod
     def configure(
@@ -154,16 +184,16 @@ class History(Server):
     def attach(cls, runtime: Any) -> None:
         """Record every call of this runtime in the caller's session history."""
         _configs.setdefault(runtime, _env_config())
-        registry = runtime.registry
-        factory = functools.partial(cls.create, runtime)
-        key_of = cls.scope.key
+        histories = _session_histories(runtime)
 
         def observe(
             ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: ToolResult
         ) -> None:
             if issubclass(spec.server, History):
                 return  # asking about the history is not an operation
-            config = _configs.get(runtime) or HistoryConfig()
+            history = histories(ctx.session_id)
+            if history is None:
+                return  # the session was ended meanwhile: nothing to add to
             arguments = compact(args)
             op = Operation(
                 timestamp="",
@@ -174,27 +204,9 @@ class History(Server):
                 assistant_id=ctx.assistant_id,
                 thread_id=ctx.thread_id,
             )
-            record = (config.clock(), time.time(), op)
-            try:
-                # Straight to the registry: no log line, no observers (no recursion).
-                registry.post(key_of(cls.name, ctx), factory, lambda h: h.add(record))
-            except CtxActorsError:
-                pass  # the runtime is closing: nothing left to ask the history
+            history.add((history.config.clock(), time.time(), op))
 
         runtime.add_observer(observe, before_reply=True)
-
-    def add(self, record: _Record) -> None:
-        """Add one operation (from any of the session's actor threads)."""
-        with self._lock:
-            self._ops.append(record)
-
-    def _current(self) -> list[_Record]:
-        """The records within the TTL, oldest first (expired ones are dropped)."""
-        cutoff = self.config.clock() - self.config.ttl
-        with self._lock:
-            while self._ops and self._ops[0][0] <= cutoff:
-                self._ops.popleft()
-            return list(self._ops)
 
     @tool(read_only=True)
     def get_recent_context(
@@ -206,7 +218,9 @@ class History(Server):
         only the named tool(s); `limit` (default 5) is capped at the number kept."""
         wanted = {tool_filter} if isinstance(tool_filter, str) else tool_filter
         found: list[Operation] = []
-        for _, wall, op in reversed(self._current()):
+        history = self._histories(ctx.session_id)
+        records = history.current() if history is not None else []
+        for _, wall, op in reversed(records):
             if len(found) >= limit:
                 break
             if wanted is None or op.tool in wanted:
