@@ -340,6 +340,12 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
     lat = report["latency_ms"]
     actors = report["actors"]
     errors = ", ".join(f"{k}: {v}" for k, v in report["errors"].items()) or "none"
+    actors_line = (
+        f"peak live {actors['peak_live']}, spawned {actors['spawned']},"
+        f" reaped {actors['reaped']}, evicted {actors['evicted']}"
+        if actors["spawned"] is not None
+        else "n/a (the server publishes no /api/v1/stats)"
+    )
     out(
         f"ctxactors loadtest: {report['target']}, {report['mode']}\n"
         f"  workload     {report['sessions']} sessions x {report['assistants']} assistants"
@@ -351,8 +357,7 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         f"  latency ms   p50 {lat['p50']:.2f}  p95 {lat['p95']:.2f}  p99 {lat['p99']:.2f}"
         f"  max {lat['max']:.2f}\n"
         f"  errors       {errors}\n"
-        f"  actors       peak live {actors['peak_live']}, spawned {actors['spawned']},"
-        f" reaped {actors['reaped']}, evicted {actors['evicted']}\n"
+        f"  actors       {actors_line}\n"
         f"  state resets {report['state_resets_seen']} seen"
         f" ({'accepted: reaping expected' if report['expect_reaping'] else 'none allowed'})\n"
         f"  peak RSS     {report['peak_rss_mb']:.1f} MB ({report['rss_of']})"

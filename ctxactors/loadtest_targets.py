@@ -8,6 +8,8 @@ REST, and ``_meta`` over MCP.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -119,12 +121,7 @@ class RestTarget:
 
     def stats(self) -> dict[str, int] | None:
         """The server's runtime stats, if it publishes them (else None)."""
-        try:
-            response = self._client.get(f"{self.base}/api/v1/stats")
-            body = response.json() if response.status_code == 200 else None
-        except (httpx.HTTPError, ValueError):
-            return None
-        return body if isinstance(body, dict) else None
+        return published_stats(self._client.get, self.base)
 
     async def aopen(self) -> None:
         pass
@@ -183,10 +180,24 @@ class McpTarget:
             self._client = None
 
     def stats(self) -> dict[str, int] | None:
-        return None
+        """The runtime stats of a ``ctxactors serve`` app (REST beside ``/mcp``), if any."""
+        if not isinstance(self.url, str):
+            return None
+        base = self.url.rstrip("/").removesuffix("/mcp")
+        return published_stats(functools.partial(httpx.get, timeout=self._timeout), base)
 
     def close(self) -> None:
         pass
+
+
+def published_stats(get: Callable[[str], httpx.Response], base: str) -> dict[str, int] | None:
+    """``GET base/api/v1/stats`` as a dict, or None when the server doesn't publish it."""
+    try:
+        response = get(f"{base}/api/v1/stats")
+        body = response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
 
 
 def make_target(args: Any) -> Target:

@@ -279,3 +279,21 @@ def test_mcp_target_sends_context_in_meta() -> None:
         report = loadtest.build_report(args, target, units, books, metrics, 1.0, None, False)
         assert report["passed"], (report["violations"], report["error_samples"])
         assert keys_by_server(rt) == {"planning": 4 * 2, "playbooks": 4}  # the context arrived
+
+
+def test_published_stats_are_read_when_the_server_has_them_and_none_otherwise() -> None:
+    import httpx
+
+    from ctxactors.loadtest_targets import published_stats
+
+    def answer(status: int, body: object) -> object:
+        return lambda url: httpx.Response(status, json=body, request=httpx.Request("GET", url))
+
+    def unreachable(url: str) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    stats = {"actors": 3, "spawned": 4}
+    assert published_stats(answer(200, stats), "http://x") == stats  # type: ignore[arg-type]
+    assert published_stats(answer(404, {"error": {}}), "http://x") is None  # type: ignore[arg-type]
+    assert published_stats(answer(200, [1, 2]), "http://x") is None  # type: ignore[arg-type]
+    assert published_stats(unreachable, "http://x") is None
