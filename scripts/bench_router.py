@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Router overhead: routed `Runtime.call` vs a raw pykka `ask` vs a direct call under a lock.
 
-All three run in one process, one after another, pinned to one CPU (cross-CPU wake-ups
+All run in one process, interleaved over several rounds (median shown), pinned to one CPU (cross-CPU wake-ups
 otherwise dominate and the ratios swing from run to run). The routed call does everything a
 real call does: parse and strip the context, validate with msgspec, look up the key, hand
 the call to the key's actor and wait for the reply, and the session's operation history
@@ -9,7 +9,7 @@ records it. Per-call log lines are measured both filtered out (level warning) an
 JSON (level info, to /dev/null); the router alone is measured with the history's observer
 detached (the target applies to it; `bench_history.py` measures the history's own cost).
 
-    python scripts/bench_router.py [--calls 20000] [--json out.json]
+    python scripts/bench_router.py [--calls 20000] [--rounds 5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -76,47 +76,64 @@ def measure(name: str, fn: Callable[[int], Any], calls: int) -> dict[str, Any]:
     }
 
 
-def bench(calls: int) -> dict[str, Any]:
-    results = []
-    # Baseline 1: a direct call under a lock (what a thread-safe in-process server costs).
+def bench(calls: int, rounds: int) -> dict[str, Any]:
+    """Every variant once per round, interleaved; the median round of each is reported.
+
+    Interleaving keeps a slow moment of a shared machine from landing on one variant only.
+    """
     lock = threading.Lock()
     server = Echo()
     ctx = ToolContext("s1")
 
-    def direct(i: int) -> Any:
+    def direct(i: int) -> Any:  # baseline 1: what a thread-safe in-process server costs
         with lock:
             return Echo.echo(server, ctx, n=i)
 
-    results.append(measure("direct call under a lock", direct, calls))
+    ref = RawEcho.start()  # baseline 2: a raw pykka ask to a bare actor
+    sink = open(os.devnull, "w")  # noqa: SIM115 - closed below
+    # A runtime binds its logger when created: make each one under the level it measures.
+    runtimes = []
+    for level in ("warning", "warning", "info"):
+        configure_logging(level=level, file=sink, force=True)
+        runtimes.append(Runtime([Echo]))
+    runtimes[0]._early_observers.clear()  # noqa: SLF001 - the router alone, no history
 
-    # Baseline 2: a raw pykka ask to a bare actor.
-    ref = RawEcho.start()
+    def routed(rt: Runtime) -> Callable[[int], Any]:
+        args = {"n": 0, "__sessionId": "s1", "__assistantId": "a1"}
+
+        def call(i: int) -> Any:
+            args["n"] = i
+            return rt.call("echo", args)
+
+        return call
+
+    variants: list[tuple[str, Callable[[int], Any]]] = [
+        ("direct call under a lock", direct),
+        ("raw pykka ask", lambda i: ref.ask({"n": i})),
+        ("routed call, no history, log filtered", routed(runtimes[0])),
+        ("routed call (history on, log filtered)", routed(runtimes[1])),
+        ("routed call (history on, JSON call log)", routed(runtimes[2])),
+    ]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     try:
-        results.append(measure("raw pykka ask", lambda i: ref.ask({"n": i}), calls))
+        for _ in range(rounds):
+            for name, fn in variants:
+                runs[name].append(measure(name, fn, calls))
     finally:
         ref.stop()
-
-    for level, history, label in (
-        ("warning", False, "routed call, no history, log filtered"),
-        ("warning", True, "routed call (history on, log filtered)"),
-        ("info", True, "routed call (history on, JSON call log)"),
-    ):
-        with open(os.devnull, "w") as sink:
-            configure_logging(level=level, file=sink, force=True)
-            with Runtime([Echo]) as rt:
-                if not history:
-                    rt._early_observers.clear()  # noqa: SLF001 - the router alone
-                args = {"n": 0, "__sessionId": "s1", "__assistantId": "a1"}
-
-                def routed(i: int, rt: Runtime = rt, args: dict[str, Any] = args) -> Any:
-                    args["n"] = i
-                    return rt.call("echo", args)
-
-                results.append(measure(label, routed, calls))
+        for rt in runtimes:
+            rt.close()
+        sink.close()
+    results = []
+    for name, _ in variants:
+        ordered = sorted(runs[name], key=lambda r: r["calls_per_s"])
+        median = dict(ordered[len(ordered) // 2])
+        median["rounds_calls_per_s"] = [r["calls_per_s"] for r in runs[name]]
+        results.append(median)
     raw = results[1]["calls_per_s"]
     for r in results:
         r["ratio_vs_raw_pykka"] = round(r["calls_per_s"] / raw, 3)
-    return {"benchmark": "router", "pinned_cpu": PINNED, "results": results}
+    return {"benchmark": "router", "pinned_cpu": PINNED, "rounds": rounds, "results": results}
 
 
 PINNED: int | None = None
@@ -125,18 +142,22 @@ PINNED: int | None = None
 def main() -> int:
     global PINNED
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=20_000)
+    parser.add_argument("--calls", type=int, default=20_000, help="calls per variant per round")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median shown)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--no-pin", action="store_true", help="don't pin to one CPU")
     args = parser.parse_args()
     if not args.no_pin and hasattr(os, "sched_setaffinity"):
         PINNED = min(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {PINNED})
-    report = bench(args.calls)
-    print(f"{'':42} {'calls/s':>9} {'p50 µs':>8} {'p99 µs':>8} {'vs pykka':>9}")
+    report = bench(args.calls, args.rounds)
+    print(f"{args.calls} calls per variant, {args.rounds} interleaved rounds, median round shown")
+    print(f"{'':42} {'calls/s':>9} {'p50 µs':>8} {'p99 µs':>8} {'vs pykka':>9}  rounds min-max")
     for r in report["results"]:
+        spread = f"{min(r['rounds_calls_per_s'])}-{max(r['rounds_calls_per_s'])}"
         print(
-            f"{r['name']:42} {r['calls_per_s']:>9} {r['p50_us']:>8} {r['p99_us']:>8} {r['ratio_vs_raw_pykka']:>9}"
+            f"{r['name']:42} {r['calls_per_s']:>9} {r['p50_us']:>8} {r['p99_us']:>8}"
+            f" {r['ratio_vs_raw_pykka']:>9}  {spread}"
         )
     router, default = (report["results"][i]["ratio_vs_raw_pykka"] for i in (2, 3))
     print(f"\nrouter alone / raw pykka ask = {router:.2f} (target >= 0.8)")
