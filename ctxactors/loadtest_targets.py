@@ -200,12 +200,25 @@ def published_stats(get: Callable[[str], httpx.Response], base: str) -> dict[str
     return body if isinstance(body, dict) else None
 
 
+def reachable(url: str, timeout: float = 5.0) -> None:
+    """Raise ValueError, saying why, if nothing answers HTTP at `url` (any status will do).
+
+    Checked once up front so that a wrong URL is one clear line, not thousands of failed
+    calls or a client library's traceback.
+    """
+    try:
+        httpx.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+
+
 def make_target(args: Any) -> Target:
     """The target the command line asks for."""
     if not args.url:
         return EmbeddedTarget(
             ttl=args.ttl, max_actors=args.max_actors, call_timeout=args.call_timeout
         )
+    reachable(args.url)
     transport = args.transport
     if transport == "auto":
         transport = "mcp" if urlsplit(args.url).path.rstrip("/").endswith("/mcp") else "rest"

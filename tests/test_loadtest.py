@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp_support import free_port
 
 from ctxactors import loadtest
 from ctxactors.context import ToolContext
@@ -161,6 +162,17 @@ def test_bad_options_are_refused_with_a_message(capsys: pytest.CaptureFixture[st
     assert "unknown tool 'drop_tables'" in capsys.readouterr().err
     assert loadtest.run(parse("--sessions", "0")) == 2
     assert "--sessions must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", ["/mcp", ""])
+def test_an_unreachable_url_is_one_clear_line(
+    capsys: pytest.CaptureFixture[str], path: str
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}{path}"  # nothing listens there
+    assert loadtest.run(parse("--url", url, "--sessions", "2", "--calls", "2")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ctxactors loadtest: cannot reach {url}: ")
+    assert "Traceback" not in err and err.count("\n") == 1
 
 
 def test_command_line_entry_point(tmp_path: Path) -> None:
