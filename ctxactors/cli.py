@@ -19,7 +19,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ctxactors", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="ctxactors", description="Run LLM tool calls with one actor per conversation."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     args_list = sys.argv[1:] if argv is None else argv
     for name, (module_name, help_text) in COMMANDS.items():

@@ -27,6 +27,10 @@ from mcp_support import (
 )
 from test_conversation_models import Stub
 
+from ctxactors import Runtime
+from ctxactors.servers import Planning
+from ctxactors.transports.mcp import McpFrontend
+
 pytestmark = pytest.mark.timeout(50)
 
 
@@ -127,6 +131,17 @@ def test_modern_protocol_client_routes_by_meta(url: str) -> None:
             return goals(await client.call_tool("get_planning_state", {}, meta=meta))
 
     assert run(main) == {"m"}
+
+
+def test_the_sdk_gets_tool_schemas_without_listing_every_tool_per_call() -> None:
+    # The SDK checks each tools/call's Mcp-Param headers against the tool's schema; without
+    # this lookup it re-runs and serializes the whole tools/list on every call.
+    with Runtime([Planning]) as rt:
+        lookup = McpFrontend(rt).server.get_tool_input_schema
+        assert lookup is not None
+        listed = {t["name"]: t["inputSchema"] for t in rt.list_tools()}
+        assert {name: lookup(name) for name in listed} == listed
+        assert lookup("no_such_tool") is None
 
 
 def test_invalid_arguments_and_unknown_tool(url: str) -> None:
