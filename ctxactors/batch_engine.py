@@ -127,7 +127,11 @@ class BatchRun:
                 self._start(ready.pop(0), call_timeout)
             if self.inflight:
                 self._wait(deadline)
-        rolled_back = self.options.transactional and "failed" in self.outcome.values()
+        # A transaction that did not run to the end is undone, even when nothing failed:
+        # the batch timeout may stop it between two operations with every reply in.
+        rolled_back = self.options.transactional and (
+            self.stop is not None or "failed" in self.outcome.values()
+        )
         if rolled_back:
             self._roll_back(call_timeout)
         return self._result(), rolled_back

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import Runtime, Scope, Server, ToolContext, batch_engine, tool
 from ctxactors.results import ToolError, ToolResult
 from ctxactors.servers import BUILTIN
 
@@ -570,6 +570,28 @@ def test_a_write_that_times_out_and_finishes_later_is_compensated(rt: Runtime) -
     assert sorted(Probe.undone) == ["fast", "late"]
     assert state(rt, "items_now")["items"] == []
     assert state(rt, "items_now", __threadId="t2")["items"] == []
+
+
+def test_a_transaction_stopped_by_the_batch_timeout_is_rolled_back(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The batch's budget runs out between two operations, with `a`'s reply already in:
+    # nothing failed, yet the transaction is incomplete, so `a` must be undone.
+    wait = batch_engine.BatchRun._wait
+
+    def slow_wait(self: Any, deadline: float) -> None:
+        wait(self, deadline)
+        time.sleep(max(deadline - time.monotonic(), 0.0) + 0.01)
+
+    monkeypatch.setattr(batch_engine.BatchRun, "_wait", slow_wait)
+    ops = [
+        {"id": "a", "tool": "put", "arguments": {"value": "a"}},
+        {"id": "b", "tool": "put", "arguments": {"value": "b"}, "dependsOn": ["a"]},
+    ]
+    result = batch(rt, ops, transactional=True, timeout=200)
+    assert result.is_error
+    assert statuses(result) == {"a": "rolled_back", "b": "skipped"}
+    assert state(rt, "items_now")["items"] == []
 
 
 def test_a_successful_transactional_batch_is_kept(rt: Runtime) -> None:
