@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """Router overhead: routed `Runtime.call` vs a raw pykka `ask` vs a direct call under a lock.
 
-All run in one process, interleaved over several rounds (median shown), pinned to one CPU (cross-CPU wake-ups
-otherwise dominate and the ratios swing from run to run). The routed call does everything a
-real call does: parse and strip the context, validate with msgspec, look up the key, hand
-the call to the key's actor and wait for the reply, and the session's operation history
-records it. Per-call log lines are measured both filtered out (level warning) and written as
-JSON (level info, to /dev/null); the router alone is measured with the history's observer
-detached (the target applies to it; `bench_history.py` measures the history's own cost).
+All run in one process, interleaved over several rounds (median shown), pinned to one
+CPU (cross-CPU wake-ups otherwise dominate and the ratios swing from run to run). The
+routed call does everything a real call does: parse and strip the context, validate with
+msgspec, look up the key, hand the call to the key's actor and wait for the reply, and the
+session's operation history records it. Per-call log lines are measured both filtered out
+(level warning) and written as JSON (level info, to /dev/null); the router alone is
+measured with the history's observer detached (the target applies to it;
+`bench_history.py` measures the history's own cost).
 
     python scripts/bench_router.py [--calls 20000] [--rounds 5] [--json out.json]
 """

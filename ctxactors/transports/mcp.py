@@ -71,8 +71,9 @@ class McpFrontend:
         self.runtime = runtime
         self._log = get_logger("ctxactors.mcp")
         # Parsed once: the definitions never change for the runtime's lifetime.
-        self._tools = [types.Tool.model_validate(d) for d in runtime.list_tools()]
-        self._schemas = {d["name"]: d["inputSchema"] for d in runtime.list_tools()}
+        definitions = runtime.list_tools()
+        self._tools = [types.Tool.model_validate(d) for d in definitions]
+        self._schemas = {d["name"]: d["inputSchema"] for d in definitions}
         self._in_flight = 0
         self._draining = False
         self.server: Server[Any] = Server(
