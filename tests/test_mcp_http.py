@@ -154,7 +154,7 @@ def test_invalid_arguments_and_unknown_tool(url: str) -> None:
 
     bad, unknown = run(main)
     assert bad.is_error and "$.name" in bad.content[0].text
-    assert unknown.code == -32601 and "no_such_tool" in unknown.message
+    assert unknown.code == -32602 and "no_such_tool" in unknown.message
 
 
 def test_calls_on_one_connection_run_concurrently(url: str) -> None:

@@ -143,7 +143,7 @@ def test_invalid_arguments_and_unknown_tool() -> None:
     bad, unknown, refused = run(main)
     assert bad.is_error
     assert "Expected `str`, got `int`" in bad.content[0].text and "$.goal" in bad.content[0].text
-    assert unknown.code == -32601 and "no_such_tool" in unknown.message
+    assert unknown.code == -32602 and "no_such_tool" in unknown.message
     assert refused.is_error and "t9" in refused.content[0].text
 
 
