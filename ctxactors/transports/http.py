@@ -197,11 +197,9 @@ async def _body(request: Request) -> Any:
         raise ApiError(
             400, "malformed_json", f"the request body is not valid JSON: {exc}"
         ) from None
-    except UnicodeDecodeError as exc:
+    except UnicodeDecodeError:  # msgspec's offset is within the string: find the body's
         raise ApiError(
-            400,
-            "malformed_json",
-            f"the request body is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+            400, "malformed_json", f"the request body is not valid UTF-8 ({_utf8_error(raw)})"
         ) from None
     except RecursionError:
         raise ApiError(400, "malformed_json", "the request body is nested too deeply") from None
@@ -209,6 +207,14 @@ async def _body(request: Request) -> Any:
         kind = "null" if body is None else type(body).__name__
         raise ApiError(400, "invalid_body", f"the request body must be a JSON object, got {kind}")
     return body
+
+
+def _utf8_error(raw: bytes) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"{exc.reason} at byte {exc.start}"
+    return "a string is not UTF-8"
 
 
 def create_app(

@@ -61,7 +61,8 @@ async def read_lines(
                 yield Oversized(size)
             else:
                 line += chunk[start:end]
-                yield bytes(line)
+                if line and not line.isspace():  # a blank line is no message: skipped
+                    yield bytes(line)
             line.clear()
             skipped, start = 0, end + 1
         rest = len(chunk) - start
@@ -72,7 +73,7 @@ async def read_lines(
             line += chunk[start:]
     if skipped:
         yield Oversized(skipped)
-    elif line.strip():
+    elif line and not line.isspace():
         yield bytes(line)
 
 
