@@ -302,3 +302,47 @@ def test_read_lines_splits_any_chunking_like_splitlines_and_caps_each_line(
     ]
     got = anyio.run(collect)
     assert got == expected
+
+
+def test_a_request_the_client_cancelled_does_not_hold_up_the_end_of_stdin(
+    tmp_path: Path,
+) -> None:
+    """The SDK never answers a cancelled request, so the drain must stop waiting for it:
+    the server shuts down while that tool is still blocked."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    server = RawStdio(log_level="info")
+    writer = None
+    try:
+        server.initialize()
+        call = {"name": "wait_fifo", "arguments": {"path": str(fifo)}}
+        server.send_json({"jsonrpc": "2.0", "id": 20, "method": "tools/call", "params": call})
+        writer = open_fifo_writer(fifo)
+        server.send_json(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 20, "reason": "the user gave up"},
+            }
+        )
+        assert ping_after(server, b"", ping_id=21) == []
+        assert server.proc.stdin is not None
+        server.proc.stdin.close()
+        stopped = '"event":"shutdown"'
+        assert wait_until(
+            lambda: any(stopped in x and "end of stdin" in x for x in server.stderr)
+        ), server.stderr
+        assert not any("drain_timeout" in line for line in server.stderr)
+        assert server.messages.empty()  # the cancelled request got no answer
+    finally:
+        if writer is not None:
+            release_fifo(writer, "late")
+        server.close()
+
+
+def test_max_body_must_be_positive() -> None:
+    done = subprocess.run(
+        [*SERVE, "--max-body", "0"], env=serve_env(), capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert "--max-body: must be a positive number of bytes, got 0" in done.stderr

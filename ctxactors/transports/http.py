@@ -24,7 +24,7 @@ in MCP. Every shape is a msgspec type below, and `/openapi.json` is generated fr
 
 from __future__ import annotations
 
-import unicodedata
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -56,6 +56,8 @@ from ctxactors.transports.inflight import InFlight
 MAX_ID = 256
 MAX_LIMIT = 1_000  # above what any history keeps: a bigger limit means "everything"
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
+# Control characters (C0, DEL, C1) and lone surrogates: no header value can carry them.
+_NO_HEADER_CARRIES = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 # -- the shapes on the wire (single source of truth for responses and /openapi.json) --------
@@ -166,9 +168,11 @@ def _header_id(request: Request, header: str) -> str | None:
 
 def _header_safe(value: str, what: str, code: str) -> str:
     """`value` if a header can carry it (it may be sent back in ``X-Session-Id``)."""
-    bad = next((c for c in value if unicodedata.category(c) in ("Cc", "Cs")), None)
+    bad = _NO_HEADER_CARRIES.search(value)
     if bad is not None:
-        raise ApiError(400, code, f"{what} contains the character {bad!r}, which no header carries")
+        raise ApiError(
+            400, code, f"{what} contains the character {bad[0]!r}, which no header carries"
+        )
     if value != value.strip(" \t"):
         raise ApiError(400, code, f"{what} starts or ends with a space or tab")
     return value

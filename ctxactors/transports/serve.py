@@ -67,12 +67,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="the model name to ask at --model-url")
     parser.add_argument(
         "--max-body",
-        type=int,
+        type=_positive,
         default=MAX_LINE,
         metavar="BYTES",
         help="cap on one message: an HTTP request body (413 above it) or a stdio line "
         "(a JSON-RPC error above it); default 4 MiB",
     )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes, got {value}")
+    return value
 
 
 def load_server(spec: str) -> type[Server]:

@@ -23,7 +23,6 @@ import fcntl
 import os
 import select
 import sys
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -151,17 +150,19 @@ class _Answers:
 
     def __init__(self, in_flight: InFlight) -> None:
         self._in_flight = in_flight
-        self._waiting: Counter[types.RequestId] = Counter()
+        self._waiting: dict[types.RequestId, int] = {}  # id -> requests (ids may repeat)
 
     def read(self, message: types.JSONRPCMessage) -> None:
         if isinstance(message, types.JSONRPCRequest):
-            self._waiting[coerce_request_id(message.id)] += 1
+            key = coerce_request_id(message.id)
+            self._waiting[key] = self._waiting.get(key, 0) + 1
             self._in_flight.enter()
         elif (
             isinstance(message, types.JSONRPCNotification)
             and message.method == "notifications/cancelled"
         ):
-            # The SDK never answers a request the client cancelled.
+            # The SDK never answers a request the client cancelled (and if its answer was
+            # already on the way, that answer finds nothing left to settle).
             request_id = (message.params or {}).get("requestId")
             if isinstance(request_id, str | int) and not isinstance(request_id, bool):
                 self._settle(request_id)
@@ -175,11 +176,11 @@ class _Answers:
 
     def _settle(self, request_id: types.RequestId) -> None:
         key = coerce_request_id(request_id)
-        if self._waiting[key] > 0:
-            self._waiting[key] -= 1
+        waiting = self._waiting.pop(key, 0)
+        if waiting:
+            if waiting > 1:
+                self._waiting[key] = waiting - 1
             self._in_flight.exit()
-        if not self._waiting[key]:
-            del self._waiting[key]
 
 
 @contextlib.asynccontextmanager
