@@ -174,7 +174,10 @@ def test_calls_on_one_connection_run_concurrently(url: str) -> None:
 
 
 def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
-    marker = tmp_path / "pid"
+    """The call is running when SIGTERM comes and may end only once the server refuses new
+    calls (it is draining); its answer still arrives."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     with http_server() as (address, proc):
 
         async def main() -> Any:
@@ -182,15 +185,20 @@ def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
                 # As hosts do (the client also re-lists to check results against schemas).
                 await client.list_tools()
                 child = await spawn_sleeper(client, "term-http")
-                call = asyncio.ensure_future(
-                    client.call_tool("slow", {"marker": str(marker), "seconds": 1.0})
-                )
-                await asyncio.to_thread(wait_until, marker.exists)
+                call = asyncio.ensure_future(client.call_tool("wait_fifo", {"path": str(fifo)}))
+                writer = await asyncio.to_thread(open_fifo_writer, fifo)
                 proc.send_signal(signal.SIGTERM)
+                while True:  # until the drain has begun
+                    try:
+                        await client.call_tool("list_content", {})
+                    except MCPError as refused:
+                        assert refused.message == "the server is shutting down; no new calls"
+                        break
+                release_fifo(writer, "answered")
                 return await call, child
 
         result, child = run(main)
-        assert result.structured_content == {"slept": 1.0}
+        assert result.structured_content == {"read": "answered"}
         assert proc.wait(20) == 0
         assert wait_until(lambda: not pid_alive(child)), f"workspace process {child} survived"
 

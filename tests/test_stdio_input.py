@@ -346,3 +346,36 @@ def test_max_body_must_be_positive() -> None:
     )
     assert done.returncode == 2
     assert "--max-body: must be a positive number of bytes, got 0" in done.stderr
+
+
+def test_stdin_that_is_a_regular_file_or_the_null_device_is_served_to_its_end(
+    tmp_path: Path,
+) -> None:
+    """Neither can be watched by epoll: they are read in a worker thread instead (the null
+    device used to hang the server)."""
+    lines = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "file", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "ping"},
+    ]
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b"".join(json.dumps(m).encode() + b"\n" for m in lines) + b"garbage\n")
+    with requests.open("rb") as stdin:
+        done = subprocess.run(SERVE, stdin=stdin, env=serve_env(), capture_output=True, timeout=40)
+    assert done.returncode == 0
+    answers = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(str(a["id"]) for a in answers) == ["1", "2", "None"]
+    assert next(a for a in answers if a["id"] is None)["error"]["code"] == -32700
+    empty = subprocess.run(
+        SERVE, stdin=subprocess.DEVNULL, env=serve_env(), capture_output=True, timeout=40
+    )
+    assert (empty.returncode, empty.stdout) == (0, b"")

@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import os
 import select
+import stat
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, NamedTuple
@@ -219,7 +220,7 @@ async def stdio_transport(
                             continue
                         answers.read(item.message)
                         await read_send.send(item)
-                    log.info("draining", reason="end of stdin", in_flight=in_flight.count)
+                    log.info("end_of_stdin", in_flight=in_flight.count)
                     await on_eof()
 
             async def writer() -> None:
@@ -275,20 +276,17 @@ def _claim_stdio() -> Iterator[tuple[int, int]]:
 
 @contextlib.asynccontextmanager
 async def _chunk_reader(fd: int) -> AsyncIterator[Callable[[], Awaitable[bytes]]]:
-    """Reads of up to one chunk from `fd` (b"" at its end): by the event loop for a pipe or
-    a terminal, so a cancel interrupts it; in a worker thread for a regular file, which
-    asyncio can't watch and which never blocks for long."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=_CHUNK)
-    pipe = os.fdopen(os.dup(fd), "rb", buffering=0)
-    try:
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe
-        )
-    except ValueError:  # a regular file
-        pipe.close()
+    """Reads of up to one chunk from `fd` (b"" at its end): by the event loop for a pipe, a
+    socket or a terminal, so a cancel interrupts it; in a worker thread for anything epoll
+    can't watch (a regular file, ``/dev/null``), which never blocks for long."""
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or os.isatty(fd)):
         yield lambda: anyio.to_thread.run_sync(os.read, fd, _CHUNK)
         return
+    reader = asyncio.StreamReader(limit=_CHUNK)
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(fd), "rb", buffering=0)
+    )
     try:
         yield lambda: reader.read(_CHUNK)
     finally:
