@@ -29,6 +29,14 @@ WAIT = 20.0
 MIB = 1024 * 1024
 
 
+INITIALIZE = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "raw", "version": "1"},
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
 class RawStdio:
     """The server as a subprocess with pipes: bytes in, parsed JSON-RPC lines out."""
 
@@ -77,13 +85,8 @@ class RawStdio:
         return answer
 
     def initialize(self) -> None:
-        params = {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        }
-        assert "result" in self.request(0, "initialize", params)
-        self.send_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert "result" in self.request(0, "initialize", INITIALIZE)
+        self.send_json(INITIALIZED)
 
     def peak_rss(self) -> int:
         """The server's peak resident memory so far, in bytes (VmHWM)."""
@@ -354,17 +357,8 @@ def test_stdin_that_is_a_regular_file_or_the_null_device_is_served_to_its_end(
     """Neither can be watched by epoll: they are read in a worker thread instead (the null
     device used to hang the server)."""
     lines = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "file", "version": "1"},
-            },
-        },
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE},
+        INITIALIZED,
         {"jsonrpc": "2.0", "id": 2, "method": "ping"},
     ]
     requests = tmp_path / "requests.jsonl"
