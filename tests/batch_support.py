@@ -128,14 +128,14 @@ def _lane(n: int) -> type[Server]:
 LANES = [_lane(n) for n in range(6)]
 
 
-def probe_runtime(**options: Any) -> Iterator[Runtime]:
+def probe_runtime(call_timeout: float = WAIT) -> Iterator[Runtime]:
     """A runtime with the built-in servers, the probe and its lanes; Probe's records reset."""
     Probe.reads, Probe.running, Probe.peak, Probe.undone = 0, 0, 0, []
     Probe.barrier = None
     Probe.ran = []
     Probe.entered = threading.Event()
     Probe.gate = threading.Event()
-    runtime = Runtime(servers=[*BUILTIN, Probe, *LANES], ttl=600, call_timeout=WAIT, **options)
+    runtime = Runtime(servers=[*BUILTIN, Probe, *LANES], ttl=600, call_timeout=call_timeout)
     try:
         yield runtime
     finally:

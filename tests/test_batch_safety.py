@@ -10,13 +10,16 @@ import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from batch_support import WAIT, Probe, batch, by_id, probe_runtime, state, statuses
+from test_http_api import call, error_of, serve
 
 from ctxactors import Runtime
 from ctxactors.batch_template import PLACEHOLDERS, REFERENCES
 from ctxactors.results import CallTimeoutError, InvalidArgumentsError
 from ctxactors.servers import Batch, Presets
+from ctxactors.transports.http import create_app
 
 MiB = 1 << 20
 
@@ -393,3 +396,35 @@ def test_arguments_beside_references_are_checked_before_anything_runs(rt: Runtim
         in result.text
     )
     assert state(rt, "items_now")["items"] == []
+
+
+# -- the same over REST (the asynchronous call path) ----------------------------------------
+
+
+def test_over_rest_a_batch_stays_in_its_thread_and_ends_before_the_call_times_out() -> None:
+    for runtime in probe_runtime(call_timeout=2.0):
+        with (
+            serve(create_app(runtime)) as url,
+            httpx.Client(base_url=url, timeout=3 * WAIT) as http,
+        ):
+            call(http, "create_goal", {"goal": "t1's secret"}, assistant="a1", thread="t1")
+            steal = [{"id": "r", "tool": "get_planning_state", "thread": "t1"}]
+            refused = call(http, "batch", {"operations": steal}, assistant="a1", thread="t2")
+            assert error_of(refused, 400)["message"].endswith(
+                "Object contains unknown field `thread` - at `$.operations[0]`"
+            )
+            ops = [
+                {"id": "r", "tool": "get_planning_state"},
+                {"id": "a", "tool": "block", "arguments": {"value": "a"}},
+                {"id": "b", "tool": "put1", "arguments": {"value": "b"}},
+            ]
+            ran = call(http, "batch", {"operations": ops}, assistant="a1", thread="t2")
+            assert ran.status_code == 200, ran.text  # not 504: the batch ended first
+            results = {r["id"]: r for r in ran.json()["structuredContent"]["results"]}
+            assert results["r"]["data"] == {"goals": [], "todos": []}
+            assert results["a"]["error"]["code"] == "timeout"
+            assert results["b"]["error"]["code"] == "batch_timeout"
+            Probe.gate.set()
+            assert state(runtime, "items_now", **T2)["items"] == []  # queued behind `a`
+            assert Probe.ran == ["a"]
+            assert state(runtime, "items1", **T2)["items"] == []
