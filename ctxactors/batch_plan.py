@@ -138,10 +138,6 @@ class Step:
         self.timeout: float | None = None  # seconds
         self.compensation: Compensation | None = None
 
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return self.spec.server.scope.key(self.spec.server.name, self.ctx)
-
 
 def references(value: Any) -> set[str]:
     """The operation ids referenced anywhere inside an argument value."""
