@@ -223,7 +223,7 @@ def test_a_batch_ends_before_its_caller_gives_up(rt: Runtime, batch_timeout: int
         {"id": "c", "tool": "put2", "arguments": {"value": "c"}},
     ]
     options = {} if batch_timeout is None else {"timeout": batch_timeout}
-    result = batch(rt, ops, call_timeout=2.0, **options)  # no CallTimeoutError
+    result = batch(rt, ops, call_timeout=3.0, **options)  # no CallTimeoutError
     results = by_id(result)
     assert results["a"]["status"] == "failed"
     assert results["a"]["error"]["code"] == "timeout"
@@ -278,7 +278,7 @@ def test_a_transaction_cut_short_by_its_callers_deadline_is_rolled_back(rt: Runt
         {"id": "w", "tool": "put1", "arguments": {"value": "w"}},
         {"id": "a", "tool": "block", "arguments": {"value": "a"}, "dependsOn": ["w"]},
     ]
-    result = batch(rt, ops, call_timeout=2.0, transactional=True)
+    result = batch(rt, ops, call_timeout=3.0, transactional=True)
     assert result.is_error
     assert statuses(result) == {"w": "rolled_back", "a": "failed"}
     assert by_id(result)["a"]["error"]["code"] == "timeout"
@@ -402,7 +402,7 @@ def test_arguments_beside_references_are_checked_before_anything_runs(rt: Runtim
 
 
 def test_over_rest_a_batch_stays_in_its_thread_and_ends_before_the_call_times_out() -> None:
-    for runtime in probe_runtime(call_timeout=2.0):
+    for runtime in probe_runtime(call_timeout=3.0):
         with (
             serve(create_app(runtime)) as url,
             httpx.Client(base_url=url, timeout=3 * WAIT) as http,
