@@ -121,6 +121,7 @@ class BatchRun:
         *,
         caller_deadline: float | None,
         max_expanded: int,
+        max_result: int,
         expanded: int = 0,
     ) -> None:
         self.runtime = runtime
@@ -133,6 +134,8 @@ class BatchRun:
         )
         self.max_expanded = max_expanded
         self.expanded = expanded  # bytes of text built from references (and params) so far
+        self.max_result = max_result
+        self.result_bytes = 0  # the operations' data and error messages so far
         self._sizes: dict[Path, int] = {}
         self.by_id = {s.id: s for s in steps}
         self.outcome: dict[str, str] = {}  # id -> success | failed | skipped
@@ -380,7 +383,21 @@ class BatchRun:
         self.results[step.id] = OpResult(step.id, step.spec.name, status, data, error, meta)
         if status == "failed" and self.options.transactional and self.stop is None:
             self.stop = OpError("aborted", f"{step.id!r} failed; the transaction stops")
+        self._count_result(data, error)
         self.sorter.done(step.id)
+
+    def _count_result(self, data: Any, error: OpError | None) -> None:
+        """Stop starting operations once their results pass the bound: a few bytes of
+        batch must not read the same megabyte a hundred times into one answer."""
+        self.result_bytes += (0 if data is None else size_of(data)) + (
+            0 if error is None else len(error.message)
+        )
+        if self.result_bytes > self.max_result and self.stop is None:
+            self.stop = OpError(
+                "batch_too_large",
+                f"the operations' results reached {self.result_bytes} bytes, over the "
+                f"batch's limit of {self.max_result} (CTXACTORS_BATCH_MAX_RESULT_BYTES)",
+            )
 
     # -- rollback ------------------------------------------------------------------------
 

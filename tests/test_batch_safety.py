@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from batch_support import WAIT, Probe, batch, by_id, probe_runtime, state, statuses
 from test_http_api import call, error_of, serve
@@ -210,6 +211,28 @@ def test_a_preset_whose_params_would_build_too_much_is_refused_before_filling(
         "nothing ran"
     )
     assert state(rt, "items_now", __assistantId="a1")["items"] == []
+
+
+def test_a_batch_stops_starting_operations_once_its_results_pass_the_bound(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Batch, "max_result_bytes", 2500)
+    ops = [{"id": f"p{i}", "tool": "put", "arguments": {"value": "v" * 1000}} for i in range(5)]
+    result = batch(rt, ops)
+    assert statuses(result) == {
+        "p0": "success",
+        "p1": "success",
+        "p2": "success",
+        "p3": "skipped",
+        "p4": "skipped",
+    }
+    size = sum(len(msgspec.json.encode(by_id(result)[f"p{i}"]["data"])) for i in range(3))
+    assert by_id(result)["p3"]["error"] == {
+        "code": "batch_too_large",
+        "message": f"the operations' results reached {size} bytes, over the batch's limit "
+        "of 2500 (CTXACTORS_BATCH_MAX_RESULT_BYTES)",
+    }
+    assert len(state(rt, "items_now")["items"]) == 3
 
 
 # -- 4. a batch ends before its caller gives up; nothing runs for a caller that has --------

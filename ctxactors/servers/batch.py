@@ -8,9 +8,11 @@ the same way. Neither tool may appear inside a batch, so no actor ever waits on 
 
 Limits (environment, read at import): ``CTXACTORS_BATCH_MAX_OPERATIONS`` (100 operations a
 batch or preset, at most 1000), ``CTXACTORS_BATCH_MAX_EXPANDED_BYTES`` (8 MiB of argument
-text that references and preset params may build in one run), ``CTXACTORS_BATCH_MAX_PRESETS``
-(100 presets per assistant), ``CTXACTORS_BATCH_MAX_PRESET_BYTES`` (64 KiB of JSON a preset)
-and ``CTXACTORS_BATCH_MAX_PRESETS_BYTES`` (1 MiB of presets per assistant).
+text that references and preset params may build in one run),
+``CTXACTORS_BATCH_MAX_RESULT_BYTES`` (16 MiB of results, after which no operation starts),
+``CTXACTORS_BATCH_MAX_PRESETS`` (100 presets per assistant),
+``CTXACTORS_BATCH_MAX_PRESET_BYTES`` (64 KiB of JSON a preset) and
+``CTXACTORS_BATCH_MAX_PRESETS_BYTES`` (1 MiB of presets per assistant).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ def run_batch(
         options,
         caller_deadline=caller_deadline(),
         max_expanded=Batch.max_expanded_bytes,
+        max_result=Batch.max_result_bytes,
         expanded=expanded,
     )
     result, rolled_back = run.execute()
@@ -87,6 +90,7 @@ class Batch(Server):
     scope = Scope.THREAD
     max_operations: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_OPERATIONS", 100)
     max_expanded_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_EXPANDED_BYTES", 8 << 20)
+    max_result_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_RESULT_BYTES", 16 << 20)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
