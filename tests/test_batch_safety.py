@@ -14,6 +14,8 @@ import httpx
 import msgspec
 import pytest
 from batch_support import WAIT, Probe, batch, by_id, probe_runtime, state, statuses
+from hypothesis import given
+from hypothesis import strategies as st
 from test_http_api import call, error_of, serve
 
 from ctxactors import Runtime
@@ -125,6 +127,19 @@ def test_reference_scanning_of_a_4_mb_hostile_argument_is_linear(rt: Runtime) ->
     refused = batch(rt, [{"id": "y", "tool": "put", "arguments": {"value": hostile + "}"}}])
     assert refused.is_error
     assert "operation 0 ('y') depends on unknown 'a'" in refused.text
+
+
+@given(st.text(alphabet="${}. \nab1", max_size=60))
+def test_filling_each_reference_with_its_own_text_gives_back_the_input(text: str) -> None:
+    def same(ref: tuple[str, tuple[str, ...]]) -> str:
+        return "${" + ".".join((ref[0], *ref[1])) + "}"
+
+    assert REFERENCES.fill(text, same) == text
+    found = REFERENCES.keys(text)
+    assert REFERENCES.filled_size(text, lambda ref: len(same(ref))) == (len(text) if found else 0)
+    for op_id, path in found:
+        assert same((op_id, path)) in text
+        assert all(part and not set(part) & set("${} \n.") for part in (op_id, *path))
 
 
 # -- 3. what references and params build is bounded before it is built ---------------------
