@@ -20,12 +20,16 @@ from typing import Any
 
 import anyio
 import httpx
+import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mcp import Client
 from mcp_support import Whoami, http_server, stdio_params
 from structlog.testing import capture_logs
 
 from ctxactors import InvalidArgumentsError, Runtime
+from ctxactors.context import read_context
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,6 +41,7 @@ SPELLINGS = {
 }
 META_KEYS = {"session": SESSION, "assistant": ASSISTANT, "thread": THREAD}
 REFUSED = "refused"
+INVALID = "invalid"  # a context value that is not a string
 
 ARGUMENTS: dict[str, dict[str, Any]] = {
     "none": {},
@@ -67,15 +72,21 @@ def expected(
     fallback: str | None,
     principal: str | None = None,
 ) -> dict[str, Any] | str:
-    """The context the rule gives, or REFUSED."""
+    """The context the rule gives, or REFUSED (no session), or INVALID (a value it reads
+    is not a string; a ``null`` in ``_meta`` is no value)."""
     from_meta = {attr: (meta or {}).get(key) for attr, key in META_KEYS.items()}
     if any(value is not None for value in from_meta.values()):
         fields = from_meta
+        if any(not isinstance(v, str) for v in fields.values() if v is not None):
+            return INVALID
     else:
-        fields = {
-            attr: next((arguments[name] for name in names if name in arguments), None)
+        present = {
+            attr: [arguments[name] for name in names if name in arguments]
             for attr, names in SPELLINGS.items()
         }
+        if any(not isinstance(found[0], str) for found in present.values() if found):
+            return INVALID
+        fields = {attr: found[0] if found else None for attr, found in present.items()}
     session = fields["session"] if fields["session"] is not None else fallback
     if session is None:
         return REFUSED
@@ -131,6 +142,43 @@ def test_the_cases_the_issue_names(
 
 
 # -- embedded runtime ----------------------------------------------------------------------
+
+_values = st.none() | st.text(max_size=2) | st.integers(0, 2) | st.booleans()
+_argument_names = st.sampled_from(
+    [*(name for names in SPELLINGS.values() for name in names), "__principal", "__x", "goal"]
+)
+_meta_names = st.sampled_from([*META_KEYS.values(), "ctxactors/principal", "progressToken"])
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.dictionaries(_argument_names, _values, max_size=6),
+    st.none() | st.dictionaries(_meta_names, _values, max_size=5),
+    st.sampled_from(["default", "mcp-1", None]),
+    st.none() | st.text(max_size=2),
+)
+def test_property_read_context_follows_the_rule(
+    arguments: dict[str, Any],
+    meta: dict[str, Any] | None,
+    fallback: str | None,
+    principal: str | None,
+) -> None:
+    want = expected(arguments, meta, fallback, principal)
+    if want in (REFUSED, INVALID):
+        with pytest.raises(InvalidArgumentsError) as refused:
+            read_context(arguments, meta, principal=principal, fallback=fallback)
+        assert str(refused.value).startswith("no session given") is (want == REFUSED)
+        return
+    ctx, dropped, defaulted = read_context(arguments, meta, principal=principal, fallback=fallback)
+    assert msgspec.structs.asdict(ctx) == {
+        "session_id": want["session"],
+        "assistant_id": want["assistant"],
+        "thread_id": want["thread"],
+        "principal": principal,
+    }
+    assert sorted(dropped or []) == spoofed(arguments, meta)
+    # The session is the fallback exactly when no source named one.
+    assert defaulted is (expected(arguments, meta, None, principal) == REFUSED)
 
 
 @pytest.mark.parametrize(("args_name", "meta_name"), COMBINATIONS)
