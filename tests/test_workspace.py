@@ -7,6 +7,8 @@ and no thread is left over.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,10 +26,18 @@ WAIT = 20.0  # generous: the machine is shared and loaded
 
 
 @pytest.fixture(autouse=True)
-def workspace_root(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    root = str(tmp_path / "workspaces")
+def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    # Not under tmp_path: pytest makes its parents 0700, and a root server's sandbox runs
+    # as nobody, which must be able to enter the root's parents.
+    root = tempfile.mkdtemp(prefix="ctxactors-test-ws-")
     monkeypatch.setattr(Workspace, "root", root)
-    return root
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def session_dirs(root: str) -> list[str]:
+    """The sessions' working directories on the host (the probe's are gone already)."""
+    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("ws-"))
 
 
 class Leaks:
@@ -121,13 +131,13 @@ def test_command_runs_in_the_sessions_directory_and_reports_exit_and_output(
     pid = start(rt, "s1", "pwd; echo out; echo err >&2; touch made-here; exit 3")
     done = wait_done(rt, "s1", pid)
     assert done["status"] == "exited" and done["exitCode"] == 3
-    cwd, out, err = done["output"].splitlines()
-    assert os.path.dirname(cwd) == workspace_root and (out, err) == ("out", "err")
-    assert os.path.exists(os.path.join(cwd, "made-here"))
+    assert done["output"].splitlines() == ["/workspace", "out", "err"]
+    [host_dir] = session_dirs(workspace_root)
+    assert os.listdir(host_dir) == ["made-here"]
     # A second command sees the same directory; another session gets its own.
     assert wait_done(rt, "s1", start(rt, "s1", "ls"))["output"] == "made-here\n"
-    other = wait_done(rt, "s2", start(rt, "s2", "pwd; ls"))["output"]
-    assert other.splitlines() == [other.strip()] and other.strip() != cwd
+    assert wait_done(rt, "s2", start(rt, "s2", "pwd; ls"))["output"] == "/workspace\n"
+    assert len(session_dirs(workspace_root)) == 2
     listed = call(rt, "s1", "list_processes")
     assert listed["count"] == 2
     assert [p["processId"] for p in listed["processes"]][0] == pid
@@ -219,8 +229,9 @@ def test_running_processes_keep_the_actor_from_being_reaped(
     leaks: Leaks, clock: ManualClock, workspace_root: str
 ) -> None:
     with Runtime(servers=[Workspace], ttl=10, clock=clock) as rt:
-        pid = start(rt, "s1", "pwd; sleep 30")
-        cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
+        pid = start(rt, "s1", "echo up; sleep 30")
+        wait_output(rt, "s1", pid, "up")
+        [cwd] = session_dirs(workspace_root)
         clock.advance(100)
         assert rt.reap() == 0  # busy
         assert call(rt, "s1", "poll_process", processId=pid)["status"] == "running"
@@ -240,16 +251,21 @@ def test_running_processes_keep_the_actor_from_being_reaped(
 def test_end_session_kills_processes_and_removes_the_directory(
     rt: Runtime, workspace_root: str
 ) -> None:
-    pid = start(rt, "s1", "pwd; sleep 30 & sleep 30; wait")
-    cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
+    pid = start(rt, "s1", "echo up; sleep 30 & sleep 30; wait")
+    wait_output(rt, "s1", pid, "up")
+    [cwd] = session_dirs(workspace_root)
     other = start(rt, "s2", "sleep 30")
+    deadline = time.monotonic() + WAIT
+    while descendant_names().count("sleep") < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)  # both of s1's sleeps and s2's have started
     assert rt.end_session("s1") == 1
     assert not os.path.exists(cwd)  # end_session waits for the cleanup
     assert descendant_names().count("sleep") == 1  # only s2's is left
     assert call(rt, "s2", "poll_process", processId=other)["status"] == "running"
     # A new incarnation of s1 works in a new directory.
-    again = wait_done(rt, "s1", start(rt, "s1", "pwd"))["output"].strip()
-    assert again != cwd and os.path.dirname(again) == workspace_root
+    assert wait_done(rt, "s1", start(rt, "s1", "touch again"))["status"] == "exited"
+    again = [d for d in session_dirs(workspace_root) if os.listdir(d) == ["again"]]
+    assert len(again) == 1 and again[0] != cwd
 
 
 def test_close_with_running_and_chatty_processes_leaves_nothing(leaks: Leaks) -> None:
