@@ -7,9 +7,6 @@ and no thread is left over.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,111 +15,36 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ManualClock, ctx_args
+from workspace_support import (
+    WAIT,
+    Leaks,
+    call,
+    closed_runtime,
+    descendant_names,
+    session_dirs,
+    start,
+    temporary_root,
+    wait_done,
+    wait_output,
+)
 
 from ctxactors import InvalidArgumentsError, Runtime
 from ctxactors.servers.workspace import Workspace
 
-WAIT = 20.0  # generous: the machine is shared and loaded
-
 
 @pytest.fixture(autouse=True)
 def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    # Not under tmp_path: pytest makes its parents 0700, and a root server's sandbox runs
-    # as nobody, which must be able to enter the root's parents.
-    root = tempfile.mkdtemp(prefix="ctxactors-test-ws-")
-    monkeypatch.setattr(Workspace, "root", root)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def session_dirs(root: str) -> list[str]:
-    """The sessions' working directories on the host (the probe's are gone already)."""
-    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("ws-"))
-
-
-class Leaks:
-    """Threads and child processes of this test process, before and after."""
-
-    def __init__(self) -> None:
-        self.me = psutil.Process()
-        self.threads = threading.active_count()
-        self.children = {p.pid for p in self.me.children(recursive=True)}
-
-    def assert_none(self) -> None:
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            extra = self._extra_children()
-            if not extra and threading.active_count() <= self.threads:
-                break
-            time.sleep(0.05)
-        assert self._extra_children() == []
-        assert threading.active_count() <= self.threads, [t.name for t in threading.enumerate()]
-
-    def _extra_children(self) -> list[tuple[int, str]]:
-        out = []
-        for p in self.me.children(recursive=True):
-            if p.pid in self.children:
-                continue
-            try:
-                out.append((p.pid, p.status()))  # a zombie counts as a leak too
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-
-def descendant_names() -> list[str]:
-    names = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            names.append(p.name())
-        except psutil.NoSuchProcess:
-            pass
-    return names
+    yield from temporary_root(monkeypatch)
 
 
 @pytest.fixture
-def leaks() -> Iterator[Leaks]:
-    yield Leaks()
+def leaks() -> Leaks:
+    return Leaks()
 
 
 @pytest.fixture
 def rt(leaks: Leaks) -> Iterator[Runtime]:
-    runtime = Runtime(servers=[Workspace])
-    try:
-        yield runtime
-    finally:
-        runtime.close()
-        leaks.assert_none()
-
-
-def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:
-    result = rt.call(tool, ctx_args(session, **args))
-    assert not result.is_error, result.text
-    return result.structured
-
-
-def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
-    started = call(rt, session, "execute_command", command=command, **args)
-    assert started["status"] == "running" and started["processId"].startswith("p_")
-    return str(started["processId"])
-
-
-def wait_done(rt: Runtime, session: str, process_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
-    while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
-        if polled["status"] != "running" or time.monotonic() > deadline:
-            return dict(polled)
-        time.sleep(0.02)
-
-
-def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
-    while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
-        if text in polled["output"] or time.monotonic() > deadline:
-            return dict(polled)
-        time.sleep(0.02)
+    yield from closed_runtime(leaks)
 
 
 def test_command_runs_in_the_sessions_directory_and_reports_exit_and_output(
