@@ -318,3 +318,33 @@ def test_bad_settings_fail_loudly_naming_the_variable(monkeypatch: pytest.Monkey
             with pytest.raises(ValueError, match=name) as bad:
                 SandboxSettings.from_env()
             assert words in str(bad.value)
+
+
+SERVER = """
+import sys
+from ctxactors import Runtime
+from ctxactors.servers.workspace import Workspace
+
+rt = Runtime(servers=[Workspace])
+rt.call("execute_command", {"command": sys.argv[1], "__sessionId": "s1"})
+print("started", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_killed_server_takes_its_sandboxes_with_it(workspace_root: str) -> None:
+    """kill -9 runs no cleanup: --die-with-parent ends the sandboxes, children included."""
+    marker = f"1000.{os.getpid()}9"
+    env = {**os.environ, "CTXACTORS_WORKSPACE_ROOT": workspace_root}
+    with subprocess.Popen(
+        [sys.executable, "-c", SERVER, BACKGROUND.format(m=marker)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as server:
+        assert server.stdout is not None and server.stdout.readline() == "started\n"
+        assert wait_until(lambda: len(sleepers(marker)) == 5, WAIT), sleepers(marker)
+        server.kill()
+        server.wait()
+    assert wait_until(lambda: sleepers(marker) == [], WAIT)
