@@ -1,9 +1,9 @@
 """The bubblewrap sandbox that every workspace command runs in.
 
 One command, one sandbox: ``bwrap`` gives it new user, PID, IPC, UTS, cgroup and network
-namespaces, a root made of read-only system directories, a private size-capped ``/tmp``, a
-minimal ``/proc`` and ``/dev``, and the session's own directory as the only writable path,
-at ``/workspace``. Nothing else of the host is there: no other session's directory, no
+namespaces, no capabilities, a read-only root made of system directories, a private
+size-capped ``/tmp`` and ``/dev/shm``, a minimal ``/proc`` and ``/dev``, and the session's
+own directory as the only writable host path, at ``/workspace``. Nothing else of the host is there: no other session's directory, no
 workspace root, no project, no ``/root``, no ``/home``. ``/etc`` holds only the loader
 cache, ``alternatives``, the time zone and a generated ``passwd``/``group`` (plus the
 resolver files when the network is on).
@@ -37,7 +37,7 @@ Settings (environment variables read at import; a bad value fails loudly, naming
 - ``CTXACTORS_WORKSPACE_CPU_SECONDS`` (600), ``CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES``
   (address space per process, 4 GiB), ``CTXACTORS_WORKSPACE_MAX_FILE_BYTES`` (1 GiB),
   ``CTXACTORS_WORKSPACE_MAX_PROCESSES`` (256 per sandbox), ``CTXACTORS_WORKSPACE_TMP_BYTES``
-  (size of the private ``/tmp``, 256 MiB);
+  (size of the private ``/tmp`` and of ``/dev/shm``, 256 MiB each);
 - ``CTXACTORS_WORKSPACE_SANDBOX_USER``: ``UID[:GID]`` that runs ``bwrap`` when the server
   is root (default ``65534:65534``).
 """
@@ -75,8 +75,8 @@ _ETC_NET = (
     "/etc/ca-certificates",
 )
 INSTALL_HINT = (
-    "install the Debian package `bubblewrap` (apt-get install bubblewrap) on a kernel that "
-    "allows user namespaces, or set CTXACTORS_WORKSPACE_SANDBOX=none to run commands "
+    "install the Debian package `bubblewrap` (0.8 or later: apt-get install bubblewrap) on a "
+    "kernel that allows user namespaces, or set CTXACTORS_WORKSPACE_SANDBOX=none to run commands "
     "unsandboxed (unsafe: they then see the server's files and processes)"
 )
 
@@ -197,20 +197,12 @@ def bwrap_args(
         args += ["--ro-bind-try", path, path]
     args += ["--ro-bind-data", str(passwd_fd), "/etc/passwd"]
     args += ["--ro-bind-data", str(group_fd), "/etc/group"]
-    args += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--size",
-        str(settings.tmp_bytes),
-        "--tmpfs",
-        "/tmp",
-    ]
-    args += ["--size", str(settings.tmp_bytes), "--tmpfs", "/dev/shm"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmpfs in ("/tmp", "/dev/shm"):
+        args += ["--size", str(settings.tmp_bytes), "--tmpfs", tmpfs]
     args += ["--bind-fd", str(workdir_fd), WORKDIR, "--chdir", WORKDIR]
-    # bwrap builds / and /dev on tmpfs without a size: writable, they would be memory
-    # nobody limits. Only /workspace, /tmp and /dev/shm stay writable.
+    # bwrap builds / and /dev on tmpfs with no size cap: left writable, they would be memory
+    # no limit counts. Only /workspace, /tmp and /dev/shm stay writable.
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
     return args
 
@@ -239,8 +231,9 @@ def _data_fd(data: bytes) -> int:
 
 @contextmanager
 def _sandbox_fds(workdir: str, uid: int, gid: int) -> Iterator[tuple[int, int, int]]:
-    """The session directory (opened here, so bwrap never resolves a host path for it) and
-    the generated passwd and group; closed once bwrap has inherited them."""
+    """The session directory (bound by descriptor: the directory this server made, whatever
+    its path points to later) and the generated passwd and group; closed once bwrap has
+    inherited them."""
     fds: list[int] = []
     try:
         fds.append(os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))

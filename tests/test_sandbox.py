@@ -58,8 +58,9 @@ def run(rt: Runtime, session: str, command: str, **args: Any) -> dict[str, Any]:
 
 
 def test_a_session_reaches_no_other_sessions_files_nor_the_host(
-    rt: Runtime, workspace_root: str
+    rt: Runtime, workspace_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LANG", "C.UTF-8")  # the quotes in cat's message
     secret = "alice-secret-" + os.urandom(8).hex()
     assert run(rt, "alice", f"echo {secret} > secret.txt; cat secret.txt")["output"] == (
         secret + "\n"
