@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -349,3 +351,28 @@ def test_a_killed_server_takes_its_sandboxes_with_it(workspace_root: str) -> Non
         server.kill()
         server.wait()
     assert wait_until(lambda: sleepers(marker) == [], WAIT)
+
+
+def test_bubblewrap_is_probed_once_and_the_configured_program_runs_every_command(
+    monkeypatch: pytest.MonkeyPatch, leaks: Leaks
+) -> None:
+    # A wrapper that counts its runs; the sandbox user (nobody, under a root server) must
+    # run it and append to the count, so not under pytest's private tmp_path.
+    where = tempfile.mkdtemp(prefix="ctxactors-test-bwrap-")
+    try:
+        os.chmod(where, 0o755)
+        calls, wrapper = os.path.join(where, "calls"), os.path.join(where, "bwrap")
+        with open(wrapper, "w") as script:
+            script.write(f'#!/bin/sh\necho x >> {calls}\nexec {Workspace.sandbox.bwrap} "$@"\n')
+        open(calls, "w").close()
+        os.chmod(wrapper, 0o755)
+        os.chmod(calls, 0o666)
+        configure(monkeypatch, bwrap=wrapper)
+        with Runtime(servers=[Workspace]) as first, Runtime(servers=[Workspace]) as second:
+            assert open(calls).read() == "x\n"  # the probe, once for both runtimes
+            run(first, "s1", "true")
+            run(second, "s1", "true")
+            assert open(calls).read() == "x\nx\nx\n"
+        leaks.assert_none()
+    finally:
+        shutil.rmtree(where)
