@@ -15,7 +15,10 @@ backgrounded, daemonized or re-``setsid`` children included.
 
 Limits are set inside the sandbox with ``prlimit`` (util-linux) on the command's shell, so
 they are inherited by everything it starts and can't be raised (that needs
-``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). ``RLIMIT_NPROC`` needs
+``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). No limit sums memory
+over a sandbox's processes (no cgroup is assumed), so ``choom`` gives them the highest
+``oom_score_adj``: if memory runs out, the OOM killer ends a sandboxed process, not the
+server. ``RLIMIT_NPROC`` needs
 care, measured here (kernel 6.18):
 
 - the kernel counts it per (user namespace, real uid) since 5.14, so set *inside* the
@@ -208,13 +211,19 @@ def bwrap_args(
 
 
 def limit_args(settings: SandboxSettings) -> list[str]:
-    """prlimit inside the sandbox: soft = hard, so the command can't raise them back."""
+    """prlimit inside the sandbox (soft = hard, so the command can't raise them back), and
+    choom: should memory run out anyway (many processes, each under its own address-space
+    limit), the kernel's OOM killer picks a sandboxed process before the server."""
     return [
         "/usr/bin/prlimit",
         f"--cpu={settings.cpu_seconds}",
         f"--as={settings.memory_bytes}",
         f"--fsize={settings.file_bytes}",
         f"--nproc={settings.processes}",
+        "--",
+        "/usr/bin/choom",
+        "-n",
+        "1000",
         "--",
     ]
 

@@ -240,6 +240,14 @@ def test_a_memory_bomb_ends_at_the_address_space_limit(
     leaks.assert_none()
 
 
+def test_sandboxed_processes_are_the_oom_killers_first_choice(rt: Runtime) -> None:
+    # Memory summed over many processes has no limit; if it runs out, the server survives.
+    output = run(rt, "s1", "cat /proc/self/oom_score_adj; sleep 1 & cat /proc/$!/oom_score_adj")
+    assert output["output"] == "1000\n1000\n"
+    with open("/proc/self/oom_score_adj") as server:
+        assert int(server.read()) < 1000
+
+
 def test_cpu_and_file_size_limits(monkeypatch: pytest.MonkeyPatch, leaks: Leaks) -> None:
     configure(monkeypatch, cpu_seconds=1, file_bytes=1 << 20)
     with Runtime(servers=[Workspace]) as rt:
