@@ -155,7 +155,8 @@ class _Process:
     # -- called from the actor thread (and kill from the watcher on timeout) --------------
 
     def kill(self, reason: str) -> None:
-        """Kill the whole process group; the first reason given is the one reported."""
+        """Kill the sandbox (its PID namespace goes with its first process) or, unsandboxed,
+        the process group; the first reason given is the one reported."""
         with self._lock:
             if self.done.is_set():
                 return
@@ -209,7 +210,7 @@ def _warn_unsandboxed(log: Any, event: str, **fields: Any) -> None:
 
 
 class Workspace(Server):
-    """Run shell commands in a session's own working directory and read their output."""
+    """Run shell commands in a session's own sandbox and read their output."""
 
     name = "workspace"
     scope = Scope.SESSION
@@ -282,8 +283,9 @@ class Workspace(Server):
     def execute_command(
         self, ctx: ToolContext, command: Command, timeout: Timeout | None = None
     ) -> dict[str, Any]:
-        """Start a shell command (/bin/sh -c) in this session's sandbox, whose working
-        directory /workspace is the session's own, without waiting for it. Returns a processId to poll for status and output. The command and
+        """Start a shell command (/bin/sh -c) in this session's sandbox without waiting for
+        it; its working directory, /workspace, is the session's own and the only place it
+        can write. Returns a processId to poll for status and output. The command and
         everything it starts are killed after `timeout` seconds (a default applies when it
         is omitted; values above the server's maximum are lowered to it)."""
         running = sum(1 for p in self._procs.values() if not p.done.is_set())
