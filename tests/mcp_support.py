@@ -64,11 +64,6 @@ class Gate(Server):
         with open(path) as fifo:
             return {"read": fifo.read()}
 
-    @tool(read_only=True)
-    def whoami(self, ctx: ToolContext) -> dict[str, Any]:
-        """The session this call was routed to."""
-        return {"session_id": ctx.session_id}
-
     @tool
     def slow(self, ctx: ToolContext, marker: str, seconds: float) -> dict[str, Any]:
         """Write the server's pid to `marker`, then sleep."""

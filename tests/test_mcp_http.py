@@ -319,11 +319,16 @@ def test_a_tools_list_cursor_is_invalid_params(url: str) -> None:
     )
 
 
-def test_deleting_an_mcp_session_ends_its_state(url: str) -> None:
+def test_deleting_an_mcp_session_ends_its_state() -> None:
+    with http_server("--server", "mcp_support:Whoami") as (url, _proc):
+        deleting_an_mcp_session_ends_its_state(url)
+
+
+def deleting_an_mcp_session_ends_its_state(url: str) -> None:
     async def main() -> str:
         async with Client(url, mode="legacy") as client:
             whoami = await client.call_tool("whoami", {})
-            session: str = whoami.structured_content["session_id"]
+            session: str = whoami.structured_content["session"]
             await client.call_tool("create_goal", {"goal": "until DELETE"})
             kept = await client.call_tool(
                 "create_goal", {"goal": "elsewhere"}, meta=host_meta(session="beside-delete")
