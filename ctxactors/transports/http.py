@@ -13,13 +13,13 @@ Errors are ``{"error": {"code", "message"}}``: 400 for malformed JSON (a body th
 UTF-8 included), invalid arguments (the message names the field) or an id that can't be a
 header, 404 for an unknown tool, session or route, 413 for a body over `max_body`, 503 when
 the runtime is closed, the server is shutting down or no model is configured, 504 on a call
-timeout.
+timeout. A tool's own failure is not an HTTP error: it is a 200 with ``isError: true``, as
+in MCP. Every shape is a msgspec type below, and `/openapi.json` is generated from them.
 
 Ids travel as UTF-8 in headers (``X-Session-Id: café`` is the session ``café`` that MCP's
 ``_meta`` names too); an id with a control character, or with a space or tab at either end,
 can't be carried by a header and is refused with 400 before anything runs, wherever it
-comes from. A tool's own failure is not an HTTP error: it is a 200 with ``isError: true``, as
-in MCP. Every shape is a msgspec type below, and `/openapi.json` is generated from them.
+comes from.
 """
 
 from __future__ import annotations
