@@ -117,7 +117,8 @@ _DEFAULT_CONTEXT = ToolContext()
 
 def clean_args(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments without any top-level ``__*`` field."""
-    return {k: v for k, v in arguments.items() if not k.startswith("__")}
+    # A non-string key is kept for validation to refuse (it has no `startswith`).
+    return {k: v for k, v in arguments.items() if not (isinstance(k, str) and k.startswith("__"))}
 
 
 def inject_context(

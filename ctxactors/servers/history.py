@@ -105,9 +105,10 @@ def _env_config() -> HistoryConfig:
 _configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDictionary()
 
 
-# (config clock for the TTL, wall clock, the operation without its timestamp): the
-# timestamp is formatted when read, as most records never are.
-_Record = tuple[float, float, Operation]
+# (config clock for the TTL, wall clock, the tool's scope, the operation without its
+# timestamp): the timestamp is formatted when read, as most records never are; the scope
+# decides who may read it.
+_Record = tuple[float, float, Scope, Operation]
 
 
 def _session_histories(runtime: Any) -> Callable[[str], SessionHistory | None]:
@@ -204,7 +205,7 @@ class History(Server):
                 assistant_id=ctx.assistant_id,
                 thread_id=ctx.thread_id,
             )
-            history.add((history.config.clock(), time.time(), op))
+            history.add((history.config.clock(), time.time(), spec.server.scope, op))
 
         runtime.add_observer(observe, before_reply=True)
 
@@ -220,12 +221,27 @@ class History(Server):
         found: list[Operation] = []
         history = self._histories(ctx.session_id)
         records = history.current() if history is not None else []
-        for _, wall, op in reversed(records):
+        for _, wall, scope, op in reversed(records):
             if len(found) >= limit:
                 break
-            if wanted is None or op.tool in wanted:
+            if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
                 found.append(msgspec.structs.replace(op, timestamp=_iso(wall)))
         return RecentContext(found, len(found))
+
+
+def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:
+    """Whether `ctx` could have seen what `op` did by calling the tool itself.
+
+    The history is the session's, but its records are not: another assistant's calls
+    (its playbook steps, say) stay its own, and so do another thread's calls of a tool
+    whose state is per thread. Calls made without an assistant are the session's and
+    shown to all, except where the tool's state is keyed by assistant.
+    """
+    if scope is Scope.SESSION:
+        return op.assistant_id is None or op.assistant_id == ctx.assistant_id
+    if op.assistant_id != ctx.assistant_id:
+        return False
+    return scope is Scope.ASSISTANT or op.thread_id == ctx.thread_id
 
 
 def _iso(wall: float) -> str:
