@@ -43,6 +43,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 
+from ctxactors.bounds import AnswerBudget
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolResult
 from ctxactors.settings import env_float, env_int
@@ -73,11 +74,17 @@ class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
     thread_id: str | None = None
 
 
-class RecentContext(msgspec.Struct, frozen=True):
-    """The result of ``get_recent_context``: newest first."""
+class RecentContext(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The result of ``get_recent_context``: newest first.
+
+    When the operations asked for don't fit in one answer (``CTXACTORS_MAX_ANSWER_BYTES``),
+    it holds the newest that do, ``truncated`` is true and ``total`` says how many there were.
+    """
 
     operations: list[Operation]
     count: int
+    truncated: bool = False
+    total: int | None = None
 
 
 class HistoryConfig(msgspec.Struct, frozen=True):
@@ -226,7 +233,11 @@ class History(Server):
                 break
             if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
                 found.append(msgspec.structs.replace(op, timestamp=_iso(wall)))
-        return RecentContext(found, len(found))
+        budget = AnswerBudget()
+        kept = budget.take(found)
+        if budget.cut:
+            return RecentContext(kept, len(kept), truncated=True, total=len(found))
+        return RecentContext(kept, len(kept))
 
 
 def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:
