@@ -77,14 +77,17 @@ def refused(rt: Runtime, tool: str, args: dict[Any, Any]) -> str:
 def session_still_answers(rt: Runtime, assistant: str | None = None) -> dict[str, Any]:
     """Every read of the session works and its answer encodes; returns them by tool."""
     answers = {}
-    for tool in ("get_recent_context", "get_planning_state", "list_playbooks", "list_content"):
-        result = rt.call(
-            tool,
-            ctx_args("s1", assistant, limit=50) if "recent" in tool else ctx_args("s1", assistant),
-        )
+    reads: dict[str, dict[str, Any]] = {
+        "get_recent_context": {"limit": 50},
+        "get_planning_state": {},
+        "list_playbooks": {},
+        "list_content": {},
+    }
+    for name, args in reads.items():
+        result = rt.call(name, ctx_args("s1", assistant, **args))
         assert not result.is_error, result.text
         msgspec.json.encode(result.to_mcp())  # the transports can send it
-        answers[tool] = result.structured
+        answers[name] = result.structured
     return answers
 
 

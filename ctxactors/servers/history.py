@@ -2,7 +2,9 @@
 
 "Which answers were deselected?" can only be answered if the call that deselected them is
 remembered. Every call that reaches a server is recorded in its session's history, which
-the model reads with ``get_recent_context{limit?, tool_filter?}``.
+the model reads with ``get_recent_context{limit?, tool_filter?}``. Each record keeps the
+assistant, the thread and the tool's scope of its call, and a reader sees only what it
+could have seen itself (`visible`): the session is shared, its records are not.
 
 A session's history is a `SessionHistory` kept by the registry as session state
 (`Registry.session_state`): it lives exactly as long as the session has a live actor, so it
