@@ -10,9 +10,10 @@ a string and read back as another key. Both are refused at validation.
 Cost, on every call's path: a flat object of numbers and ASCII strings is proved safe with
 no encoding at all (``str.isascii`` is O(1) in CPython, so a 4 MiB ASCII upload costs
 nothing); anything else is encoded once by msgspec (C, about 0.05 µs for a small object).
-Only where an args type leaves values untyped (``Any``, a batch's operations) are nested
-keys walked in Python, as msgspec writes ``{1: 2}`` as ``{"1": 2}`` without complaint. The
-walk that names the offending path runs only once something is known to be wrong.
+Where an args type leaves values untyped (``Any``, a batch's operations), nested keys are
+not checked by msgspec, which writes ``{1: 2}`` as ``{"1": 2}`` without complaint: there
+the encoded arguments are decoded again and compared (C, about 4x cheaper than a walk in
+Python). The walk that names the offending path runs only once something may be wrong.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import msgspec
 from ctxactors.results import ToolResult
 
 _encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
 _SCALARS = frozenset({int, float, bool, type(None)})
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)  # UnicodeEncodeError is a ValueError
 _MAX_SHOWN = 80  # characters of a key shown in a path
+_CONTAINERS = (dict, list, tuple)  # a tuple: ``dict | list`` would build a union per check
 
 # A path as a chain of (parent, step) pairs, formatted only when something is wrong.
 _Path = tuple[Any, str | int] | None
@@ -41,12 +44,14 @@ def argument_problem(arguments: dict[str, Any], *, untyped: bool) -> str | None:
     if _plain(arguments):
         return None
     try:
-        _encode(arguments)
+        encoded = _encode(arguments)
     except RecursionError:
         return "arguments are nested too deeply"
     except _ENCODE_ERRORS:
         return _locate(arguments, strings=True) or "arguments cannot be encoded as JSON"
-    return _locate(arguments, strings=False) if untyped else None
+    if untyped and _decode(encoded) != arguments:  # a key written as a string reads back unequal
+        return _locate(arguments, strings=False)  # or a tuple, NaN, bytes: harmless
+    return None
 
 
 def result_problem(result: ToolResult) -> str | None:
@@ -129,13 +134,13 @@ def _locate(value: Any, *, strings: bool) -> str | None:
                     )
                 if strings and _bad_string(key):
                     return f"an object key holds a lone surrogate - at `{_fmt(path)}`"
-                if strings or isinstance(item, dict | list | tuple):
+                if strings or isinstance(item, _CONTAINERS):
                     stack.append(((path, key), item))
         elif isinstance(node, list | tuple):
             stack.extend(
                 ((path, i), item)
                 for i, item in enumerate(node)
-                if strings or isinstance(item, dict | list | tuple)
+                if strings or isinstance(item, _CONTAINERS)
             )
         elif strings and type(node) not in _SCALARS:
             try:
