@@ -49,9 +49,20 @@ def argument_problem(arguments: dict[str, Any], *, untyped: bool) -> str | None:
         return "arguments are nested too deeply"
     except _ENCODE_ERRORS:
         return _locate(arguments, strings=True) or "arguments cannot be encoded as JSON"
-    if untyped and _decode(encoded) != arguments:  # a key written as a string reads back unequal
-        return _locate(arguments, strings=False)  # or a tuple, NaN, bytes: harmless
+    if untyped and not _reads_back(encoded, arguments):
+        return _locate(arguments, strings=False)
     return None
+
+
+def _reads_back(encoded: bytes, arguments: dict[str, Any]) -> bool:
+    """True if `encoded` decodes to `arguments` again: then no key was written as a string.
+
+    False can also mean a harmless difference (a tuple, NaN, bytes): the walk decides.
+    """
+    try:
+        return bool(_decode(encoded) == arguments)
+    except (msgspec.DecodeError, RecursionError):
+        return False
 
 
 def result_problem(result: ToolResult) -> str | None:

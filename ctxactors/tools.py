@@ -23,6 +23,9 @@ from ctxactors.context import ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
 from ctxactors.results import InvalidArgumentsError, ToolResult
 
+# What `ToolResult.ok` passes on without encoding it (so without finding out if it can be).
+_UNENCODED = (str, ToolResult)
+
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
 
@@ -116,9 +119,7 @@ class ToolSpec:
             result = ToolResult.from_exception(exc)
             text = result.text
             return result if text.isascii() else ToolResult.error(printable(text))
-        if type(value) is dict or (
-            isinstance(value, msgspec.Struct) and not isinstance(value, ToolResult)
-        ):
+        if not isinstance(value, _UNENCODED):
             return result  # `ToolResult.ok` has encoded it already
         problem = result_problem(result)
         if problem is None:
