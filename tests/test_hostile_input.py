@@ -164,7 +164,9 @@ def test_non_string_keys_are_refused_at_any_depth(rt: Runtime) -> None:
     assert "got NoneType - at `$.operations[0].arguments.data.x`" in refused(
         rt, "batch", ctx_args("s1", operations=ops)
     )
-    assert "Expected `str`" in refused(rt, "create_goal", {1: "x", "goal": "g"})
+    assert "Expected `str` - at `key` in `$`" in refused(rt, "create_goal", {1: "x", "goal": "g"})
+    with pytest.raises(InvalidArgumentsError, match="at `key` in `\\$`"):  # with _meta too
+        rt.call("create_goal", {1: "x", "goal": "g"}, meta={"ctxactors/sessionId": "s1"})
     kept = rt.call("keep", ctx_args("s1", data={"a": [{"b": {"c": 1}}], "é": "ü"}))
     assert kept.structured == {"data": {"a": [{"b": {"c": 1}}], "é": "ü"}}
 
