@@ -411,12 +411,15 @@ def test_a_query_session_id_beyond_latin1_comes_back_intact_in_the_header(rt: Ru
 def test_id_headers_are_utf8_and_refused_when_they_are_not_or_cannot_be_ids(
     client: httpx.Client,
 ) -> None:
-    ids = [(b"X-Session-Id", "café".encode()), (b"X-Assistant-Id", "ä".encode())]
-    created = client.post("/api/v1/tools/create_goal", json={"goal": "g"}, headers=ids)
+    session = [(b"X-Session-Id", "café".encode())]
+    created = client.post("/api/v1/tools/create_goal", json={"goal": "g"}, headers=session)
     assert created.status_code == 200 and created.json()["session_id"] == "café"
     assert created.headers["X-Session-Id"] == "café"  # sent back as UTF-8
-    state = client.post("/api/v1/tools/get_planning_state", json={}, headers=ids).json()
+    state = client.post("/api/v1/tools/get_planning_state", json={}, headers=session).json()
     assert state["structuredContent"]["goals"] == [{"id": "g1", "goal": "g"}]
+    assistant = [*session, (b"X-Assistant-Id", "ä".encode())]
+    other = client.post("/api/v1/tools/create_goal", json={"goal": "ä's"}, headers=assistant)
+    assert other.json()["structuredContent"] == {"id": "g1", "goal": "ä's"}  # its own planning
     assert client.get("/api/v1/sessions/café/context").json()["count"] == 2
     for header in (b"X-Session-Id", b"X-Assistant-Id", b"X-Thread-Id"):
         bad = client.post("/api/v1/tools/list_content", json={}, headers=[(header, b"caf\xe9")])
@@ -431,7 +434,7 @@ def test_id_headers_are_utf8_and_refused_when_they_are_not_or_cannot_be_ids(
         "code": "invalid_header",
         "message": "X-Session-Id contains the character '\\x85', which no header carries",
     }
-    assert rt_actors(client) == 2  # nothing ran for the refused ones
+    assert rt_actors(client) == 3  # two planning keys and history; the refused started none
 
 
 def rt_actors(client: httpx.Client) -> int:
