@@ -110,7 +110,7 @@ class Runtime:
         `CallTimeoutError` or `RuntimeClosedError`; a tool's own failure is a result with
         ``is_error=True``.
         """
-        reply = SyncReply()
+        reply = SyncReply(time.monotonic() + (self.call_timeout if timeout is None else timeout))
         self._dispatch(tool, arguments, meta, reply)
         wait = self.call_timeout if timeout is None else timeout
         if not reply.wait(wait):
@@ -127,7 +127,10 @@ class Runtime:
         timeout: float | None = None,
     ) -> ToolResult:
         """`call`, awaitable. Never blocks the event loop: the reply resolves a future."""
-        reply = AsyncReply(asyncio.get_running_loop())
+        reply = AsyncReply(
+            asyncio.get_running_loop(),
+            time.monotonic() + (self.call_timeout if timeout is None else timeout),
+        )
         self._dispatch(tool, arguments, meta, reply)
         wait = self.call_timeout if timeout is None else timeout
         try:
