@@ -32,9 +32,11 @@ from ctxactors.context import (
     parse_arguments,
     read_context,
 )
+from ctxactors.durable import Durability, is_durable
 from ctxactors.logs import get_logger
 from ctxactors.registry import Registry
 from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
+from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
 # An observer sees every call that reached a server: (ctx, spec, clean arguments, result).
@@ -66,6 +68,7 @@ class Runtime:
         call_timeout: float = 30.0,
         clock: Callable[[], float] | None = None,
         tools: str = "all",
+        store: StateStore | None = None,
     ) -> None:
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
@@ -100,6 +103,10 @@ class Runtime:
             scan_interval=scan_interval,
             log=self._log,
         )
+        # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
+        self._durable = Durability(store, save_timeout=call_timeout) if store else None
+        if self._durable is not None:
+            self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
         for server in self._servers:
@@ -214,6 +221,9 @@ class Runtime:
         observers = self._observers if observe else ()
         early = self._early_observers if observe else ()
         body = fn or (lambda server: spec.invoke(server, ctx, validated))
+        key = spec.server.scope.key(spec.server.name, ctx)
+        if self._durable is not None and is_durable(spec.server):
+            body = self._durable.wrap(body, key, spec.read_only)
 
         def run(server: Server) -> ToolResult:
             result: ToolResult = body(server)
@@ -241,7 +251,6 @@ class Runtime:
                 except Exception as exc:  # noqa: BLE001 - recording never fails a call
                     log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
 
-        key = spec.server.scope.key(spec.server.name, ctx)
         self._registry.submit(key, self._factories[spec.server], Call(run, reply, after))
 
     def add_observer(self, observer: Observer, *, before_reply: bool = False) -> None:
@@ -277,15 +286,32 @@ class Runtime:
         Waits for their cleanup (processes killed, directories removed); returns how many
         actors were stopped.
         """
-        return self._registry.end_session((principal, session_id), wait=self.call_timeout)
+        session = (principal, session_id)
+        stopped = self._registry.end_session(session, wait=self.call_timeout)
+        if self._durable is not None:
+            self._durable.delete_session(session)
+        return stopped
 
     def has_session(self, session_id: str, *, principal: str | None = None) -> bool:
         """Whether `principal`'s session has a live actor (so live state) now."""
         return self._registry.has_session((principal, session_id))
 
     def reap(self) -> int:
-        """One reaper pass now; returns how many idle actors it stopped."""
-        return self._registry.reap()
+        """One reaper pass now; returns how many idle actors it stopped. With a store, it
+        also forgets the sessions past their retention."""
+        reaped = self._registry.reap()
+        if self._durable is not None:
+            self._durable.purge(every=0.0)
+        return reaped
+
+    def _purge(self) -> None:
+        """The background reaper's store pass: retention is coarse, a few scans a period."""
+        assert self._durable is not None
+        self._durable.purge(every=min(self._durable.store.retention / 10, 60.0))
+
+    @property
+    def store(self) -> StateStore | None:
+        return None if self._durable is None else self._durable.store
 
     def stats(self) -> dict[str, int]:
         return self._registry.stats()
@@ -297,6 +323,8 @@ class Runtime:
     def close(self) -> None:
         """Refuse new calls, stop every actor and wait for their cleanup. Idempotent."""
         self._registry.close(timeout=self.call_timeout)
+        if self._durable is not None:
+            self._durable.close()  # after the actors: their last saves are written
 
     def __enter__(self) -> Runtime:
         return self

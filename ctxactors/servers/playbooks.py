@@ -16,6 +16,22 @@ Steps = Annotated[
 ]
 
 
+class Playbook(msgspec.Struct):
+    id: str
+    name: str
+    agent_id: str | None
+    steps: list[str]
+
+
+class PlaybooksState(msgspec.Struct):
+    """What a session's playbooks key saves: the playbooks in order, each assistant's
+    selection (as pairs: an assistant may be None), and the id counter."""
+
+    playbooks: list[Playbook]
+    selected: list[tuple[str | None, str]]
+    next: int
+
+
 class Playbooks(Server):
     """Each playbook belongs to the assistant that created it; only that one may use it.
 
@@ -25,11 +41,24 @@ class Playbooks(Server):
 
     name = "playbooks"
     scope = Scope.SESSION
+    State = PlaybooksState
 
     def __init__(self) -> None:
         self.playbooks: dict[str, dict[str, Any]] = {}
         self.selected: dict[str | None, str] = {}  # assistant -> playbook id
         self._next = 0
+
+    def snapshot(self) -> PlaybooksState:
+        return PlaybooksState(
+            [Playbook(**p) for p in self.playbooks.values()],
+            list(self.selected.items()),
+            self._next,
+        )
+
+    def restore(self, state: PlaybooksState) -> None:
+        self.playbooks = {p.id: msgspec.structs.asdict(p) for p in state.playbooks}
+        self.selected = dict(state.selected)
+        self._next = state.next
 
     def _remove_playbook(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
         """Undo of create_playbook for transactional batches (the id is not reused)."""
