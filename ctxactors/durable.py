@@ -42,6 +42,7 @@ from ctxactors.state import (
 from ctxactors.tools import Server
 
 _SLOT = "_ctxactors_durable"
+_BARRIER: StateKey = ("",)  # never a server's name: deleting it is a no-op write
 _encode = msgspec.msgpack.Encoder().encode
 _decoders: dict[type[Server], msgspec.msgpack.Decoder[Any]] = {}
 
@@ -157,6 +158,9 @@ class Durability:
         return result
 
     def delete_session(self, session: SessionRef) -> int:
+        """Forget the session's stored state, after every save already queued for it (a
+        history written behind its last call must not land after the delete)."""
+        self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
         return self.store.delete_session(session)
 
     def purge(self, every: float) -> int:

@@ -313,6 +313,11 @@ class Runtime:
     def store(self) -> StateStore | None:
         return None if self._durable is None else self._durable.store
 
+    @property
+    def durability(self) -> Durability | None:
+        """The store side of this runtime (None without a store)."""
+        return self._durable
+
     def stats(self) -> dict[str, int]:
         return self._registry.stats()
 
