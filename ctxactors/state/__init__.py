@@ -19,6 +19,7 @@ from ctxactors.state._base import (
 )
 from ctxactors.state._commit import GroupCommit
 from ctxactors.state._memory import MemoryStore
+from ctxactors.state._open import default_data_dir, open_store
 from ctxactors.state._redis import RedisStore
 from ctxactors.state._sqlite import SQLiteStore
 
@@ -36,5 +37,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "Write",
+    "default_data_dir",
     "encode_ref",
+    "open_store",
 ]
