@@ -6,6 +6,9 @@ is down changes nothing and recovery is automatic."""
 from __future__ import annotations
 
 import os
+import sqlite3
+import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,8 +261,6 @@ def test_redis_retention_expires_the_session(redis: RedisServer) -> None:
             _planning_write(rt)
         record = store.load((None, S), ("planning", A, None))
         assert record is not None  # (the load refreshed the 0.5 s retention)
-        import time
-
         deadline = time.monotonic() + 10
         while store.load((None, S), ("planning", A, None)) is not None:
             assert time.monotonic() < deadline, "Redis never expired the session"
@@ -387,3 +388,28 @@ def test_without_a_store_state_is_ephemeral(clock: ManualClock) -> None:
         clock.advance(61)
         rt.reap()
         assert rt.call("peek", ctx_args(S)).structured == {"n": 0}
+
+
+def test_a_changing_call_replies_only_once_its_state_is_in_the_store(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(store=store) as rt:
+        call(rt, "create_goal", goal="first")
+        blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")  # the store can't write until this ends
+        replied = threading.Event()
+        outcome: list[Any] = []
+
+        def second() -> None:
+            outcome.append(rt.call("create_goal", ctx_args(S, A, goal="second")))
+            replied.set()
+
+        caller = threading.Thread(target=second)
+        caller.start()
+        assert not replied.wait(0.5), "replied before its save could be written"
+        blocker.execute("COMMIT")
+        blocker.close()
+        caller.join(30)
+        assert replied.is_set() and outcome[0].structured == {"id": "g2", "goal": "second"}
+        record = store.load((None, S), ("planning", A, None))
+        assert record is not None and record.revision == 2
+    store.close()
