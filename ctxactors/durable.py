@@ -21,9 +21,11 @@ and dies with the actor that owns it; only that actor's thread touches it.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -67,6 +69,16 @@ def decode_state(server: type[Server], data: bytes) -> Any:
     return decoder.decode(data)
 
 
+class _Follower(Protocol):
+    """Writes behind the calls of one session (its history)."""
+
+    def flush(self) -> None: ...
+
+    def drain(self, timeout: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
 class _Slot:
     """What one incarnation of a key knows about its stored state."""
 
@@ -82,12 +94,29 @@ class _Slot:
 class Durability:
     """The store side of a runtime: one group-commit writer, the load/save of every key."""
 
-    def __init__(self, store: StateStore, *, save_timeout: float = 30.0) -> None:
+    def __init__(
+        self, store: StateStore, *, save_timeout: float = 30.0, flush_delay: float = 0.005
+    ) -> None:
         self.store = store
         self.save_timeout = save_timeout
+        self.flush_delay = flush_delay
         self.commit = GroupCommit(store)
         self._log = get_logger("ctxactors.durable")
         self._purged_at = time.monotonic()
+        # Per session, what writes behind the calls (the history): closed on delete.
+        self._followers: weakref.WeakValueDictionary[SessionRef, _Follower] = (
+            weakref.WeakValueDictionary()
+        )
+        # Followers with a write waiting, flushed with their session's next state save or
+        # by the flusher thread `flush_delay` seconds later.
+        self._deferred: dict[SessionRef, _Follower] = {}
+        self._deferred_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = False
+        self._flusher = threading.Thread(
+            target=self._flush_forever, name="ctxactors-flusher", daemon=True
+        )
+        self._flusher.start()
 
     def wrap(
         self, body: Callable[[Any], ToolResult], key: tuple[Any, ...], read_only: bool
@@ -134,6 +163,8 @@ class Durability:
         data = encode_state(server)
         if data == slot.data:
             return result
+        if self._deferred:
+            self._flush_session(session)  # its waiting history joins this transaction
         try:
             revision = self.commit.save(
                 Write(session, skey, data, slot.revision), timeout=self.save_timeout
@@ -157,9 +188,19 @@ class Durability:
         slot.revision, slot.data = revision, data
         return result
 
+    def follow(self, session: SessionRef, follower: _Follower) -> _Follower | None:
+        """Close `follower` when the session is deleted (it writes behind the calls);
+        returns the one it replaces (a previous incarnation's, maybe still writing)."""
+        previous = self._followers.get(session)
+        self._followers[session] = follower
+        return previous
+
     def delete_session(self, session: SessionRef) -> int:
         """Forget the session's stored state, after every save already queued for it (a
         history written behind its last call must not land after the delete)."""
+        follower = self._followers.pop(session, None)
+        if follower is not None:
+            follower.close()
         self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
         return self.store.delete_session(session)
 
@@ -174,7 +215,38 @@ class Durability:
             self._log.info("sessions_purged", sessions=purged)
         return purged
 
+    def defer(self, session: SessionRef, follower: _Follower) -> None:
+        with self._deferred_lock:
+            self._deferred[session] = follower
+        self._wake.set()
+
+    def _flush_session(self, session: SessionRef) -> None:
+        with self._deferred_lock:
+            follower = self._deferred.pop(session, None)
+        if follower is not None:
+            follower.flush()
+
+    def _flush_all(self) -> None:
+        with self._deferred_lock:
+            waiting = list(self._deferred.values())
+            self._deferred.clear()
+        for follower in waiting:
+            follower.flush()
+
+    def _flush_forever(self) -> None:
+        while not self._closing:
+            self._wake.wait()
+            self._wake.clear()
+            time.sleep(self.flush_delay)  # let the sessions' next saves take them along
+            self._flush_all()
+
     def close(self) -> None:
+        """Write what waits, then stop the writer (after the actors have stopped)."""
+        self._closing = True
+        self._wake.set()
+        self._flusher.join()
+        for follower in list(self._followers.values()):
+            follower.drain(self.save_timeout)
         self.commit.close()
 
 

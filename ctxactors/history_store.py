@@ -2,13 +2,17 @@
 ``("history",)``, so it outlives the session's actors (reaps, evictions, restarts).
 
 The history is written behind the calls, not before their replies: it is what the tools
-just did, while the keys' own states are what they did. Each new record submits the whole
-bounded history (at most the configured operations, each compacted) to the runtime's group
-commit, with the revision predicted from the writes already queued (the single writer
-applies them in order), so a reply never waits for it and an `end_session`, which waits for
-the writer first, can't be undone by a late write. A write that fails (the store is down,
-or another process wrote this session's history) makes the next record reload from the
-store, merge what it holds with what this process kept, and carry on from its revision.
+just did, while the keys' own states are what they did. A new record leaves the whole
+bounded history (at most the configured operations, each compacted) waiting: it goes to
+the runtime's group commit just before the session's next state save (so both share one
+transaction) or from the runtime's flusher a few milliseconds later, whichever comes first,
+and a reply never waits for it. While one write of a session is under way, newer records
+wait for it, so a busy session costs one history write at a time. A crash loses at most
+those few milliseconds of history, never a key's state. `end_session` closes the session's saver (nothing more is written) and
+waits for the writes already queued before it deletes. A write that fails (the store is
+down, or another process wrote this session's history) makes the next record reload from
+the store, merge what it holds with what this process kept, and carry on from its
+revision.
 """
 
 from __future__ import annotations
@@ -37,14 +41,23 @@ _decode = msgspec.msgpack.Decoder(list[Stored]).decode
 
 
 class HistorySaver:
-    """The store side of one session's history. Its methods run under the history's lock."""
+    """The store side of one session's history. `load` and `save` run under the history's
+    lock; `flush` in an actor thread or the runtime's flusher, `_done` in the writer."""
 
     def __init__(self, durable: Durability, session: SessionRef) -> None:
         self._durable = durable
         self._session = session
+        self._lock = threading.Lock()  # guards everything below against the other threads
         self._next = 0  # the revision the next write expects
         self._loaded = False
-        self._lock = threading.Lock()  # guards `_loaded` against the writer's callbacks
+        self._inflight = False  # one write at a time per session...
+        self._pending: list[tuple[float, Any]] | None = None  # ...the newest waits for it
+        self._closed = False
+        self._idle = threading.Event()  # set while no write is under way
+        self._idle.set()
+        # The saver of this session's previous incarnation (reaped or evicted a moment
+        # ago) may still have writes to make: read the store only once they are done.
+        self._previous = durable.follow(session, self)
 
     def load(self) -> list[tuple[float, Any]] | None:
         """What the store holds (wall time, raw operation), oldest first, when this history
@@ -52,6 +65,9 @@ class HistorySaver:
         with self._lock:
             if self._loaded:
                 return None
+        previous, self._previous = self._previous, None
+        if previous is not None:
+            previous.drain(self._durable.save_timeout)
         try:
             record = self._durable.store.load(self._session, KEY)
         except StoreError:
@@ -62,16 +78,58 @@ class HistorySaver:
         return [] if record is None else [(s.wall, s.op) for s in _decode(record.data)]
 
     def save(self, records: list[tuple[float, Any]]) -> None:
-        """Queue a write of these records (wall time, operation), oldest first."""
+        """Keep these records (wall time, operation; oldest first) to write behind the
+        calls: with the session's next state save, or by the flusher soon after."""
+        with self._lock:
+            if self._closed:
+                return
+            self._pending = records
+            if self._inflight:
+                return  # `_done` hands it on
+        self._durable.defer(self._session, self)
+
+    def flush(self) -> None:
+        """Submit the waiting history now, unless a write of it is still under way."""
+        with self._lock:
+            records, expected = self._pending, self._next
+            if records is None or self._inflight or self._closed:
+                return
+            self._pending = None
+            self._inflight = True
+            self._idle.clear()
         data = _encode([Stored(wall, op) for wall, op in records])
-        expected = self._next
-        self._next += 1
         self._durable.commit.submit(Write(self._session, KEY, data, expected), self._done)
 
     def _done(self, outcome: object) -> None:
-        if isinstance(outcome, BaseException):  # stale or unavailable: re-read, then merge
-            with self._lock:
+        with self._lock:
+            if isinstance(outcome, BaseException):  # stale or unavailable: re-read, merge
                 self._loaded = False
+                self._pending = None  # the next record writes the merged history
+            else:
+                assert isinstance(outcome, int)
+                self._next = outcome
+            self._inflight = False
+            self._idle.set()
+            waiting = self._pending is not None and not self._closed
+        if waiting:
+            self._durable.defer(self._session, self)
+
+    def drain(self, timeout: float) -> bool:
+        """Write everything waiting and wait until it is written (or `timeout` passes)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.flush()
+            with self._lock:
+                if not self._inflight and (self._pending is None or self._closed):
+                    return True
+            if not self._idle.wait(max(deadline - time.monotonic(), 0.0)):
+                return False
+
+    def close(self) -> None:
+        """The session was ended: write nothing more (a late write would bring it back)."""
+        with self._lock:
+            self._closed = True
+            self._pending = None
 
 
 def wall_to_clock(wall: float, clock_now: float) -> float:
