@@ -147,14 +147,15 @@ def main() -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--no-pin", action="store_true", help="don't pin to one CPU")
     args = parser.parse_args()
-    pinned = None
-    if not args.no_pin and hasattr(os, "sched_setaffinity"):
-        pinned = min(os.sched_getaffinity(0))
-        os.sched_setaffinity(0, {pinned})
     sink = open(os.devnull, "w")  # noqa: SIM115 - closed below
     configure_logging(level="warning", file=sink, force=True)
     results = []
+    pinned = None
     with tempfile.TemporaryDirectory() as tmp, stores(Path(tmp)) as choices:
+        # Pinned after redis-server started, so it keeps every CPU (as a real one would).
+        if not args.no_pin and hasattr(os, "sched_setaffinity"):
+            pinned = min(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {pinned})
         for label, make in choices:
             for sessions in (1, args.sessions):
                 store = make()
