@@ -95,7 +95,7 @@ class Durability:
     """The store side of a runtime: one group-commit writer, the load/save of every key."""
 
     def __init__(
-        self, store: StateStore, *, save_timeout: float = 30.0, flush_delay: float = 0.005
+        self, store: StateStore, *, save_timeout: float = 30.0, flush_delay: float = 0.05
     ) -> None:
         self.store = store
         self.save_timeout = save_timeout
@@ -107,12 +107,13 @@ class Durability:
         self._followers: weakref.WeakValueDictionary[SessionRef, _Follower] = (
             weakref.WeakValueDictionary()
         )
-        # Followers with a write waiting, flushed with their session's next state save or
-        # by the flusher thread `flush_delay` seconds later.
+        # Followers with a write waiting, flushed by the flusher thread `flush_delay`
+        # seconds later: a busy session's history costs one write per delay, not per call
+        # (with a write per call, the history's bytes halved a SQLite store's throughput).
         self._deferred: dict[SessionRef, _Follower] = {}
         self._deferred_lock = threading.Lock()
         self._wake = threading.Event()
-        self._closing = False
+        self._closing = threading.Event()
         self._flusher = threading.Thread(
             target=self._flush_forever, name="ctxactors-flusher", daemon=True
         )
@@ -163,8 +164,6 @@ class Durability:
         data = encode_state(server)
         if data == slot.data:
             return result
-        if self._deferred:
-            self._flush_session(session)  # its waiting history joins this transaction
         try:
             revision = self.commit.save(
                 Write(session, skey, data, slot.revision), timeout=self.save_timeout
@@ -220,12 +219,6 @@ class Durability:
             self._deferred[session] = follower
         self._wake.set()
 
-    def _flush_session(self, session: SessionRef) -> None:
-        with self._deferred_lock:
-            follower = self._deferred.pop(session, None)
-        if follower is not None:
-            follower.flush()
-
     def _flush_all(self) -> None:
         with self._deferred_lock:
             waiting = list(self._deferred.values())
@@ -234,19 +227,23 @@ class Durability:
             follower.flush()
 
     def _flush_forever(self) -> None:
-        while not self._closing:
+        while not self._closing.is_set():
             self._wake.wait()
             self._wake.clear()
-            time.sleep(self.flush_delay)  # let the sessions' next saves take them along
+            self._closing.wait(self.flush_delay)  # let more records gather
             self._flush_all()
+
+    def flush(self) -> None:
+        """Write what waits behind the calls (the histories) now, and wait for it."""
+        for follower in list(self._followers.values()):
+            follower.drain(self.save_timeout)
 
     def close(self) -> None:
         """Write what waits, then stop the writer (after the actors have stopped)."""
-        self._closing = True
+        self._closing.set()
         self._wake.set()
         self._flusher.join()
-        for follower in list(self._followers.values()):
-            follower.drain(self.save_timeout)
+        self.flush()
         self.commit.close()
 
 

@@ -3,12 +3,12 @@
 
 The history is written behind the calls, not before their replies: it is what the tools
 just did, while the keys' own states are what they did. A new record leaves the whole
-bounded history (at most the configured operations, each compacted) waiting: it goes to
-the runtime's group commit just before the session's next state save (so both share one
-transaction) or from the runtime's flusher a few milliseconds later, whichever comes first,
-and a reply never waits for it. While one write of a session is under way, newer records
-wait for it, so a busy session costs one history write at a time. A crash loses at most
-those few milliseconds of history, never a key's state. `end_session` closes the session's saver (nothing more is written) and
+bounded history (at most the configured operations, each compacted) waiting; the runtime's
+flusher hands it to the group commit 50 ms later (`Durability.flush_delay`), with every
+record added meanwhile, and a reply never waits for it. While one write of a session is
+under way, newer records wait for it. So a busy session costs one history write per 50 ms,
+not one per call, and a crash loses at most the last 50 ms of history, never a key's
+state. `end_session` closes the session's saver (nothing more is written) and
 waits for the writes already queued before it deletes. A write that fails (the store is
 down, or another process wrote this session's history) makes the next record reload from
 the store, merge what it holds with what this process kept, and carry on from its
@@ -42,7 +42,7 @@ _decode = msgspec.msgpack.Decoder(list[Stored]).decode
 
 class HistorySaver:
     """The store side of one session's history. `load` and `save` run under the history's
-    lock; `flush` in an actor thread or the runtime's flusher, `_done` in the writer."""
+    lock; `flush` in the runtime's flusher, `_done` in the group-commit writer."""
 
     def __init__(self, durable: Durability, session: SessionRef) -> None:
         self._durable = durable
@@ -78,8 +78,8 @@ class HistorySaver:
         return [] if record is None else [(s.wall, s.op) for s in _decode(record.data)]
 
     def save(self, records: list[tuple[float, Any]]) -> None:
-        """Keep these records (wall time, operation; oldest first) to write behind the
-        calls: with the session's next state save, or by the flusher soon after."""
+        """Keep these records (wall time, operation; oldest first) for the flusher to write
+        behind the calls."""
         with self._lock:
             if self._closed:
                 return

@@ -239,6 +239,8 @@ def test_retention_forgets_a_session_and_the_reaper_purges_it(
     with Runtime(store=store, ttl=60, clock=clock) as rt:
         _planning_write(rt)
         rt.call("create_goal", ctx_args("s2", A, goal="fresh"))
+        assert rt.durability is not None
+        rt.durability.flush()  # the histories, written behind the calls, are in the store
         clock.advance(61)
         wall.advance(1800)
         rt.reap()
