@@ -200,7 +200,10 @@ class Durability:
         follower = self._followers.pop(session, None)
         if follower is not None:
             follower.close()
-        self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
+        try:
+            self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
+        except TimeoutError as exc:
+            raise StoreUnavailableError(f"the state store did not answer: {exc}") from None
         return self.store.delete_session(session)
 
     def purge(self, every: float) -> int:

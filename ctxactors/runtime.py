@@ -47,7 +47,8 @@ class Runtime:
     """Routes tool calls to one pykka actor per key. Use as a context manager, or `close()`.
 
     `servers=None` registers the built-in servers. `ttl` is the idle time after which a
-    key's actor is reaped (its state is ephemeral); `max_actors` caps the live actors (the
+    key's actor is reaped (its state goes with it unless a `store` keeps it: see
+    `ctxactors.durable`); `max_actors` caps the live actors (the
     least recently used idle one is passivated to make room), `max_actors_per_principal`
     caps each principal's (passivating that principal's own least recently used idle key,
     never another's); `clock` is an injectable
@@ -104,7 +105,7 @@ class Runtime:
             log=self._log,
         )
         # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
-        self._durable = Durability(store, save_timeout=call_timeout) if store else None
+        self._durable = Durability(store, save_timeout=call_timeout) if store is not None else None
         if self._durable is not None:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
@@ -284,7 +285,9 @@ class Runtime:
         finish); another principal's session of the same id is untouched.
 
         Waits for their cleanup (processes killed, directories removed); returns how many
-        actors were stopped.
+        actors were stopped. With a store, the session's stored state is deleted too (raises
+        `StoreUnavailableError` if the store can't be reached: the actors are stopped, the
+        stored state stays until its retention ends or a retry succeeds).
         """
         session = (principal, session_id)
         stopped = self._registry.end_session(session, wait=self.call_timeout)

@@ -36,7 +36,7 @@ from state_support import redis_server  # noqa: E402 - the tests' real redis-ser
 
 from ctxactors import Runtime  # noqa: E402
 from ctxactors.logs import configure_logging  # noqa: E402
-from ctxactors.servers import Planning  # noqa: E402
+from ctxactors.servers import Content, Planning  # noqa: E402
 from ctxactors.state import RedisStore, SQLiteStore, StateStore, Write  # noqa: E402
 
 TODOS = 10
@@ -139,6 +139,27 @@ def restart_time(directory: Path, sessions: int) -> dict[str, Any]:
     }
 
 
+def content_cost(directory: Path, sizes: tuple[int, ...] = (100, 1000)) -> list[dict[str, Any]]:
+    """An ``add_content`` of 4 KiB when the session already holds N such documents: content
+    saves its whole SQLite database (``Connection.serialize()``), so the cost follows N."""
+    text = ("lorem ipsum dolor sit amet " * 160)[:4096]
+    rows = []
+    for label, store in (("none", None), ("sqlite", SQLiteStore(directory / "content.db"))):
+        with Runtime([Content], store=store) as rt:
+            for n in sizes:
+                session = {"__sessionId": f"content-{label}-{n}"}
+                for i in range(n):
+                    rt.call("add_content", {"filename": f"f{i}", "content": text, **session})
+                started = time.perf_counter()
+                for i in range(20):
+                    rt.call("add_content", {"filename": f"x{i}", "content": text, **session})
+                per_call = (time.perf_counter() - started) / 20
+                rows.append({"store": label, "documents": n, "add_us": round(per_call * 1e6)})
+        if store is not None:
+            store.close()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="measured calls per run")
@@ -164,6 +185,7 @@ def main() -> int:
                 if store is not None:
                     store.close()
         restart = restart_time(Path(tmp), args.stored)
+        content = content_cost(Path(tmp))
     sink.close()
     base = {r["sessions"]: r["calls_per_s"] for r in results if r["store"] == "none"}
     for r in results:
@@ -183,9 +205,15 @@ def main() -> int:
         f"in {restart['runtime_ready_ms']} ms, first call answered at "
         f"{restart['first_call_answered_ms']} ms"
     )
+    for row in content:
+        print(
+            f"add_content of 4 KiB beside {row['documents']} documents, store "
+            f"{row['store']}: {row['add_us']} µs"
+        )
     if args.json:
+        report = {"benchmark": "store", "results": results, "restart": restart}
         with open(args.json, "w") as f:
-            json.dump({"benchmark": "store", "results": results, "restart": restart}, f, indent=2)
+            json.dump({**report, "content": content}, f, indent=2)
     return 0
 
 
