@@ -110,8 +110,14 @@ class Runtime:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
-        for server in self._servers:
-            server.attach(self)
+        try:
+            for server in self._servers:
+                server.attach(self)
+        except BaseException:
+            # A server that refuses to start (no sandbox, say) must not leave the reaper
+            # thread and the store's writer running behind a runtime nobody can close.
+            self.close()
+            raise
 
     # -- calls ---------------------------------------------------------------------------
 
