@@ -19,7 +19,7 @@ in MCP. Every shape is a msgspec type below, and `/openapi.json` is generated fr
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -44,6 +44,7 @@ from ctxactors.results import (
     UnknownToolError,
 )
 from ctxactors.servers.history import Operation
+from ctxactors.transports.auth import LOOPBACK_ONLY, HttpSecurity, principal_of
 
 MAX_ID = 256
 MAX_LIMIT = 1_000  # above what any history keeps: a bigger limit means "everything"
@@ -185,13 +186,16 @@ def create_app(
     routes: Sequence[BaseRoute] = (),
     lifespan: Any = None,
     model: Any = None,
+    security: HttpSecurity = LOOPBACK_ONLY,
 ) -> Starlette:
     """The REST API of `runtime` as a Starlette app.
 
     `routes` join the same app (the MCP endpoint at ``/mcp``), `lifespan` runs around it
     (the MCP session manager), `max_body` caps every request body (413 above it). `model`
     (a `ctxactors.conversation.ChatModel`) enables ``/api/v1/query``; without one it
-    answers 503.
+    answers 503. `security` guards every route, ``/mcp`` included: by default loopback
+    Host names only, no cross-origin request, JSON POSTs only, and no authentication;
+    with authentication, the caller's principal namespaces every session.
     """
     log = get_logger("ctxactors.http")
     openapi = _encode(build_openapi(runtime))
@@ -209,7 +213,10 @@ def create_app(
             _header_id(request, "X-Thread-Id"),
         )
         body = await _body(request)
-        result: ToolResult = await runtime.acall(name, inject_context(body, ctx))
+        principal = principal_of(request.scope)
+        result: ToolResult = await runtime.acall(
+            name, inject_context(body, ctx), principal=principal
+        )
         response = ToolCallResponse(
             ctx.session_id, result.content, result.structured, result.is_error
         )
@@ -231,16 +238,20 @@ def create_app(
             arguments["tool_filter"] = filters
         if "get_recent_context" not in runtime.tools:
             raise ApiError(404, "not_found", "this runtime keeps no operation history")
-        if not runtime.has_session(session_id):
+        principal = principal_of(request.scope)
+        if not runtime.has_session(session_id, principal=principal):
             raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
-        result: ToolResult = await runtime.acall("get_recent_context", arguments)
+        result: ToolResult = await runtime.acall(
+            "get_recent_context", arguments, principal=principal
+        )
         if result.is_error or result.structured is None:
             raise ApiError(500, "history_failed", result.text)
         return _json(SessionContext(session_id, **_operations(result.structured)))
 
     async def end_session(request: Request) -> Response:
         session_id = _path_id(request, "session_id")
-        stopped = await run_in_threadpool(runtime.end_session, session_id)
+        principal = principal_of(request.scope)
+        stopped = await run_in_threadpool(runtime.end_session, session_id, principal=principal)
         if stopped == 0:
             raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
         log.info("session_ended_over_http", session_id=session_id, actors=stopped)
@@ -316,8 +327,8 @@ def create_app(
         Exception: unexpected,
     }
     return Starlette(
-        routes=[*api, *routes],
-        middleware=[Middleware(BodyLimit, max_body=max_body)],
+        routes=[*api, *routes, *security.routes()],
+        middleware=[*security.middleware(), Middleware(BodyLimit, max_body=max_body)],
         exception_handlers=handlers,
         lifespan=lifespan,
     )
@@ -370,7 +381,7 @@ async def _ask(runtime: Any, model: Any, text: str, session_id: str, request: Re
     from ctxactors.conversation import ChatSession, ModelError
 
     chat = ChatSession(
-        runtime,
+        _AsPrincipal(runtime, principal_of(request.scope)),
         model,
         session_id=session_id,
         assistant_id=_header_id(request, "X-Assistant-Id"),
@@ -380,6 +391,28 @@ async def _ask(runtime: Any, model: Any, text: str, session_id: str, request: Re
         return await chat.asend(text)
     except ModelError as exc:
         raise ApiError(502, "model_error", f"the chat model failed: {exc}") from None
+
+
+class _AsPrincipal:
+    """`runtime` as one principal's chat session sees it: every call carries the principal."""
+
+    def __init__(self, runtime: Any, principal: str | None) -> None:
+        self._runtime = runtime
+        self._principal = principal
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = self._runtime.list_tools()
+        return tools
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | str | None = None) -> ToolResult:
+        result: ToolResult = self._runtime.call(tool, arguments, principal=self._principal)
+        return result
+
+    async def acall(
+        self, tool: str, arguments: Mapping[str, Any] | str | None = None
+    ) -> ToolResult:
+        result: ToolResult = await self._runtime.acall(tool, arguments, principal=self._principal)
+        return result
 
 
 # -- /openapi.json ---------------------------------------------------------------------------
@@ -464,7 +497,7 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
                 "summary": "Run the agent loop once (needs a configured model)",
                 "parameters": _CONTEXT_HEADERS,
                 "requestBody": body(ref["QueryRequest"]),
-                "responses": answers(ref["QueryResponse"], 400, 413, 502, 503, headers=True),
+                "responses": answers(ref["QueryResponse"], 400, 413, 415, 502, 503, headers=True),
             }
         },
         "/api/v1/stats": {"get": {"operationId": "stats", "responses": answers(stats_schema)}},
@@ -478,7 +511,9 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
                 "description": spec.description,
                 "parameters": _CONTEXT_HEADERS,
                 "requestBody": body(schema, required=False),
-                "responses": answers(ref["ToolCallResponse"], 400, 413, 503, 504, headers=True),
+                "responses": answers(
+                    ref["ToolCallResponse"], 400, 413, 415, 503, 504, headers=True
+                ),
             }
         }
     return {
@@ -493,6 +528,7 @@ _STATUS_TEXT = {
     400: "Malformed JSON or invalid arguments (the message names the field)",
     404: "Unknown tool or session",
     413: "Request body over the size limit",
+    415: "A POST without Content-Type: application/json",
     502: "The chat model failed",
     503: "The runtime is closed or no model is configured",
     504: "The tool did not answer in time",

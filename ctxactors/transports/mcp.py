@@ -52,6 +52,12 @@ from ctxactors.results import (
     ToolResult,
 )
 from ctxactors.runtime import Runtime
+from ctxactors.transports.auth import (
+    HttpSecurity,
+    PrincipalSessionManager,
+    SessionLimit,
+    principal_of,
+)
 
 MCP_PATH = "/mcp"
 _SESSION_META = META_KEYS["session_id"]
@@ -103,7 +109,9 @@ class McpFrontend:
         meta = call_meta(params.meta, _http_session_id(ctx))
         self._in_flight += 1
         try:
-            result = await self.runtime.acall(params.name, params.arguments, meta=meta)
+            result = await self.runtime.acall(
+                params.name, params.arguments, meta=meta, principal=_principal(ctx)
+            )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
             result = ToolResult.error(str(exc))
         except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors
@@ -155,6 +163,11 @@ def _http_session_id(ctx: ServerRequestContext[Any]) -> str | None:
         return None
     value = headers.get("mcp-session-id")
     return value if isinstance(value, str) and value else None
+
+
+def _principal(ctx: ServerRequestContext[Any]) -> str | None:
+    """The authenticated principal of the HTTP request that carried this call, if any."""
+    return principal_of(getattr(ctx.request, "scope", None))
 
 
 # -- stdio -------------------------------------------------------------------------------
@@ -242,33 +255,44 @@ Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 
 
 def session_manager(
-    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+    frontend: McpFrontend,
+    *,
+    host: str = "127.0.0.1",
+    max_body: int = 4 * 1024 * 1024,
+    security: HttpSecurity | None = None,
 ) -> StreamableHTTPSessionManager:
     """The SDK's streamable-HTTP session manager for `frontend` (stateful sessions).
 
-    Bound to a loopback address, it checks Host and Origin (DNS-rebinding protection), as
-    the SDK's own app does; bound elsewhere, the operator chose to expose it.
+    With `security`, it checks Host and Origin by the same rules as the app's `RequestGuard`
+    and caps each principal's open sessions. Without, bound to a loopback address, it
+    checks Host and Origin (DNS-rebinding protection), as the SDK's own app does.
     """
-    security = None
-    if host in _LOOPBACK:
-        security = TransportSecuritySettings(
+    settings = security.transport_security() if security is not None else None
+    if security is None and host in _LOOPBACK:
+        settings = TransportSecuritySettings(
             enable_dns_rebinding_protection=True,
             allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
-    return StreamableHTTPSessionManager(
-        app=frontend.server, security_settings=security, max_request_body_size=max_body
-    )
+    options: dict[str, Any] = {"security_settings": settings, "max_request_body_size": max_body}
+    cap = security.max_sessions_per_principal if security is not None else None
+    if cap is not None:
+        return PrincipalSessionManager(frontend.server, max_sessions_per_principal=cap, **options)
+    return StreamableHTTPSessionManager(frontend.server, **options)
 
 
 def mcp_parts(
-    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+    frontend: McpFrontend,
+    *,
+    host: str = "127.0.0.1",
+    max_body: int = 4 * 1024 * 1024,
+    security: HttpSecurity | None = None,
 ) -> tuple[Route, Lifespan]:
     """What an app needs to serve MCP: the ``/mcp`` route and the lifespan that runs its
     session manager. The route is a `Route` (a `Mount` would redirect ``/mcp`` to
     ``/mcp/``). On shutdown, calls in flight answer before the sessions close.
     """
-    manager = session_manager(frontend, host=host, max_body=max_body)
+    manager = session_manager(frontend, host=host, max_body=max_body, security=security)
     drain = frontend.runtime.call_timeout
 
     @contextlib.asynccontextmanager
@@ -279,4 +303,7 @@ def mcp_parts(
             finally:
                 await frontend.drain(drain)
 
-    return Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager)), lifespan
+    endpoint: Any = StreamableHTTPASGIApp(manager)
+    if security is not None and security.max_sessions_per_principal is not None:
+        endpoint = SessionLimit(endpoint, security.max_sessions_per_principal)
+    return Route(MCP_PATH, endpoint=endpoint), lifespan

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import importlib
 import os
+import sys
 from types import FrameType
 from typing import Any
 
@@ -26,6 +27,7 @@ from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
 from ctxactors.tools import Server
+from ctxactors.transports import auth
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
     McpFrontend,
@@ -65,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
     )
     parser.add_argument("--model", help="the model name to ask at --model-url")
+    auth.add_arguments(parser)
 
 
 def load_server(spec: str) -> type[Server]:
@@ -89,6 +92,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
         ttl=args.ttl,
         max_actors=args.max_actors,
+        max_actors_per_principal=args.max_actors_per_principal,
         tools=args.tools,
     )
 
@@ -96,6 +100,11 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 def run(args: argparse.Namespace) -> int:
     log = get_logger("ctxactors.serve", transport=args.transport)
     model = build_model(args)  # a usage error must come before anything starts
+    try:
+        security = auth.security_from_args(args)
+    except auth.AuthConfigError as exc:
+        print(f"ctxactors serve: {exc}", file=sys.stderr)
+        return 2
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -103,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             log.info("serving", tools=len(runtime.list_tools()))
             anyio.run(lambda: serve_stdio(frontend, drain_timeout=runtime.call_timeout))
         else:
-            _serve_http(runtime, args, model, log)
+            _serve_http(runtime, args, model, security, log)
     finally:
         runtime.close()
         log.info("stopped")
@@ -123,16 +132,27 @@ def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
     )
 
 
-def http_app(runtime: Runtime, *, host: str, model: Any = None) -> tuple[Starlette, McpFrontend]:
+def http_app(
+    runtime: Runtime, *, security: auth.HttpSecurity, model: Any = None
+) -> tuple[Starlette, McpFrontend]:
     """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end."""
     frontend = McpFrontend(runtime)
-    route, lifespan = mcp_parts(frontend, host=host, max_body=_MAX_BODY)
-    app = create_app(runtime, max_body=_MAX_BODY, routes=[route], lifespan=lifespan, model=model)
+    route, lifespan = mcp_parts(frontend, max_body=_MAX_BODY, security=security)
+    app = create_app(
+        runtime,
+        max_body=_MAX_BODY,
+        routes=[route],
+        lifespan=lifespan,
+        model=model,
+        security=security,
+    )
     return app, frontend
 
 
-def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any) -> None:
-    app, frontend = http_app(runtime, host=args.host, model=model)
+def _serve_http(
+    runtime: Runtime, args: argparse.Namespace, model: Any, security: auth.HttpSecurity, log: Any
+) -> None:
+    app, frontend = http_app(runtime, security=security, model=model)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -142,7 +162,13 @@ def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any
         timeout_graceful_shutdown=_HTTP_GRACE_S,
     )
     server = _DrainingServer(config, frontend, runtime.call_timeout)
-    log.info("serving", host=args.host, port=args.port, path="/mcp")
+    log.info(
+        "serving",
+        host=args.host,
+        port=args.port,
+        path="/mcp",
+        auth=type(security.verifier).__name__ if security.verifier else "none",
+    )
     server.run()
 
 
