@@ -44,7 +44,8 @@ from ctxactors.results import (
     UnknownToolError,
 )
 from ctxactors.servers.history import Operation
-from ctxactors.transports.auth import LOOPBACK_ONLY, HttpSecurity, principal_of
+from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
+from ctxactors.transports.auth import principal_of
 
 MAX_ID = 256
 MAX_LIMIT = 1_000  # above what any history keeps: a bigger limit means "everything"

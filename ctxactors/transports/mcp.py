@@ -52,12 +52,8 @@ from ctxactors.results import (
     ToolResult,
 )
 from ctxactors.runtime import Runtime
-from ctxactors.transports.auth import (
-    HttpSecurity,
-    PrincipalSessionManager,
-    SessionLimit,
-    principal_of,
-)
+from ctxactors.transports.access import HttpSecurity
+from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of
 
 MCP_PATH = "/mcp"
 _SESSION_META = META_KEYS["session_id"]

@@ -3,9 +3,11 @@
 With ``--transport http`` one Starlette app serves MCP at ``/mcp`` beside the REST API;
 ``--model-url`` and ``--model`` give ``/api/v1/query`` an OpenAI-compatible chat model (its
 key, if it needs one, comes from ``CTXACTORS_MODEL_API_KEY``, never the command line, where
-other users could read it). Either way, a shutdown (end of stdin, SIGTERM,
-Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every actor and
-kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
+other users could read it). Who may connect is `access.HttpSecurity`, built from the
+``--auth-*``/``--jwt-*``/``--allow-*`` options; without authentication only a loopback
+address is served (unless ``--insecure-no-auth``). Either way, a shutdown (end of stdin,
+SIGTERM, Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every
+actor and kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
 stdout, which is the stdio protocol channel.
 """
 
@@ -27,7 +29,8 @@ from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
 from ctxactors.tools import Server
-from ctxactors.transports import auth
+from ctxactors.transports import access
+from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
     McpFrontend,
@@ -67,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
     )
     parser.add_argument("--model", help="the model name to ask at --model-url")
-    auth.add_arguments(parser)
+    access.add_arguments(parser)
 
 
 def load_server(spec: str) -> type[Server]:
@@ -101,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     log = get_logger("ctxactors.serve", transport=args.transport)
     model = build_model(args)  # a usage error must come before anything starts
     try:
-        security = auth.security_from_args(args)
-    except auth.AuthConfigError as exc:
+        security = access.security_from_args(args)
+    except access.AuthConfigError as exc:
         print(f"ctxactors serve: {exc}", file=sys.stderr)
         return 2
     runtime = build_runtime(args)
@@ -133,7 +136,7 @@ def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
 
 
 def http_app(
-    runtime: Runtime, *, security: auth.HttpSecurity, model: Any = None
+    runtime: Runtime, *, security: access.HttpSecurity, model: Any = None
 ) -> tuple[Starlette, McpFrontend]:
     """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end."""
     frontend = McpFrontend(runtime)
@@ -150,9 +153,11 @@ def http_app(
 
 
 def _serve_http(
-    runtime: Runtime, args: argparse.Namespace, model: Any, security: auth.HttpSecurity, log: Any
+    runtime: Runtime, args: argparse.Namespace, model: Any, security: access.HttpSecurity, log: Any
 ) -> None:
     app, frontend = http_app(runtime, security=security, model=model)
+    if security.verifier is None and not is_loopback(args.host):
+        log.warning("no_authentication", host=args.host, risk="anyone who connects runs every tool")
     config = uvicorn.Config(
         app,
         host=args.host,
