@@ -27,8 +27,14 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_support import SERVE, free_port, host_meta, http_server, serve_env
+from test_http_api import serve
 
+from ctxactors import Runtime
 from ctxactors.cli import main as cli_main
+from ctxactors.conversation import Message, ScriptedModel, ToolCall
+from ctxactors.transports.access import HttpSecurity
+from ctxactors.transports.auth import StaticTokens
+from ctxactors.transports.http import create_app
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -373,6 +379,44 @@ def test_max_actors_per_principal_passivates_that_principals_own_keys(tokens: st
         assert rest_goals(rest, BOB, "b") == ["bob's"]
         assert rest_goals(rest, ALICE, "a2") == ["a2"]
         assert rest_goals(rest, ALICE, "a0") == []  # passivated: its state was dropped
+
+
+def test_an_mcp_session_answers_only_the_token_that_opened_it(static_url: str) -> None:
+    opened = httpx.post(
+        f"{static_url}/mcp", json=INITIALIZE, headers={**bearer(ALICE), **MCP_ACCEPT}
+    )
+    assert opened.status_code == 200, opened.text
+    session = {"Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    hijack = httpx.post(
+        f"{static_url}/mcp", json=ping, headers={**bearer(BOB), **session, **MCP_ACCEPT}
+    )
+    assert hijack.status_code == 404
+    assert httpx.delete(f"{static_url}/mcp", headers={**bearer(BOB), **session}).status_code == 404
+    anyio.run(_delete_session, opened)
+
+
+def test_query_runs_its_tools_as_the_callers_principal() -> None:
+    model = ScriptedModel(
+        [
+            Message.assistant(None, [ToolCall.new("create_goal", {"goal": "Ship it"})]),
+            Message.assistant("Created it."),
+        ]
+    )
+    security = HttpSecurity(verifier=StaticTokens([(ALICE, "alice"), (BOB, "bob")]))
+    with Runtime() as rt:
+        with serve(create_app(rt, model=model, security=security)) as url:
+            query = {"query": "make a goal", "session_id": "q"}
+            assert_401(httpx.post(f"{url}/api/v1/query", json=query))
+            answered = httpx.post(f"{url}/api/v1/query", json=query, headers=bearer(ALICE))
+            assert answered.json() == {"session_id": "q", "answer": "Created it."}
+
+        def goals(principal: str | None) -> list[str]:
+            state = rt.call("get_planning_state", {"__sessionId": "q"}, principal=principal)
+            assert state.structured is not None
+            return [g["goal"] for g in state.structured["goals"]]
+
+        assert (goals("alice"), goals("bob"), goals(None)) == (["Ship it"], [], [])
 
 
 # -- JWT -------------------------------------------------------------------------------------
