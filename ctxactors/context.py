@@ -107,10 +107,6 @@ def parse_arguments(arguments: Mapping[str, Any] | str | bytes | None) -> dict[s
     raise InvalidArgumentsError(f"arguments must be a JSON object, got {kind}")
 
 
-# (session, assistant, thread) as read from one source; None where the source has none.
-_Fields = tuple[str | None, str | None, str | None]
-
-
 def read_context(
     arguments: Mapping[str, Any],
     meta: Mapping[str, Any] | None = None,
@@ -126,57 +122,51 @@ def read_context(
     A session named by neither is `fallback`; with ``fallback=None`` that raises
     `InvalidArgumentsError` saying how to pass one. A non-string context value raises too.
     """
-    fields = _from_meta(meta) if meta else None
-    spoofed = None
-    if fields is None:
-        fields = _from_arguments(arguments)
-    else:
+    if meta and (from_meta := _from_meta(meta)) is not None:
+        session, assistant, thread = from_meta
         spoofed = [name for name in arguments if name.startswith("__")] or None
-    session, assistant, thread = fields
-    defaulted = session is None
+    else:
+        session = _argument(arguments, SESSION_ID, "__session_id")
+        assistant = _argument(arguments, ASSISTANT_ID, "__assistant_id")
+        thread = _argument(arguments, THREAD_ID, "__thread_id")
+        spoofed = None
     if session is None:
         if fallback is None:
             raise InvalidArgumentsError(NO_SESSION_MESSAGE)
-        session = fallback
-    if principal is None and assistant is None and thread is None and session == DEFAULT_SESSION:
-        return _DEFAULT_CONTEXT, spoofed, defaulted
-    return ToolContext(session, assistant, thread, principal), spoofed, defaulted
+        return ToolContext(fallback, assistant, thread, principal), spoofed, True
+    return ToolContext(session, assistant, thread, principal), spoofed, False
 
 
-def _from_arguments(arguments: Mapping[str, Any]) -> _Fields:
-    found: list[str | None] = [None, None, None]
-    for i, names in enumerate(_ARGUMENT_NAMES):
-        for name in names:
-            if name in arguments:
-                value = arguments[name]
-                if not isinstance(value, str):
-                    raise InvalidArgumentsError(
-                        f"reserved field {name!r} must be a string, got {type(value).__name__}"
-                    )
-                found[i] = value
-                break
-    return found[0], found[1], found[2]
-
-
-def _from_meta(meta: Mapping[str, Any]) -> _Fields | None:
-    """The context in ``_meta``, or None when it carries no context key (null is none)."""
-    found: list[str | None] = [None, None, None]
-    for i, key in enumerate(_META_NAMES):
-        value = meta.get(key)
-        if value is not None:
-            if not isinstance(value, str):
-                raise InvalidArgumentsError(
-                    f"_meta field {key!r} must be a string, got {type(value).__name__}"
-                )
-            found[i] = value
-    if found == [None, None, None]:
+def _argument(arguments: Mapping[str, Any], camel: str, snake: str) -> str | None:
+    """A context argument, camelCase first; a non-string value is refused naming it."""
+    if camel in arguments:
+        name = camel
+    elif snake in arguments:
+        name = snake
+    else:
         return None
-    return found[0], found[1], found[2]
+    value = arguments[name]
+    if isinstance(value, str):
+        return value
+    raise InvalidArgumentsError(
+        f"reserved field {name!r} must be a string, got {type(value).__name__}"
+    )
 
 
-_ARGUMENT_NAMES = tuple(RESERVED_FIELDS.values())  # session, assistant, thread
-_META_NAMES = tuple(META_KEYS.values())
-_DEFAULT_CONTEXT = ToolContext()
+def _from_meta(meta: Mapping[str, Any]) -> tuple[str | None, str | None, str | None] | None:
+    """The context in ``_meta``, or None when it carries no context key (null is none)."""
+    found = tuple(_meta_value(meta, key) for key in _META_NAMES)
+    return None if found == (None, None, None) else found  # type: ignore[return-value]
+
+
+def _meta_value(meta: Mapping[str, Any], key: str) -> str | None:
+    value = meta.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise InvalidArgumentsError(f"_meta field {key!r} must be a string, got {type(value).__name__}")
+
+
+_META_NAMES = tuple(META_KEYS.values())  # session, assistant, thread
 
 
 def clean_args(arguments: Mapping[str, Any]) -> dict[str, Any]:
