@@ -581,6 +581,15 @@ def test_a_non_loopback_bind_without_auth_exits_2() -> None:
             ["--allow-origin", "https://app.example/path"],
             "--allow-origin 'https://app.example/path'",
         ),
+        (
+            ["--jwt-public-key", __file__, "--jwt-issuer", ISSUER, "--jwt-audience", "a"],
+            "not a PEM public key",
+        ),
+        (
+            ["--auth-tokens", __file__, "--jwt-issuer", ISSUER],
+            "either --auth-tokens or the --jwt-* options",
+        ),
+        (["--auth-tokens", "/nonexistent/tokens"], "--auth-tokens /nonexistent/tokens: "),
     ],
 )
 def test_bad_access_options_exit_2_with_a_message(

@@ -18,7 +18,7 @@ from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
-from pydantic import AnyHttpUrl
+from pydantic import AnyHttpUrl, ValidationError
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
 from starlette.middleware.cors import CORSMiddleware
@@ -107,13 +107,18 @@ def jwt_auth_settings(issuer: str, resource_url: str) -> AuthSettings | None:
         return None
     # Strings, so the model keeps a path-less URL as given (RFC 8414 compares issuers
     # exactly; a bare AnyHttpUrl would add a slash).
-    return AuthSettings.model_validate(
-        {
-            "issuer_url": issuer,
-            "resource_server_url": resource_url,
-            "validate_token_resource": False,  # the verifier checks the audience itself
-        }
-    )
+    try:
+        return AuthSettings.model_validate(
+            {
+                "issuer_url": issuer,
+                "resource_server_url": resource_url,
+                "validate_token_resource": False,  # the verifier checks the audience itself
+            }
+        )
+    except ValidationError as exc:
+        raise AuthConfigError(
+            f"--public-url {resource_url!r}: not an http(s) URL ({exc})"
+        ) from None
 
 
 # What an app gets unless told otherwise: loopback Host names, no cross-origin request, JSON
