@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
+from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.tools import Server
 from ctxactors.transports import access
 from ctxactors.transports.guard import is_loopback
@@ -91,13 +92,16 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
     extra = [load_server(s) for s in args.server]
-    return Runtime(
-        [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
-        ttl=args.ttl,
-        max_actors=args.max_actors,
-        max_actors_per_principal=args.max_actors_per_principal,
-        tools=args.tools,
-    )
+    try:
+        return Runtime(
+            [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+            tools=args.tools,
+        )
+    except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+        raise SystemExit(f"ctxactors serve: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
