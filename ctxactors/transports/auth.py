@@ -62,8 +62,11 @@ def principal_of(scope: Scope | None) -> str | None:
     return user.access_token.subject
 
 
-def _access_token(token: str, principal: str, **extra: Any) -> AccessToken:
-    return AccessToken(token=token, client_id=principal, subject=principal, scopes=[], **extra)
+def _access_token(token: str, principal: str, scopes: Any = None, **extra: Any) -> AccessToken:
+    """What the SDK keeps of a valid token. The principal is both client and subject, so
+    the SDK's session-ownership check (client, issuer, subject) compares principals."""
+    scopes = scopes.split() if isinstance(scopes, str) else []
+    return AccessToken(token=token, client_id=principal, subject=principal, scopes=scopes, **extra)
 
 
 def _check_principal(value: Any, where: str) -> str:
@@ -198,12 +201,10 @@ class JwtVerifier:
         except (jwt.PyJWTError, AuthConfigError) as exc:
             _log.debug("token_refused", reason=f"{type(exc).__name__}: {exc}")
             return None
-        scopes = claims.get("scope")
-        return AccessToken(
-            token=token,
-            client_id=principal,
-            subject=principal,
-            scopes=scopes.split() if isinstance(scopes, str) else [],
+        return _access_token(
+            token,
+            principal,
+            claims.get("scope"),
             expires_at=int(claims["exp"]),
             claims={"iss": claims["iss"]},
         )
