@@ -64,8 +64,9 @@ def base(url: str) -> str:
 
 @pytest.fixture(scope="module")
 def open_url() -> Iterator[str]:
-    """No authentication (loopback), one allowed origin."""
-    with http_server("--allow-origin", "https://app.example") as (url, _proc):
+    """No authentication (loopback), one allowed origin, one more Host name (a proxy's)."""
+    extra = ("--allow-origin", "https://app.example", "--allow-host", "tools.example")
+    with http_server(*extra) as (url, _proc):
         yield base(url)
 
 
@@ -192,6 +193,15 @@ def test_foreign_host_is_refused_on_every_path(open_url: str) -> None:
     assert mcp.status_code == 421
 
 
+def test_a_host_name_the_operator_allows_passes(open_url: str) -> None:
+    for host in ("tools.example", "TOOLS.example:8443", "localhost:1", "[::1]:2"):
+        response = httpx.get(f"{open_url}/api/v1/tools", headers={"Host": host})
+        assert response.status_code == 200, host
+    for host in ("tools.example.evil.example", "tools.example:x", "[::1", "", "evil.example"):
+        response = httpx.get(f"{open_url}/api/v1/tools", headers={"Host": host})
+        assert response.status_code == 421, host
+
+
 def test_post_from_a_foreign_origin_is_refused(open_url: str) -> None:
     before = calls(open_url)
     evil = {"Origin": "https://evil.example"}
@@ -226,6 +236,10 @@ def test_an_allowed_origin_passes_with_cors_headers(open_url: str) -> None:
     )
     assert preflight.status_code == 200
     assert preflight.headers["Access-Control-Allow-Origin"] == "https://app.example"
+    allowed = {
+        h.strip().lower() for h in preflight.headers["Access-Control-Allow-Headers"].split(",")
+    }
+    assert {"authorization", "content-type", "x-session-id", "mcp-session-id"} <= allowed
 
 
 # -- static tokens ---------------------------------------------------------------------------
