@@ -410,6 +410,39 @@ def test_an_mcp_session_answers_only_the_token_that_opened_it(static_url: str) -
     anyio.run(_delete_session, opened)
 
 
+def test_deleting_an_mcp_session_ends_only_its_principals_state(static_url: str) -> None:
+    opened = httpx.post(
+        f"{static_url}/mcp", json=INITIALIZE, headers={**bearer(ALICE), **MCP_ACCEPT}
+    )
+    mcp_id = opened.headers["Mcp-Session-Id"]
+    alice = {**bearer(ALICE), **MCP_ACCEPT, "Mcp-Session-Id": mcp_id}
+    alice["Mcp-Protocol-Version"] = "2025-06-18"
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert httpx.post(f"{static_url}/mcp", json=initialized, headers=alice).status_code == 202
+    create = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "create_goal", "arguments": {"goal": "in the MCP session"}},
+    }
+    assert httpx.post(f"{static_url}/mcp", json=create, headers=alice).status_code == 200
+    # Bob has a session of the same id; it is his own and outlives alice's DELETE.
+    assert call(static_url, "list_content", {}, token=BOB, session=mcp_id).status_code == 200
+
+    def context(token: str) -> int:
+        url = f"{static_url}/api/v1/sessions/{mcp_id}/context"
+        return httpx.get(url, headers=bearer(token)).status_code
+
+    assert (context(ALICE), context(BOB)) == (200, 200)
+    bob_delete = httpx.delete(
+        f"{static_url}/mcp", headers={**bearer(BOB), "Mcp-Session-Id": mcp_id}
+    )
+    assert bob_delete.status_code == 404
+    assert (context(ALICE), context(BOB)) == (200, 200)
+    assert httpx.delete(f"{static_url}/mcp", headers=alice).status_code == 200
+    assert (context(ALICE), context(BOB)) == (404, 200)
+
+
 def test_query_runs_its_tools_as_the_callers_principal() -> None:
     model = ScriptedModel(
         [

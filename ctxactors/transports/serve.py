@@ -38,10 +38,10 @@ from ctxactors.transports.mcp import (
     mcp_parts,
     serve_stdio,
 )
+from ctxactors.transports.stdio import MAX_LINE
 
 # How long uvicorn keeps connections (say, idle SSE streams) open once calls have drained.
 _HTTP_GRACE_S = 3
-_MAX_BODY = 4 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,7 +71,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
     )
     parser.add_argument("--model", help="the model name to ask at --model-url")
+    parser.add_argument(
+        "--max-body",
+        type=_positive,
+        default=MAX_LINE,
+        metavar="BYTES",
+        help="cap on one message: an HTTP request body (413 above it) or a stdio line "
+        "(a JSON-RPC error above it); default 4 MiB",
+    )
     access.add_arguments(parser)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes, got {value}")
+    return value
 
 
 def load_server(spec: str) -> type[Server]:
@@ -117,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
         if args.transport == "stdio":
             frontend = McpFrontend(runtime)
             log.info("serving", tools=len(runtime.list_tools()))
-            anyio.run(lambda: serve_stdio(frontend, drain_timeout=runtime.call_timeout))
+            drain = runtime.call_timeout
+            anyio.run(lambda: serve_stdio(frontend, drain_timeout=drain, max_line=args.max_body))
         else:
             _serve_http(runtime, args, model, security, log)
     finally:
@@ -140,17 +156,23 @@ def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
 
 
 def http_app(
-    runtime: Runtime, *, security: access.HttpSecurity, model: Any = None
+    runtime: Runtime,
+    *,
+    security: access.HttpSecurity,
+    model: Any = None,
+    max_body: int = MAX_LINE,
 ) -> tuple[Starlette, McpFrontend]:
-    """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end."""
+    """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end, whose drain
+    waits for REST and MCP calls alike."""
     frontend = McpFrontend(runtime)
-    route, lifespan = mcp_parts(frontend, max_body=_MAX_BODY, security=security)
+    route, lifespan = mcp_parts(frontend, max_body=max_body, security=security)
     app = create_app(
         runtime,
-        max_body=_MAX_BODY,
+        max_body=max_body,
         routes=[route],
         lifespan=lifespan,
         model=model,
+        in_flight=frontend.in_flight,
         security=security,
     )
     return app, frontend
@@ -159,7 +181,7 @@ def http_app(
 def _serve_http(
     runtime: Runtime, args: argparse.Namespace, model: Any, security: access.HttpSecurity, log: Any
 ) -> None:
-    app, frontend = http_app(runtime, security=security, model=model)
+    app, frontend = http_app(runtime, security=security, model=model, max_body=args.max_body)
     if security.verifier is None and not is_loopback(args.host):
         log.warning("no_authentication", host=args.host, risk="anyone who connects runs every tool")
     config = uvicorn.Config(
@@ -182,8 +204,8 @@ def _serve_http(
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's server, but the first SIGTERM/SIGINT first lets MCP calls in flight answer
-    (their HTTP requests are still open), then starts uvicorn's own graceful shutdown; a
+    """uvicorn's server, but the first SIGTERM/SIGINT first lets REST and MCP calls in flight
+    answer (their HTTP requests are still open), then starts uvicorn's own graceful shutdown; a
     second signal forces the exit.
 
     The signal is not recorded as uvicorn's own handler would, because uvicorn re-raises
