@@ -597,6 +597,28 @@ def test_jwts_checked_against_a_jwks_url() -> None:
 # -- what serve refuses to start -------------------------------------------------------------
 
 
+def test_a_loopback_bind_accepts_its_own_address_as_host() -> None:
+    """127.0.0.2 is loopback too: clients that connect to it send it as their Host."""
+    port = free_port()
+    command = [*SERVE, "--transport", "http", "--host", "127.0.0.2", "--port", str(port)]
+    proc = subprocess.Popen(command, env=serve_env(), stdin=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.2:{port}/api/v1/tools"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                response = httpx.get(url)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+        assert response.status_code == 200
+        assert httpx.get(url, headers={"Host": "evil.example"}).status_code == 421
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
 def test_a_non_loopback_bind_without_auth_exits_2() -> None:
     done = subprocess.run(
         [*SERVE, "--transport", "http", "--host", "0.0.0.0", "--port", str(free_port())],

@@ -226,13 +226,12 @@ def _verifier_from_args(
 
 
 def _allowed_hosts(bind: str, extra: Sequence[str]) -> tuple[str, ...] | None:
-    """Loopback binds accept loopback names (as the MCP SDK's own check does); other binds
-    check Host only when the operator names the hosts."""
+    """Loopback binds accept loopback names and their own address (``127.0.0.2`` too);
+    other binds check Host only when the operator names the hosts."""
     names = [h.lower() for h in extra]
+    own = [] if bind in ("0.0.0.0", "::", "") else [f"[{bind}]" if ":" in bind else bind]
     if is_loopback(bind):
-        return (*LOOPBACK_HOSTS, *names)
+        return tuple(dict.fromkeys([*LOOPBACK_HOSTS, *own, *names]))
     if not names:
         return None
-    if bind not in ("0.0.0.0", "::", ""):
-        names.append(f"[{bind}]" if ":" in bind else bind)
-    return tuple(names)
+    return tuple(dict.fromkeys([*names, *own]))
