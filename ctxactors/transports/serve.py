@@ -18,6 +18,7 @@ import asyncio
 import importlib
 import os
 import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -29,6 +30,7 @@ from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
+from ctxactors.state import open_store
 from ctxactors.tools import Server
 from ctxactors.transports import access
 from ctxactors.transports.guard import is_loopback
@@ -49,7 +51,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (0: any free one)")
     parser.add_argument(
-        "--ttl", type=float, default=3600.0, help="idle seconds before a key's state is dropped"
+        "--ttl",
+        type=float,
+        default=3600.0,
+        help="idle seconds before a key's actor leaves memory (its stored state stays)",
+    )
+    parser.add_argument(
+        "--store",
+        default="sqlite",
+        metavar="sqlite|memory|redis://...",
+        help="where key state is kept: a SQLite file under --data-dir (default), Redis, "
+        "or memory (ephemeral: gone with the actor or the process)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory of the SQLite store (default $XDG_STATE_HOME/ctxactors or "
+        "~/.local/state/ctxactors)",
+    )
+    parser.add_argument(
+        "--retention",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long the store keeps a session after its last change or load",
     )
     parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
     parser.add_argument(
@@ -108,14 +134,21 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
     extra = [load_server(s) for s in args.server]
     try:
+        store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
+    except ValueError as exc:
+        raise SystemExit(f"--store: {exc}") from None
+    try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
             ttl=args.ttl,
             max_actors=args.max_actors,
             max_actors_per_principal=args.max_actors_per_principal,
             tools=args.tools,
+            store=store,
         )
     except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+        if store is not None:
+            store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
 
 
@@ -138,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             _serve_http(runtime, args, model, security, log)
     finally:
         runtime.close()
+        if runtime.store is not None:
+            runtime.store.close()
         log.info("stopped")
     return 0
 
