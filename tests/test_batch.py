@@ -62,7 +62,14 @@ class Probe(Server):
     def meet(self, ctx: ToolContext, value: str) -> dict[str, Any]:
         """Wait at the shared barrier: only passes if the other party runs at the same time."""
         assert Probe.barrier is not None
-        Probe.barrier.wait()
+        with Probe.lock:
+            Probe.running += 1
+            Probe.peak = max(Probe.peak, Probe.running)
+        try:
+            Probe.barrier.wait()
+        finally:
+            with Probe.lock:
+                Probe.running -= 1
         self.items.append(value)
         return {"value": value}
 
@@ -356,14 +363,17 @@ def test_parallel_keeps_order_on_one_key_and_respects_max_concurrency(rt: Runtim
     assert set(statuses(result).values()) == {"success"}
     assert state(rt, "items_now")["items"] == ["0", "1", "2", "3", "4"]
 
+    # Each operation waits at a barrier of two: it passes only when two run at once, so a
+    # sequential run fails; the cap keeps a third from ever joining them.
     Probe.peak = 0
+    Probe.barrier = threading.Barrier(2, timeout=WAIT)
     spread = [
-        {"id": f"q{i}", "tool": "put", "arguments": {"value": "v", "sleep": 0.05}, "thread": str(i)}
+        {"id": f"q{i}", "tool": "meet", "arguments": {"value": str(i)}, "thread": str(i)}
         for i in range(6)
     ]
     result = batch(rt, spread, parallel=True, maxConcurrency=2)
-    assert set(statuses(result).values()) == {"success"}
-    assert 1 <= Probe.peak <= 2
+    assert statuses(result) == {f"q{i}": "success" for i in range(6)}
+    assert Probe.peak == 2
 
 
 def test_many_concurrent_parallel_batches_keep_every_session_exact(rt: Runtime) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,26 +23,53 @@ from ctxactors.conversation import (
 pytestmark = pytest.mark.timeout(20)
 
 
-class SlowRuntime:
-    """A stand-in runtime: every call takes `delay` seconds and is recorded."""
+WAIT = 10.0  # bound for waits that pass at once unless the code is broken
 
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
+
+class SlowRuntime:
+    """A stand-in runtime that records every call.
+
+    With ``meet=n`` each call waits at a barrier until `n` parties are there at once, so
+    calls only get through when they really run concurrently; `peak` is the most calls
+    seen inside together. `abarrier` is the asyncio barrier `acall` waits at (set it to let
+    the test itself be a party).
+    """
+
+    def __init__(self, meet: int = 0) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.peak = 0
+        self._inside = 0
         self._lock = threading.Lock()
+        self._barrier = threading.Barrier(meet, timeout=WAIT) if meet else None
+        self.abarrier: asyncio.Barrier | None = None
 
     def list_tools(self) -> list[dict[str, Any]]:
         return [{"name": "wait", "description": "Wait.", "inputSchema": {"type": "object"}}]
 
     def call(self, tool: str, arguments: Mapping[str, Any] | str | None = None) -> ToolResult:
-        time.sleep(self.delay)
+        with self._entered():
+            if self._barrier is not None:
+                self._barrier.wait()
         return self._record(tool, arguments)
 
     async def acall(
         self, tool: str, arguments: Mapping[str, Any] | str | None = None
     ) -> ToolResult:
-        await asyncio.sleep(self.delay)
+        with self._entered():
+            if self.abarrier is not None:
+                await asyncio.wait_for(self.abarrier.wait(), WAIT)
         return self._record(tool, arguments)
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        with self._lock:
+            self._inside += 1
+            self.peak = max(self.peak, self._inside)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
 
     def _record(self, tool: str, arguments: Any) -> ToolResult:
         with self._lock:
@@ -72,12 +99,11 @@ def runtime() -> Iterator[Runtime]:
 
 
 def test_calls_of_one_reply_run_concurrently() -> None:
-    runtime = SlowRuntime(delay=0.3)
+    runtime = SlowRuntime(meet=3)  # each call passes only once all three are inside
     model = ScriptedModel([calls("wait", "wait", "wait"), Message.assistant("ok")])
     chat = session(runtime, model)
-    t0 = time.perf_counter()
     assert chat.send("go") == "ok"
-    assert time.perf_counter() - t0 < 0.75  # three 0.3 s calls, not 0.9 s
+    assert runtime.peak == 3 and len(runtime.calls) == 3
     step = chat.history[1]
     assert step.tool_calls is not None
     assert [m.tool_call_id for m in chat.history[2:5]] == [c.id for c in step.tool_calls]
@@ -88,22 +114,15 @@ def test_asend_runs_calls_concurrently_without_blocking_the_loop() -> None:
 
 
 async def asend_concurrently() -> None:
-    runtime = SlowRuntime(delay=0.3)
+    # Four parties: the three calls and this coroutine. It only reaches the barrier if the
+    # loop keeps running while the calls wait, and they only pass if all three wait at once.
+    runtime = SlowRuntime()
+    runtime.abarrier = asyncio.Barrier(4)
     model = ScriptedModel([calls("wait", "wait", "wait"), Message.assistant("ok")])
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    t0 = time.perf_counter()
-    assert await session(runtime, model).asend("go") == "ok"
-    elapsed = time.perf_counter() - t0
-    task.cancel()
-    assert elapsed < 0.75 and ticks >= 10
+    sending = asyncio.create_task(session(runtime, model).asend("go"))
+    await asyncio.wait_for(runtime.abarrier.wait(), WAIT)
+    assert await sending == "ok"
+    assert runtime.peak == 3 and len(runtime.calls) == 3
 
 
 def test_context_is_injected_and_spoofing_dropped() -> None:
