@@ -317,3 +317,36 @@ def test_input_schema_of_a_struct_inlines_its_reference() -> None:
         "properties": {"label": {"type": "string"}, "weight": {"type": "number", "default": 1.0}},
         "required": ["label"],
     }
+
+
+def test_the_unified_listing_names_every_action_with_its_arguments() -> None:
+    class Extra(Server):
+        @tool
+        def mix(
+            self,
+            ctx: ToolContext,
+            anything: Any,
+            rows: list[Child] = [],  # noqa: B006 - msgspec copies defaults
+            grid: list[list[int]] | None = None,
+        ) -> dict[str, Any]:
+            """First line
+            goes on.
+
+            Not in the summary."""
+            return {}
+
+    with Runtime([declare(), Extra], tools="unified") as rt:
+        listed = rt.list_tools()
+        assert rt.call("mix", ctx_args("s", anything=1)).structured == {}  # still callable
+    assert [t["name"] for t in listed] == ["batch", "save_preset", "list_presets", "run_preset"]
+    catalog = listed[0]["description"].split(
+        "\n\nCategories and actions (category: action{arguments}, ? = optional):\n", 1
+    )[1]
+    assert catalog.splitlines()[:2] == [
+        "- kit: plain{text: string, count?: integer, tags?: string[], note?: string|null} "
+        "(Say it.); renamed{} (renamed); wipe{depth: integer, child?: object|null} (Wipe.)",
+        "- extra: mix{anything: any, rows?: object[], grid?: integer[][]|null} "
+        "(First line goes on.)",
+    ]
+    assert catalog.splitlines()[2].startswith("- history: get_recent_context{limit?: integer, ")
+    assert len(catalog.splitlines()) == 3  # the batch and preset tools are not listed

@@ -1,0 +1,136 @@
+"""What the registry tells operators and callers about actors' lives, exactly.
+
+Spawning, eviction, reaping and ending a session each log one line with the key; the counts
+in `stats()` follow; the TTL boundary and the cleanup wait of `end_session` are pinned.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from conftest import ManualClock, ctx_args
+from structlog.testing import capture_logs
+
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+
+WAIT = 20.0
+
+
+class Counter(Server):
+    name = "counter"
+    scope = Scope.ASSISTANT
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    @tool
+    def bump(self, ctx: ToolContext) -> dict[str, Any]:
+        """Count calls on this incarnation."""
+        self.n += 1
+        return {"n": self.n}
+
+
+LIFECYCLE = {"actor_spawned", "actor_evicted", "actor_reaped", "session_ended"}
+
+
+def lifecycle(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in logs if e["event"] in LIFECYCLE]
+
+
+def test_spawn_evict_reap_and_end_are_logged_with_their_keys(clock: ManualClock) -> None:
+    with capture_logs() as logs, Runtime([Counter], clock=clock, ttl=60, max_actors=2) as rt:
+        rt.call("bump", ctx_args("s1", "a"))
+        clock.advance(1)
+        rt.call("bump", ctx_args("s1", "b"))
+        clock.advance(1)
+        rt.call("bump", ctx_args("s2", "a"))  # over the cap: (s1, a) is evicted
+        clock.advance(60)  # (s1, b) idle 61 s, (s2, a) exactly 60 s: both past the TTL
+        assert rt.reap() == 2
+        rt.call("bump", ctx_args("s3", "a"))
+        assert rt.end_session("s3") == 1
+        assert rt.end_session("s3") == 0  # nothing left: nothing logged
+        stats = rt.stats()
+    assert lifecycle(logs) == [
+        spawned("s1", "a", 1),
+        spawned("s1", "b", 2),
+        spawned("s2", "a", 3),
+        {**key_fields("s1", "a"), "event": "actor_evicted", "reason": "max_actors"},
+        {**key_fields("s1", "b"), "event": "actor_reaped", "reason": "ttl"},
+        {**key_fields("s2", "a"), "event": "actor_reaped", "reason": "ttl"},
+        spawned("s3", "a", 1),
+        {
+            "logger": "ctxactors",
+            "event": "session_ended",
+            "log_level": "info",
+            "session_id": "s3",
+            "actors": 1,
+        },
+    ]
+    assert {k: stats[k] for k in ("spawned", "evicted", "reaped", "ended", "calls")} == {
+        "spawned": 4,
+        "evicted": 1,
+        "reaped": 2,
+        "ended": 1,
+        "calls": 4,
+    }
+    assert stats["actors"] == 0 and stats["sessions"] == 0 and stats["peak_actors"] == 3
+
+
+def key_fields(session: str, assistant: str) -> dict[str, Any]:
+    return {
+        "logger": "ctxactors",
+        "log_level": "info",
+        "server": "counter",
+        "session_id": session,
+        "key": ["counter", session, assistant],
+    }
+
+
+def spawned(session: str, assistant: str, actors: int) -> dict[str, Any]:
+    return {**key_fields(session, assistant), "event": "actor_spawned", "actors": actors}
+
+
+def test_the_ttl_counts_from_the_last_use_and_includes_its_boundary(clock: ManualClock) -> None:
+    with Runtime([Counter], clock=clock, ttl=10) as rt:
+        rt.call("bump", ctx_args("s", "a"))
+        clock.advance(9.5)
+        assert rt.reap() == 0
+        rt.call("bump", ctx_args("s", "a"))  # used again: the TTL starts over
+        clock.advance(9.5)
+        assert rt.reap() == 0
+        clock.advance(0.5)  # idle for exactly the TTL
+        assert rt.reap() == 1
+        assert rt.call("bump", ctx_args("s", "a")).structured == {"n": 1}
+
+
+class StuckClose(Server):
+    """A server whose cleanup hangs until the test lets it finish."""
+
+    name = "stuck"
+    closing = threading.Event()
+    finish = threading.Event()
+
+    @tool
+    def touch(self, ctx: ToolContext) -> dict[str, Any]:
+        """Spawn the key."""
+        return {}
+
+    def close(self) -> None:
+        StuckClose.closing.set()
+        StuckClose.finish.wait(WAIT)
+
+
+def test_end_session_waits_for_cleanup_at_most_the_call_timeout() -> None:
+    StuckClose.closing.clear()
+    StuckClose.finish.clear()
+    with Runtime([StuckClose], call_timeout=0.2) as rt:
+        rt.call("touch", ctx_args("s"))
+        ended: list[int] = []
+        ender = threading.Thread(target=lambda: ended.append(rt.end_session("s")))
+        ender.start()
+        assert StuckClose.closing.wait(WAIT)
+        ender.join(WAIT / 2)  # returns once its wait runs out, while close() still hangs
+        assert not ender.is_alive() and ended == [1]
+        assert not StuckClose.finish.is_set()
+        StuckClose.finish.set()
