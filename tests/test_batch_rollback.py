@@ -1,0 +1,121 @@
+"""Transactional batches whose undo fails, and duplicate reads that fail: exact results."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ctx_args
+
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.results import ToolError
+
+
+class Ledger(Server):
+    """Entries with an undo that refuses one value; reads that count how often they ran."""
+
+    name = "ledger"
+    scope = Scope.SESSION
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+        self.reads = 0
+
+    def _undo_add(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        if result["value"] == "stuck":
+            raise RuntimeError(f"cannot remove {result['value']!r} for {ctx.assistant_id}")
+        self.entries.remove(result["value"])
+
+    @tool(compensate=_undo_add)
+    def add(self, ctx: ToolContext, value: str) -> dict[str, Any]:
+        """Add an entry."""
+        self.entries.append(value)
+        return {"value": value}
+
+    @tool(read_only=True)
+    def look(self, ctx: ToolContext) -> dict[str, Any]:
+        """The entries."""
+        self.reads += 1
+        return {"entries": list(self.entries), "reads": self.reads}
+
+    @tool(read_only=True)
+    def broken(self, ctx: ToolContext) -> dict[str, Any]:
+        """A read that fails."""
+        self.reads += 1
+        raise ToolError(f"broken read {self.reads}")
+
+
+@pytest.fixture
+def rt() -> Iterator[Runtime]:
+    with Runtime([Ledger], call_timeout=20) as runtime:
+        yield runtime
+
+
+def run(rt: Runtime, ops: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
+    result = rt.call("batch", ctx_args("s", "a1", operations=ops, options=options))
+    assert result.structured is not None, result.text
+    return [
+        {k: v for k, v in r.items() if k not in ("duration", "metadata")}
+        for r in result.structured["results"]
+    ]
+
+
+def test_an_undo_that_fails_is_reported_on_its_operation_and_the_rest_is_undone(
+    rt: Runtime,
+) -> None:
+    ops = [
+        {"id": "a", "tool": "add", "arguments": {"value": "one"}},
+        {"id": "b", "tool": "add", "arguments": {"value": "stuck"}},
+        {"id": "r", "tool": "look", "arguments": {}},
+        {"id": "c", "tool": "add", "arguments": {"value": "two"}},
+        {"id": "x", "tool": "broken", "arguments": {}},
+    ]
+    assert run(rt, ops, transactional=True) == [
+        {"id": "a", "tool": "add", "status": "rolled_back", "data": {"value": "one"}},
+        {
+            "id": "b",
+            "tool": "add",
+            "status": "success",  # still there: its undo failed
+            "data": {"value": "stuck"},
+            "error": {
+                "code": "compensation_failed",
+                "message": "RuntimeError: cannot remove 'stuck' for a1",
+            },
+        },
+        {
+            "id": "r",
+            "tool": "look",
+            "status": "rolled_back",  # a read in an undone transaction is void too
+            "data": {"entries": ["one", "stuck"], "reads": 1},
+        },
+        {"id": "c", "tool": "add", "status": "rolled_back", "data": {"value": "two"}},
+        {
+            "id": "x",
+            "tool": "broken",
+            "status": "failed",
+            "error": {"code": "tool_error", "message": "broken read 2"},
+        },
+    ]
+    assert rt.call("look", ctx_args("s")).structured == {"entries": ["stuck"], "reads": 3}
+
+
+def test_a_duplicate_read_that_failed_copies_the_failure_without_running_again(
+    rt: Runtime,
+) -> None:
+    ops = [
+        {"id": "x1", "tool": "broken", "arguments": {}},
+        {"id": "x2", "tool": "broken", "arguments": {}},
+        {"id": "r1", "tool": "look", "arguments": {}},
+        {"id": "r2", "tool": "look", "arguments": {}},
+        {"id": "use", "tool": "add", "arguments": {"value": "n=${r2.reads}"}},
+    ]
+    failed = {"code": "tool_error", "message": "broken read 1"}
+    assert run(rt, ops) == [
+        {"id": "x1", "tool": "broken", "status": "failed", "error": failed},
+        {"id": "x2", "tool": "broken", "status": "failed", "error": failed},
+        {"id": "r1", "tool": "look", "status": "success", "data": {"entries": [], "reads": 2}},
+        {"id": "r2", "tool": "look", "status": "success", "data": {"entries": [], "reads": 2}},
+        # the copy's data can be referenced like the original's
+        {"id": "use", "tool": "add", "status": "success", "data": {"value": "n=2"}},
+    ]
