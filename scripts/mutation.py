@@ -1,17 +1,18 @@
 """Mutation testing of the core, the servers and the batch engine with mutmut (not run in CI).
 
-    python scripts/mutation.py                 # run (resumes: finished mutants are kept)
+    python scripts/mutation.py                 # every group (resumes: results are kept)
+    python scripts/mutation.py --group core    # one group: core, servers or batch
     python scripts/mutation.py --jobs 2        # more workers (the machine has 2 cores)
     python scripts/mutation.py --report-only   # rewrite mutation/report.md from the results
     python scripts/mutation.py --retry-survivors   # re-run survivors (after new tests)
-    python scripts/mutation.py 'ctxactors.registry.*'   # (re)run only matching mutants
+    python scripts/mutation.py --group core 'ctxactors.registry.*'   # matching mutants only
 
-The modules and the test files come from ``[tool.mutmut]`` in pyproject.toml. mutmut runs
-the selected tests once to learn which tests reach which function, then runs each mutant
-against only those tests (``-x``, fastest first), so a module is tested by the tests that
-exercise it and the whole run fits in well under an hour here.
+Each group (`GROUPS`) is a set of modules and the test files relevant to them; mutmut's
+shared settings are ``[tool.mutmut]`` in pyproject.toml. Within a group mutmut runs the
+tests once to learn which of them reach which function, then runs each mutant against only
+those (``-x``), so the core is never run against the slow batch and workspace tests.
 
-The run happens in a staged copy (``build/mutation/``), for two reasons:
+Each group runs in its own staged copy (``build/mutation/<group>/``), for two reasons:
 
 - mutmut skips decorated functions, which would leave every ``@tool`` handler of the
   servers unmutated. The staged copy moves ``@tool(...)`` below the method as
@@ -31,16 +32,61 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from pathlib import Path
 
 import libcst as cst
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGE = ROOT / "build" / "mutation"
+STAGES = ROOT / "build" / "mutation"
 REPORT = ROOT / "mutation" / "report.md"
 EQUIVALENT = ROOT / "mutation" / "equivalent.txt"
-COPIED = ["ctxactors", "tests", "pyproject.toml"]
+COPIED = ["ctxactors", "tests"]
+
+# group -> (modules mutated, test files run); the core first: it matters most.
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "core": (
+        [f"ctxactors/{m}.py" for m in ("context", "tools", "registry", "actors", "runtime")],
+        [
+            f"tests/test_{t}.py"
+            for t in (
+                "context",
+                "runtime",
+                "reaping",
+                "acall",
+                "inflight_accounting",
+                "tool_declaration",
+                "lifecycle_logs",
+                "history",
+            )
+        ],
+    ),
+    "servers": (
+        [
+            f"ctxactors/servers/{m}.py"
+            for m in ("planning", "playbooks", "content", "workspace", "history")
+        ],
+        [
+            f"tests/test_{t}.py"
+            for t in (
+                "runtime",
+                "playbook_ownership",
+                "content",
+                "content_sharing",
+                "content_snippets",
+                "workspace",
+                "workspace_ids",
+                "history",
+                "server_details",
+            )
+        ],
+    ),
+    "batch": (
+        ["ctxactors/batch_engine.py", "ctxactors/servers/batch.py"],
+        ["tests/test_batch.py", "tests/test_batch_rollback.py", "tests/test_tool_declaration.py"],
+    ),
+}
 
 # mutmut's exit codes (mutmut.stats.status_by_exit_code) folded into what the report shows.
 STATUS = {1: "killed", 3: "killed", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout"}
@@ -87,15 +133,12 @@ def _write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def stage() -> None:
-    """Copy the tree into STAGE (keeping its mutants/ cache), unwrapping @tool in servers."""
-    STAGE.mkdir(parents=True, exist_ok=True)
+def stage(group: str) -> Path:
+    """Copy the tree into the group's stage (keeping its mutants/ cache); @tool unwrapped."""
+    where = STAGES / group
+    where.mkdir(parents=True, exist_ok=True)
     for name in COPIED:
-        src = ROOT / name
-        if src.is_file():
-            _write_if_changed(STAGE / name, src.read_text())
-            continue
-        dst = STAGE / name
+        src, dst = ROOT / name, where / name
         wanted = set()
         for path in src.rglob("*"):
             if "__pycache__" in path.parts or path.is_dir():
@@ -105,18 +148,29 @@ def stage() -> None:
             text = path.read_text()
             if rel.parts[:2] == ("ctxactors", "servers") and path.suffix == ".py":
                 text = cst.parse_module(text).visit(_UnwrapTool()).code
-            _write_if_changed(STAGE / rel, text)
+            _write_if_changed(where / rel, text)
         for path in list(dst.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
-                if path.relative_to(STAGE) not in wanted:
+                if path.relative_to(where) not in wanted:
                     path.unlink()
+    _write_if_changed(where / "pyproject.toml", _group_config(group))
+    return where
 
 
-def run(jobs: int, names: list[str]) -> int:
+def _group_config(group: str) -> str:
+    """pyproject.toml's [tool.mutmut] plus the group's modules and tests."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    modules, tests = GROUPS[group]
+    config = {**config, "only_mutate": modules, "pytest_add_cli_args_test_selection": tests}
+    lines = ["[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(where: Path, jobs: int, names: list[str]) -> int:
     mutmut = Path(sys.executable).with_name("mutmut")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     cmd = [str(mutmut), "run", "--max-children", str(jobs), *names]
-    return subprocess.call(cmd, cwd=STAGE, env=env)
+    return subprocess.call(cmd, cwd=where, env=env)
 
 
 def _equivalent() -> dict[str, str]:
@@ -129,13 +183,16 @@ def _equivalent() -> dict[str, str]:
     return out
 
 
-def _results() -> dict[str, dict[str, str]]:
+def _results(groups: list[str]) -> dict[str, dict[str, str]]:
     """module path -> mutant name -> status, from mutmut's meta files."""
     out: dict[str, dict[str, str]] = {}
-    for meta in sorted((STAGE / "mutants").rglob("*.py.meta")):
-        module = str(meta.relative_to(STAGE / "mutants"))[: -len(".meta")]
-        codes = json.loads(meta.read_text())["exit_code_by_key"]
-        if codes:
+    for group in groups:
+        mutants = STAGES / group / "mutants"
+        for module in GROUPS[group][0]:
+            meta = mutants / f"{module}.meta"
+            if not meta.exists():
+                continue
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
             out[module] = {
                 k: STATUS.get(v, "suspicious" if v is not None else "not run")
                 for k, v in codes.items()
@@ -148,7 +205,7 @@ def _git(*args: str) -> str:
 
 
 def report() -> str:
-    results = _results()
+    results = _results(list(GROUPS))
     equivalent = _equivalent()
     commit = _git("rev-parse", "--short", "HEAD")
     dirty = (
@@ -206,37 +263,38 @@ def _mutmut_version() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="mutant name globs to (re)run")
+    parser.add_argument("--group", action="append", choices=list(GROUPS), help="default: all")
     parser.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1)")
     parser.add_argument("--report-only", action="store_true", help="only write the report")
     parser.add_argument(
         "--retry-survivors", action="store_true", help="re-run the mutants not killed yet"
     )
     opts = parser.parse_args()
-    names = list(opts.names)
-    if opts.retry_survivors:
-        equivalent = _equivalent()
-        # mutmut looks up the tests of an exact name and fails on a function that had none
-        # (a glob is looked up leniently): glob those.
-        names += [
-            name if status == "survived" else f"{name}*"
-            for statuses in _results().values()
-            for name, status in statuses.items()
-            if status in NOT_KILLED and name not in equivalent
-        ]
-        if not names:
-            print("no survivors to re-run")
-    if not opts.report_only and (names or not opts.retry_survivors):
-        stage()
-        code = run(opts.jobs, names)
+    for group in [] if opts.report_only else opts.group or list(GROUPS):
+        names = list(opts.names)
+        if opts.retry_survivors:
+            names += _survivors(group)
+            if not names:
+                continue
+        code = run(stage(group), opts.jobs, names)
         if code != 0:
-            print(f"mutmut exited with {code}", file=sys.stderr)
-    if not (STAGE / "mutants").exists():
-        print("no results yet: run without --report-only first", file=sys.stderr)
-        return 1
+            print(f"mutmut exited with {code} for {group}", file=sys.stderr)
     REPORT.parent.mkdir(exist_ok=True)
     REPORT.write_text(report())
     print(f"wrote {REPORT.relative_to(ROOT)}")
     return 0
+
+
+def _survivors(group: str) -> list[str]:
+    # mutmut looks up the tests of an exact name and fails on a function that had none
+    # (a glob is looked up leniently): glob those.
+    equivalent = _equivalent()
+    return [
+        name if status == "survived" else f"{name}*"
+        for statuses in _results([group]).values()
+        for name, status in statuses.items()
+        if status in NOT_KILLED and name not in equivalent
+    ]
 
 
 if __name__ == "__main__":

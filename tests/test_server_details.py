@@ -1,0 +1,128 @@
+"""Details of the built-in servers that callers depend on, asserted exactly: what a delete
+returns, byte accounting after deletes, each server's undo inside a transactional batch,
+the history's timestamps, filters, settings and age limit."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ManualClock, ctx_args
+
+from ctxactors import Runtime
+from ctxactors.servers.content import Content
+from ctxactors.servers.history import History
+from ctxactors.servers.workspace import Workspace
+
+
+@pytest.fixture
+def rt(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    monkeypatch.setattr(Workspace, "root", str(tmp_path / "workspaces"))
+    with Runtime() as runtime:
+        yield runtime
+
+
+def ok(rt: Runtime, tool: str, session: str = "s", **args: Any) -> Any:
+    result = rt.call(tool, ctx_args(session, "a1", **args))
+    assert not result.is_error, result.text
+    return result.structured
+
+
+def transaction(rt: Runtime, *ops: dict[str, Any]) -> list[str]:
+    """Run `ops` then a failing operation as one transaction; the statuses."""
+    failing = {"tool": "mark_todo", "arguments": {"todo_id": "missing"}}
+    options = {"transactional": True}
+    result = rt.call("batch", ctx_args("s", "a1", operations=[*ops, failing], options=options))
+    assert result.structured is not None, result.text
+    return [r["status"] for r in result.structured["results"]]
+
+
+def test_delete_says_what_it_deleted_and_frees_its_bytes(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Content, "max_session_bytes", 12)
+    ok(rt, "add_content", filename="four", content="4444")
+    ok(rt, "add_content", filename="eight", content="88888888")
+    assert ok(rt, "delete_content", id="c1") == {"id": "c1", "filename": "four", "deleted": True}
+    ok(rt, "add_content", filename="four again", content="4444")  # 8 + 4 = 12: fits
+    full = rt.call("add_content", ctx_args("s", filename="one", content="1"))
+    assert full.is_error and full.text.startswith("content store full: 12 of 12 bytes used")
+    missing = rt.call("delete_content", ctx_args("s", id="c1"))
+    assert missing.is_error and missing.text == "content 'c1' not found"
+
+
+def test_an_undone_delete_puts_the_document_back_in_its_place(rt: Runtime) -> None:
+    for i in range(1, 12):
+        ok(rt, "add_content", filename=f"f{i}", content=f"text {i}")
+    delete = {"tool": "delete_content", "arguments": {"id": "c2"}}
+    assert transaction(rt, delete) == ["rolled_back", "failed"]
+    listed = ok(rt, "list_content")
+    assert [item["id"] for item in listed["items"]] == [f"c{i}" for i in range(1, 12)]
+    assert ok(rt, "read_content", id="c2") == {"id": "c2", "filename": "f2", "content": "text 2"}
+    assert [r["id"] for r in ok(rt, "search_content", query="text 2")["results"]] == ["c2"]
+
+
+def test_an_undone_add_removes_the_document_and_its_bytes(rt: Runtime) -> None:
+    add = {"tool": "add_content", "arguments": {"filename": "tmp", "content": "scratch"}}
+    assert transaction(rt, add) == ["rolled_back", "failed"]
+    assert ok(rt, "list_content") == {"items": [], "count": 0}
+    assert ok(rt, "search_content", query="scratch") == {"results": [], "count": 0}
+
+
+def test_undone_planning_and_playbook_writes_leave_no_trace(rt: Runtime) -> None:
+    todo = ok(rt, "add_todo", name="done already")["id"]
+    ok(rt, "mark_todo", todo_id=todo)
+    assert ok(rt, "get_planning_state")["todos"][0]["done"] is True
+    undo = [
+        {"tool": "mark_todo", "arguments": {"todo_id": todo, "done": False}},
+        {"tool": "create_goal", "arguments": {"goal": "g"}},
+        {"tool": "add_todo", "arguments": {"name": "t"}},
+        {"tool": "create_playbook", "arguments": {"name": "p"}},
+    ]
+    assert transaction(rt, *undo) == ["rolled_back"] * 4 + ["failed"]
+    state = ok(rt, "get_planning_state")
+    assert state == {
+        "goals": [],
+        "todos": [{"id": todo, "name": "done already", "goal_id": None, "done": True}],
+    }
+    assert ok(rt, "list_playbooks") == {"playbooks": []}
+    refused = rt.call("select_playbook", ctx_args("s", "a1", id="pb1"))
+    assert refused.is_error and refused.text == "playbook 'pb1' not found"
+
+
+def test_an_undone_command_is_killed_and_forgotten(rt: Runtime) -> None:
+    start = {"tool": "execute_command", "arguments": {"command": "exec sleep 30"}}
+    assert transaction(rt, start) == ["rolled_back", "failed"]
+    assert ok(rt, "list_processes") == {"processes": [], "count": 0}
+
+
+def test_history_timestamps_are_utc_milliseconds(rt: Runtime) -> None:
+    ok(rt, "create_goal", goal="x")
+    (op,) = ok(rt, "get_recent_context")["operations"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", op["timestamp"]), op
+
+
+def test_history_default_limit_and_a_single_name_filter(rt: Runtime) -> None:
+    for i in range(7):
+        ok(rt, "create_goal", goal=f"g{i}")
+    ok(rt, "add_todo", name="t")
+    recent = ok(rt, "get_recent_context")["operations"]
+    assert [op["tool"] for op in recent] == ["add_todo"] + ["create_goal"] * 4
+    only = ok(rt, "get_recent_context", tool_filter="create_goal", limit=50)["operations"]
+    assert [op["arguments"]["goal"] for op in only] == [f"g{i}" for i in reversed(range(7))]
+
+
+def test_history_settings_accumulate_and_the_age_limit_is_inclusive(clock: ManualClock) -> None:
+    with Runtime() as rt:
+        History.configure(rt, max_operations=3)
+        History.configure(rt, ttl=10, clock=clock)  # keeps max_operations=3
+        for i in range(4):
+            ok(rt, "create_goal", goal=f"g{i}")
+            clock.advance(1)
+        kept = ok(rt, "get_recent_context", limit=50)["operations"]
+        assert [op["arguments"]["goal"] for op in kept] == ["g3", "g2", "g1"]
+        clock.advance(7)  # g1 is exactly 10 s old now: gone
+        kept = ok(rt, "get_recent_context", limit=50)["operations"]
+        assert [op["arguments"]["goal"] for op in kept] == ["g3", "g2"]
