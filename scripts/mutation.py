@@ -84,7 +84,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "batch": (
         ["ctxactors/batch_engine.py", "ctxactors/servers/batch.py"],
-        ["tests/test_batch.py", "tests/test_batch_rollback.py", "tests/test_tool_declaration.py"],
+        [
+            "tests/test_batch.py",
+            "tests/test_batch_rollback.py",
+            "tests/test_presets.py",
+            "tests/test_tool_declaration.py",
+        ],
     ),
 }
 
