@@ -350,3 +350,29 @@ def test_the_unified_listing_names_every_action_with_its_arguments() -> None:
     ]
     assert catalog.splitlines()[2].startswith("- history: get_recent_context{limit?: integer, ")
     assert len(catalog.splitlines()) == 3  # the batch and preset tools are not listed
+
+
+def test_an_explicit_name_is_kept_and_extract_and_compensate_are_carried() -> None:
+    def undo(self: Any, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        """Nothing to undo."""
+
+    extract = pick(made="id")
+
+    class Named(Server):
+        name = "explicit-name"
+
+        @tool(extract=extract, compensate=undo)
+        def make(self, ctx: ToolContext) -> dict[str, Any]:
+            """Make."""
+            return {"id": "m1"}
+
+    assert Named.name == "explicit-name"
+    spec = Named.tools["make"]
+    assert spec.extract is extract and spec.compensate is undo
+    assert declare().tools["plain"].extract is None
+    assert declare().tools["plain"].compensate is None
+    with Runtime([Named]) as rt:
+        rt.call("make", ctx_args("s"))
+        (op,) = rt.call("get_recent_context", ctx_args("s")).structured["operations"]
+        assert op["metadata"] == {"made": "m1"}
+        assert rt.registry.keys()[0][0] == "explicit-name"
