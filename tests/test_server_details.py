@@ -126,3 +126,17 @@ def test_history_settings_accumulate_and_the_age_limit_is_inclusive(clock: Manua
         clock.advance(7)  # g1 is exactly 10 s old now: gone
         kept = ok(rt, "get_recent_context", limit=50)["operations"]
         assert [op["arguments"]["goal"] for op in kept] == ["g3", "g2"]
+
+
+def test_planning_state_is_exact_and_a_todo_needs_a_real_goal(rt: Runtime) -> None:
+    refused = rt.call("add_todo", ctx_args("s", "a1", name="t", goal_id="g9"))
+    assert refused.is_error and refused.text == "goal 'g9' not found"
+    goal = ok(rt, "create_goal", goal="ship")
+    todo = ok(rt, "add_todo", name="test", goal_id=goal["id"])
+    loose = ok(rt, "add_todo", name="loose")
+    assert todo == {"id": "t2", "name": "test", "goal_id": "g1", "done": False}
+    assert loose == {"id": "t3", "name": "loose", "goal_id": None, "done": False}
+    assert ok(rt, "get_planning_state") == {
+        "goals": [{"id": "g1", "goal": "ship"}],
+        "todos": [todo, loose],
+    }

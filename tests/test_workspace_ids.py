@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from conftest import ctx_args
+from structlog.testing import capture_logs
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
@@ -36,3 +37,21 @@ def test_a_prefix_of_a_process_id_finds_nothing(rt: Runtime) -> None:
     killed = rt.call("kill_process", ctx_args("s1", processId=process_id)).structured
     assert killed is not None and killed["processId"] == process_id
     assert killed["status"] == "killed"
+
+
+def test_a_kill_is_logged_with_the_process_and_its_status(rt: Runtime) -> None:
+    with capture_logs() as logs:
+        started = rt.call("execute_command", ctx_args("k", command="exec sleep 30")).structured
+        assert started is not None
+        rt.call("kill_process", ctx_args("k", processId=started["processId"]))
+    killed = [e for e in logs if e["event"] == "process_killed"]
+    assert killed == [
+        {
+            "logger": "ctxactors.workspace",
+            "event": "process_killed",
+            "log_level": "info",
+            "session_id": "k",
+            "process_id": started["processId"],
+            "status": "killed",
+        }
+    ]
