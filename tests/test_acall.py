@@ -87,3 +87,15 @@ def test_acall_state_matches_call_and_errors_raise_the_same_way() -> None:
             assert again.structured == {"slept": 0.0}
 
     asyncio.run(main())
+
+
+def test_acall_reads_the_context_from_meta() -> None:
+    async def main() -> None:
+        with Runtime() as rt:
+            meta = {"ctxactors/sessionId": "m1", "ctxactors/assistantId": "a1"}
+            made = await rt.acall("create_goal", {"goal": "x"}, meta=meta)
+            assert made.structured == {"id": "g1", "goal": "x"}
+            state = rt.call("get_planning_state", ctx_args("m1", "a1")).structured
+            assert state == {"goals": [{"id": "g1", "goal": "x"}], "todos": []}
+
+    asyncio.run(main())

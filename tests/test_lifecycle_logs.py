@@ -134,3 +134,35 @@ def test_end_session_waits_for_cleanup_at_most_the_call_timeout() -> None:
         assert not ender.is_alive() and ended == [1]
         assert not StuckClose.finish.is_set()
         StuckClose.finish.set()
+
+
+class Busy(Server):
+    """Busy (like a workspace with processes running) while its flag is set."""
+
+    name = "busy"
+    scope = Scope.SESSION
+    flag = threading.Event()
+
+    @tool
+    def touch(self, ctx: ToolContext) -> dict[str, Any]:
+        """Spawn the key."""
+        return {}
+
+    def is_busy(self) -> bool:
+        return Busy.flag.is_set()
+
+
+def test_a_busy_server_is_neither_reaped_nor_evicted(clock: ManualClock) -> None:
+    Busy.flag.set()
+    try:
+        with Runtime([Busy, Counter], clock=clock, ttl=10, max_actors=1) as rt:
+            rt.call("touch", ctx_args("s"))
+            rt.call("bump", ctx_args("t", "a"))  # over the cap, but the busy one stays
+            assert [k[0] for k in rt.registry.keys()] == ["busy", "counter"]
+            clock.advance(11)
+            assert rt.reap() == 1  # only the idle counter
+            assert rt.registry.keys() == [("busy", "s")]
+            Busy.flag.clear()
+            assert rt.reap() == 1
+    finally:
+        Busy.flag.clear()

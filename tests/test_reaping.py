@@ -175,7 +175,9 @@ def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
         while rt.stats()["ended"] == 0 and time.monotonic() < deadline:
             time.sleep(0.005)  # until end_session has retired the key
         assert rt.registry.keys() == []
-        # It waits for the call in flight, which holds the actor.
+        # It waits for the call in flight, which holds the actor (a join that can only
+        # return early if end_session does not wait).
+        ender.join(0.5)
         assert ender.is_alive() and ended == [] and actor.is_alive()
         Gate.gates["end"].set()
         t.join(10)
