@@ -93,6 +93,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
 }
 
+# Seconds a test may run: many core mutants make a call hang, and the core's tests are quick.
+# (Changing a group's pytest arguments discards its results: mutmut starts it over.)
+TEST_TIMEOUT = {"core": 12}
+
 # mutmut's exit codes (mutmut.stats.status_by_exit_code) folded into what the report shows.
 STATUS = {1: "killed", 3: "killed", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout"}
 STATUS |= {255: "timeout", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
@@ -163,10 +167,19 @@ def stage(group: str) -> Path:
 
 
 def _group_config(group: str) -> str:
-    """pyproject.toml's [tool.mutmut] plus the group's modules and tests."""
+    """pyproject.toml's [tool.mutmut] plus the group's modules, tests and test time limit."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     modules, tests = GROUPS[group]
-    config = {**config, "only_mutate": modules, "pytest_add_cli_args_test_selection": tests}
+    pytest_args = [
+        *config.get("pytest_add_cli_args", []),
+        f"--timeout={TEST_TIMEOUT.get(group, 30)}",
+    ]
+    config = {
+        **config,
+        "only_mutate": modules,
+        "pytest_add_cli_args": pytest_args,
+        "pytest_add_cli_args_test_selection": tests,
+    }
     lines = ["[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]
     return "\n".join(lines) + "\n"
 
