@@ -26,6 +26,11 @@ from ctxactors.servers.content import _folded, _occurrences, _snippet
         ("abc abcd abcde", ["abcd", "abc"], "[abc] [abcd] [abcd]e"),
         # a match on the filename only: the head of the content
         ("short text", ["zzz"], "short text"),
+        # a hit at the very start; a window starting at 1 still shows its cut mark
+        ("needle and more", ["needle"], "[needle] and more"),
+        ("x" + "a" * 60 + "needle", ["needle"], "…" + "a" * 60 + "[needle]"),
+        # a hit starting exactly where the window ends is left out
+        ("ab" + "x" * 58 + "ab" + "y" * 10, ["ab"], "[ab]" + "x" * 58 + "…"),
         ("q" * 130, ["zzz"], "q" * 120 + "…"),
         ("line one\nline two\nhit here", ["hit"], "line one line two [hit] here"),
         # lower-casing would change lengths: match as given

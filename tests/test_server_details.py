@@ -140,3 +140,10 @@ def test_planning_state_is_exact_and_a_todo_needs_a_real_goal(rt: Runtime) -> No
         "goals": [{"id": "g1", "goal": "ship"}],
         "todos": [todo, loose],
     }
+
+
+def test_a_snippet_shows_a_nul_character_as_the_replacement_character(rt: Runtime) -> None:
+    ok(rt, "add_content", filename="bin", content="a\x00b needle")
+    (hit,) = ok(rt, "search_content", query="needle")["results"]
+    assert hit["snippet"] == "a\ufffdb [needle]"
+    assert ok(rt, "read_content", id=hit["id"])["content"] == "a\x00b needle"
