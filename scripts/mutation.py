@@ -237,8 +237,9 @@ def report() -> str:
         "with mutmut "
         f"{_mutmut_version()}. Score = (killed + timeout) / (mutants - equivalent - skipped).",
         "",
-        "| module | mutants | killed | timeout | survived | no tests | equivalent | score |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| module | mutants | killed | timeout | survived | no tests | not run yet | equivalent "
+        "| score |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     survivors: list[str] = []
     totals: Counter[str] = Counter()
@@ -265,10 +266,10 @@ def report() -> str:
 def _row(module: str, c: Counter[str]) -> str:
     judged = c["mutants"] - c["equivalent"] - c["skipped"]
     score = f"{100 * (c['killed'] + c['timeout']) / judged:.1f}%" if judged else "-"
-    not_killed = c["survived"] + c["suspicious"] + c["not run"]
     return (
-        f"| {module} | {c['mutants']} | {c['killed']} | {c['timeout']} | {not_killed} "
-        f"| {c['no tests']} | {c['equivalent']} | {score} |"
+        f"| {module} | {c['mutants']} | {c['killed']} | {c['timeout']} "
+        f"| {c['survived'] + c['suspicious']} | {c['no tests']} | {c['not run']} "
+        f"| {c['equivalent']} | {score} |"
     )
 
 

@@ -13,7 +13,7 @@ from conftest import ManualClock, ctx_args
 
 from ctxactors import Runtime
 from ctxactors.servers.content import Content
-from ctxactors.servers.history import History
+from ctxactors.servers.history import MAX_DEPTH, MAX_ITEMS, MAX_STRING, History, compact
 from ctxactors.servers.workspace import Workspace
 
 
@@ -147,3 +147,60 @@ def test_a_snippet_shows_a_nul_character_as_the_replacement_character(rt: Runtim
     (hit,) = ok(rt, "search_content", query="needle")["results"]
     assert hit["snippet"] == "a\ufffdb [needle]"
     assert ok(rt, "read_content", id=hit["id"])["content"] == "a\x00b needle"
+
+
+# -- the history's bounded copy of arguments (compact) ------------------------------
+
+
+def nested(depth: int, leaf: Any) -> Any:
+    value = leaf
+    for _ in range(depth):
+        value = {"k": [value]}
+    return value
+
+
+def test_strings_are_cut_after_the_limit_with_their_length() -> None:
+    assert compact("x" * MAX_STRING) == "x" * MAX_STRING
+    assert compact("x" * (MAX_STRING + 1)) == "x" * MAX_STRING + f"… ({MAX_STRING + 1} chars)"
+    assert compact({"s": "y" * (MAX_STRING + 1)}) == {
+        "s": "y" * MAX_STRING + f"… ({MAX_STRING + 1} chars)"
+    }
+    assert compact({"s": "y" * MAX_STRING}) == {"s": "y" * MAX_STRING}
+
+
+def test_lists_and_dicts_keep_their_first_items_and_say_how_many_more() -> None:
+    exactly = list(range(MAX_ITEMS))
+    assert compact(exactly) == exactly
+    assert compact([*exactly, 50, 51]) == [*exactly, "… 2 more items"]
+    keys = {f"k{i}": i for i in range(MAX_ITEMS)}
+    assert compact(keys) == keys
+    over = {**keys, "a": 1, "b": 2, "c": 3}
+    assert compact(over) == {**keys, "…": "3 more keys"}
+    assert compact((1, "two")) == [1, "two"]
+
+
+def test_nesting_is_cut_at_the_depth_limit() -> None:
+    # Each level is a dict holding a list: two levels of depth.
+    levels = MAX_DEPTH // 2
+    assert compact(nested(levels, 7)) == nested(levels, 7)
+    assert compact(nested(levels + 1, 7)) == nested(levels, "<object of 1 keys>")
+    deep_list = [[[[[[["leaf"]]]]]]]
+    assert compact(deep_list) == [[[[[["<list of 1 items>"]]]]]]
+
+
+def test_flat_dicts_are_copied_as_they_are_and_others_normalised() -> None:
+    flat = {"a": 1, "b": None, "c": True, "d": 1.5, "e": "text"}
+    copied = compact(flat)
+    assert copied == flat and copied is not flat
+    assert compact({1: "int key"}) == {"1": "int key"}
+    assert compact({"inner": {"x": 1}}) == {"inner": {"x": 1}}
+    assert compact({"obj": object}) == {"obj": "<class 'object'>"}
+
+
+def test_scalars_stay_and_other_values_become_their_clipped_repr() -> None:
+    for value in (None, True, 0, 2.5):
+        assert compact(value) is value
+    assert compact(b"bytes") == "b'bytes'"
+    assert (
+        compact(b"z" * MAX_STRING) == "b'" + "z" * (MAX_STRING - 2) + f"… ({MAX_STRING + 3} chars)"
+    )
