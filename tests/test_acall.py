@@ -80,8 +80,9 @@ def test_acall_state_matches_call_and_errors_raise_the_same_way() -> None:
             ]
             with pytest.raises(InvalidArgumentsError, match="goal"):
                 await rt.acall("create_goal", ctx_args("s", goal=3))
-            with pytest.raises(CallTimeoutError):
+            with pytest.raises(CallTimeoutError) as caught:
                 await rt.acall("nap", ctx_args("t", seconds=0.3), timeout=0.05)
+            assert str(caught.value) == "tool 'nap' did not answer within 0.05 s"
             # The late reply lands in the cancelled future and is dropped.
             again = await rt.acall("nap", ctx_args("t", seconds=0.0))
             assert again.structured == {"slept": 0.0}
@@ -97,5 +98,21 @@ def test_acall_reads_the_context_from_meta() -> None:
             assert made.structured == {"id": "g1", "goal": "x"}
             state = rt.call("get_planning_state", ctx_args("m1", "a1")).structured
             assert state == {"goals": [{"id": "g1", "goal": "x"}], "todos": []}
+
+    asyncio.run(main())
+
+
+def test_acall_without_a_timeout_waits_the_runtimes_call_timeout() -> None:
+    HELD_RUNNING.clear()
+    RELEASE.clear()
+
+    async def main() -> None:
+        with Runtime([*BUILTIN, Sleepy], call_timeout=0.05) as rt:
+            try:
+                with pytest.raises(CallTimeoutError) as caught:
+                    await rt.acall("hold", ctx_args("held"))
+                assert str(caught.value) == "tool 'hold' did not answer within 0.05 s"
+            finally:
+                RELEASE.set()
 
     asyncio.run(main())

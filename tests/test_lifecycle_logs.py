@@ -166,3 +166,14 @@ def test_a_busy_server_is_neither_reaped_nor_evicted(clock: ManualClock) -> None
             assert rt.reap() == 1
     finally:
         Busy.flag.clear()
+
+
+def test_the_background_reaper_stops_idle_actors_by_itself() -> None:
+    with Runtime([Counter], ttl=0.05, scan_interval=0.01) as rt:
+        rt.call("bump", ctx_args("s", "a"))
+        done = threading.Event()
+        for _ in range(int(WAIT / 0.01)):
+            if rt.stats()["reaped"] == 1:
+                break
+            done.wait(0.01)
+        assert rt.stats()["reaped"] == 1 and rt.stats()["actors"] == 0

@@ -376,3 +376,42 @@ def test_an_explicit_name_is_kept_and_extract_and_compensate_are_carried() -> No
         (op,) = rt.call("get_recent_context", ctx_args("s")).structured["operations"]
         assert op["metadata"] == {"made": "m1"}
         assert rt.registry.keys()[0][0] == "explicit-name"
+
+
+def test_unannotated_keyword_only_and_module_details_of_the_args_type() -> None:
+    class Loose(Server):
+        @tool
+        def take(self, ctx: ToolContext, anything, first: int = 1, *, last: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]  # noqa: ANN001
+            """An unannotated argument takes any value; a required one may follow an optional."""
+            return {"anything": anything, "first": first, "last": last}
+
+    spec = Loose.tools["take"]
+    assert spec.args_type.__module__ == __name__
+    assert spec.input_schema["properties"]["anything"] == {}
+    assert spec.input_schema["required"] == ["anything", "last"]
+    with Runtime([Loose]) as rt:
+        done = rt.call("take", ctx_args("s", anything=[1, {"a": None}], last="z"))
+    assert done.structured == {"anything": [1, {"a": None}], "first": 1, "last": "z"}
+
+
+def test_a_spoofed_context_field_is_dropped_with_a_warning_naming_it() -> None:
+    from structlog.testing import capture_logs
+
+    from ctxactors import inject_context
+
+    with capture_logs() as logs:
+        out = inject_context(
+            {"goal": "x", "__sessionId": "victim", "__other": 1}, ToolContext("s1", "a1", "t1")
+        )
+    assert out == {"goal": "x", "__sessionId": "s1", "__assistantId": "a1", "__threadId": "t1"}
+    assert logs == [
+        {
+            "logger": "ctxactors.context",
+            "event": "spoofed_context_dropped",
+            "log_level": "warning",
+            "fields": ["__other", "__sessionId"],
+            "session_id": "s1",
+            "assistant_id": "a1",
+            "thread_id": "t1",
+        }
+    ]
