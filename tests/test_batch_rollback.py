@@ -119,3 +119,22 @@ def test_a_duplicate_read_that_failed_copies_the_failure_without_running_again(
         # the copy's data can be referenced like the original's
         {"id": "use", "tool": "add", "status": "success", "data": {"value": "n=2"}},
     ]
+
+
+def test_parallel_duplicates_wait_for_the_first_and_share_its_outcome(rt: Runtime) -> None:
+    ops = [
+        {"id": "r1", "tool": "look", "arguments": {}},
+        {"id": "r2", "tool": "look", "arguments": {}},
+        {"id": "use", "tool": "add", "arguments": {"value": "n=${r2.reads}"}},
+    ]
+    result = rt.call("batch", ctx_args("s", "a1", operations=ops, options={"parallel": True}))
+    assert result.structured is not None
+    by_id = {r["id"]: r for r in result.structured["results"]}
+    assert by_id["r1"]["data"] == by_id["r2"]["data"] == {"entries": [], "reads": 1}
+    assert by_id["use"]["status"] == "success" and by_id["use"]["data"] == {"value": "n=1"}
+    broken = [{"id": f"x{i}", "tool": "broken", "arguments": {}} for i in (1, 2)]
+    result = rt.call("batch", ctx_args("s", "a1", operations=broken, options={"parallel": True}))
+    assert result.structured is not None
+    assert [(r["status"], r["error"]) for r in result.structured["results"]] == [
+        ("failed", {"code": "tool_error", "message": "broken read 2"})
+    ] * 2

@@ -86,3 +86,13 @@ def test_a_preset_without_params_has_its_arguments_checked_when_saved(rt: Runtim
     assert ran.is_error and ran.text == (
         "operation 0: invalid arguments for 'create_goal': Expected `str`, got `int` - at `$.goal`"
     )
+
+
+def test_a_transactional_preset_refuses_an_operation_that_cannot_be_undone(rt: Runtime) -> None:
+    select = [{"tool": "select_playbook", "arguments": {"id": "pb1"}}]
+    refused = call(rt, "save_preset", name="tx", operations=select, options={"transactional": True})
+    assert refused.text == (
+        "operation 0: 'select_playbook' has no compensation, so it can't run in a "
+        "transactional batch"
+    )
+    assert not call(rt, "save_preset", name="plain", operations=select).is_error

@@ -328,6 +328,7 @@ def test_the_unified_listing_names_every_action_with_its_arguments() -> None:
             anything: Any,
             rows: list[Child] = [],  # noqa: B006 - msgspec copies defaults
             grid: list[list[int]] | None = None,
+            bag: list[Any] = [],  # noqa: B006 - msgspec copies defaults
         ) -> dict[str, Any]:
             """First line
             goes on.
@@ -339,13 +340,14 @@ def test_the_unified_listing_names_every_action_with_its_arguments() -> None:
         listed = rt.list_tools()
         assert rt.call("mix", ctx_args("s", anything=1)).structured == {}  # still callable
     assert [t["name"] for t in listed] == ["batch", "save_preset", "list_presets", "run_preset"]
+    assert listed[0]["description"].startswith("Run many tool calls in one call.")
     catalog = listed[0]["description"].split(
         "\n\nCategories and actions (category: action{arguments}, ? = optional):\n", 1
     )[1]
     assert catalog.splitlines()[:2] == [
         "- kit: plain{text: string, count?: integer, tags?: string[], note?: string|null} "
         "(Say it.); renamed{} (renamed); wipe{depth: integer, child?: object|null} (Wipe.)",
-        "- extra: mix{anything: any, rows?: object[], grid?: integer[][]|null} "
+        "- extra: mix{anything: any, rows?: object[], grid?: integer[][]|null, bag?: any[]} "
         "(First line goes on.)",
     ]
     assert catalog.splitlines()[2].startswith("- history: get_recent_context{limit?: integer, ")
