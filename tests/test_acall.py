@@ -116,3 +116,23 @@ def test_acall_without_a_timeout_waits_the_runtimes_call_timeout() -> None:
                 RELEASE.set()
 
     asyncio.run(main())
+
+
+def test_call_reads_meta_and_times_out_after_the_call_timeout() -> None:
+    HELD_RUNNING.clear()
+    RELEASE.clear()
+    with Runtime([*BUILTIN, Sleepy], call_timeout=0.05) as rt:
+        meta = {"ctxactors/sessionId": "m1"}
+        assert rt.call("create_goal", {"goal": "x"}, meta=meta).structured == {
+            "id": "g1",
+            "goal": "x",
+        }
+        assert rt.call("get_planning_state", ctx_args("m1")).structured["goals"] == [
+            {"id": "g1", "goal": "x"}
+        ]
+        try:
+            with pytest.raises(CallTimeoutError) as caught:
+                rt.call("hold", ctx_args("held"))
+            assert str(caught.value) == "tool 'hold' did not answer within 0.05 s"
+        finally:
+            RELEASE.set()

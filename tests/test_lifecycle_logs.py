@@ -7,6 +7,7 @@ in `stats()` follow; the TTL boundary and the cleanup wait of `end_session` are 
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from conftest import ManualClock, ctx_args
@@ -177,3 +178,91 @@ def test_the_background_reaper_stops_idle_actors_by_itself() -> None:
                 break
             done.wait(0.01)
         assert rt.stats()["reaped"] == 1 and rt.stats()["actors"] == 0
+
+
+class SlowClose(Server):
+    """Cleanup that takes a moment; records when it is done."""
+
+    name = "slowclose"
+    done: list[str] = []
+
+    @tool
+    def touch(self, ctx: ToolContext) -> dict[str, Any]:
+        """Spawn the key."""
+        return {}
+
+    def close(self) -> None:
+        threading.Event().wait(0.05)
+        SlowClose.done.append("closed")
+
+
+def test_close_returns_once_every_actor_has_cleaned_up() -> None:
+    SlowClose.done.clear()
+    rt = Runtime([SlowClose])
+    rt.call("touch", ctx_args("s1"))
+    rt.call("touch", ctx_args("s2"))
+    rt.close()
+    assert SlowClose.done == ["closed", "closed"]
+
+
+def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
+    clock: ManualClock,
+) -> None:
+    seen: list[tuple[str, str | None, bool]] = []
+
+    def watch(ctx: ToolContext, spec: Any, args: dict[str, Any], result: Any) -> None:
+        seen.append((spec.name, ctx.session_id, result.is_error))
+
+    def broken(ctx: ToolContext, spec: Any, args: dict[str, Any], result: Any) -> None:
+        raise ValueError("observer bug")
+
+    with capture_logs() as logs:
+        with Runtime(clock=clock) as rt:
+            rt.add_observer(watch)
+            rt.add_observer(broken, before_reply=True)
+            assert rt.call("create_goal", ctx_args("s", goal="g")).structured == {
+                "id": "g1",
+                "goal": "g",
+            }
+            ops = [
+                {"tool": "create_goal", "arguments": {"goal": "undone"}},
+                {"tool": "mark_todo", "arguments": {"todo_id": "missing"}},
+            ]
+            options = {"transactional": True}
+            rt.call("batch", ctx_args("s", operations=ops, options=options))
+    # The undo of the second create_goal is not a call: no observer sees it.
+    assert sorted(seen) == sorted(
+        [
+            ("create_goal", "s", False),
+            ("create_goal", "s", False),
+            ("mark_todo", "s", True),
+            ("batch", "s", True),
+        ]
+    )
+    failures = [e for e in logs if e["event"] == "observer_failed"]
+    assert len(failures) == 4
+    assert failures[0] == {
+        "logger": "ctxactors",
+        "event": "observer_failed",
+        "log_level": "error",
+        "error": "ValueError: observer bug",
+    }
+
+
+def test_a_call_logs_its_duration_in_milliseconds() -> None:
+    class Nap(Server):
+        name = "nap"
+
+        @tool
+        def nap(self, ctx: ToolContext) -> dict[str, Any]:
+            """Take at least 50 ms."""
+            threading.Event().wait(0.05)
+            return {}
+
+    with capture_logs() as logs:
+        with Runtime([Nap]) as rt:
+            started = time.perf_counter()
+            rt.call("nap", ctx_args("s"))
+            elapsed_ms = (time.perf_counter() - started) * 1000
+    (line,) = [e for e in logs if e["event"] == "tool_call"]
+    assert 50 <= line["duration_ms"] <= elapsed_ms + 1
