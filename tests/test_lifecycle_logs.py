@@ -10,10 +10,11 @@ import threading
 import time
 from typing import Any
 
+import pytest
 from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import Runtime, RuntimeClosedError, Scope, Server, ToolContext, tool
 
 WAIT = 20.0
 
@@ -220,6 +221,7 @@ def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
         with Runtime(clock=clock) as rt:
             rt.add_observer(watch)
             rt.add_observer(broken, before_reply=True)
+            rt.add_observer(broken)
             assert rt.call("create_goal", ctx_args("s", goal="g")).structured == {
                 "id": "g1",
                 "goal": "g",
@@ -240,13 +242,14 @@ def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
         ]
     )
     failures = [e for e in logs if e["event"] == "observer_failed"]
-    assert len(failures) == 4
-    assert failures[0] == {
-        "logger": "ctxactors",
-        "event": "observer_failed",
-        "log_level": "error",
-        "error": "ValueError: observer bug",
-    }
+    assert failures == 8 * [  # before and after the reply, for each of the 4 calls
+        {
+            "logger": "ctxactors",
+            "event": "observer_failed",
+            "log_level": "error",
+            "error": "ValueError: observer bug",
+        }
+    ]
 
 
 def test_a_call_logs_its_duration_in_milliseconds() -> None:
@@ -266,3 +269,28 @@ def test_a_call_logs_its_duration_in_milliseconds() -> None:
             elapsed_ms = (time.perf_counter() - started) * 1000
     (line,) = [e for e in logs if e["event"] == "tool_call"]
     assert 50 <= line["duration_ms"] <= elapsed_ms + 1
+    assert line["duration_ms"] == round(line["duration_ms"], 3)  # microseconds, no finer
+
+
+class Unstartable(Server):
+    name = "unstartable"
+
+    def __init__(self) -> None:
+        raise ValueError("no database")
+
+    @tool
+    def use(self, ctx: ToolContext) -> dict[str, Any]:
+        """Never runs."""
+        return {}
+
+
+def test_a_server_that_fails_to_start_answers_every_call_with_the_reason() -> None:
+    with Runtime([Unstartable, Counter]) as rt:
+        for _ in range(2):
+            failed = rt.call("use", ctx_args("s"))
+            assert failed.is_error
+            assert failed.text == "RuntimeError: server failed to start: no database"
+        assert rt.call("bump", ctx_args("s", "a")).structured == {"n": 1}  # others unharmed
+    with pytest.raises(RuntimeClosedError) as caught:
+        rt.call("bump", ctx_args("s", "a"))
+    assert str(caught.value) == "the runtime is closed"
