@@ -11,9 +11,19 @@ from typing import Any
 import pytest
 from conftest import ManualClock, ctx_args
 
-from ctxactors import Runtime
+from ctxactors import Runtime, Server, ToolContext, tool
+from ctxactors.servers import BUILTIN
 from ctxactors.servers.content import Content
-from ctxactors.servers.history import MAX_DEPTH, MAX_ITEMS, MAX_STRING, History, compact
+from ctxactors.servers.history import (
+    MAX_DEPTH,
+    MAX_ITEMS,
+    MAX_STRING,
+    History,
+    HistoryConfig,
+    _env_config,
+    compact,
+    generic_metadata,
+)
 from ctxactors.servers.workspace import Workspace
 
 
@@ -48,7 +58,9 @@ def test_delete_says_what_it_deleted_and_frees_its_bytes(
     assert ok(rt, "delete_content", id="c1") == {"id": "c1", "filename": "four", "deleted": True}
     ok(rt, "add_content", filename="four again", content="4444")  # 8 + 4 = 12: fits
     full = rt.call("add_content", ctx_args("s", filename="one", content="1"))
-    assert full.is_error and full.text.startswith("content store full: 12 of 12 bytes used")
+    assert full.is_error and full.text == (
+        "content store full: 12 of 12 bytes used, 'one' needs 1 more; delete something first"
+    )
     missing = rt.call("delete_content", ctx_args("s", id="c1"))
     assert missing.is_error and missing.text == "content 'c1' not found"
 
@@ -204,3 +216,72 @@ def test_scalars_stay_and_other_values_become_their_clipped_repr() -> None:
     assert (
         compact(b"z" * MAX_STRING) == "b'" + "z" * (MAX_STRING - 2) + f"… ({MAX_STRING + 3} chars)"
     )
+
+
+# -- metadata, filters, bounds ------------------------------------------------------------
+
+
+def test_generic_metadata_keeps_id_lists_and_records_ids_only_when_scalar() -> None:
+    assert generic_metadata({"item_ids": ["a", 2], "mixed_ids": ["a", {"b": 1}]}) == {
+        "item_ids": ["a", 2]
+    }
+    assert generic_metadata({"selected": {"id": ["x"], "name": "n"}}) == {
+        "selected": {"id": ["x"], "name": "n"}
+    }
+    assert generic_metadata({"selected": {"id": {"k": 1}}}) == {"selected": {"id": {"k": 1}}}
+    assert generic_metadata({"selected": {"name": "no id"}}) == {"selected": {"name": "no id"}}
+
+
+class Echo(Server):
+    """A tool named like a part of another's name, with an extractor that reads its args."""
+
+    name = "echo"
+
+    @tool(extract=lambda args, result: {"said": args["text"]})
+    def goal(self, ctx: ToolContext, text: str) -> dict[str, Any]:
+        """Echo."""
+        return {}
+
+
+def test_extractors_get_the_arguments_and_a_name_filter_matches_whole_names() -> None:
+    with Runtime([*BUILTIN, Echo]) as rt:
+        ok(rt, "goal", text="hi")
+        ok(rt, "create_goal", goal="g")
+        recent = ok(rt, "get_recent_context")["operations"]
+        assert [(op["tool"], op["metadata"]) for op in recent] == [
+            ("create_goal", {"created_goal": "g1"}),
+            ("goal", {"said": "hi"}),
+        ]
+        only = ok(rt, "get_recent_context", tool_filter="create_goal")["operations"]
+        assert [op["tool"] for op in only] == ["create_goal"]
+
+
+def test_history_bounds_are_checked() -> None:
+    assert HistoryConfig(max_operations=1, ttl=0.5).max_operations == 1
+    with pytest.raises(ValueError) as caught:
+        HistoryConfig(max_operations=0)
+    assert str(caught.value) == "max_operations must be at least 1, got 0"
+    with pytest.raises(ValueError) as caught:
+        HistoryConfig(ttl=0)
+    assert str(caught.value) == "ttl must be positive, got 0"
+
+
+def test_history_ttl_defaults_to_an_hour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CTXACTORS_HISTORY_TTL", raising=False)
+    monkeypatch.delenv("CTXACTORS_HISTORY_MAX_OPERATIONS", raising=False)
+    assert _env_config().ttl == 3600.0
+
+
+def test_a_query_may_have_sixteen_words_and_short_terms_rank_by_occurrences(rt: Runtime) -> None:
+    words = " ".join(f"w{i:02d}" for i in range(16))
+    assert ok(rt, "search_content", query=words) == {"results": [], "count": 0}
+    refused = rt.call("search_content", ctx_args("s", query=words + " w16"))
+    assert refused.text == "query has 17 words; at most 16 are allowed"
+    blank = rt.call("search_content", ctx_args("s", query="   "))
+    assert blank.text == "query is blank: give at least one word to search for"
+    ok(rt, "add_content", filename="once", content="ab here")
+    ok(rt, "add_content", filename="thrice", content="ab ab ab")
+    ok(rt, "add_content", filename="twice", content="ab and ab")
+    found = ok(rt, "search_content", query="ab")["results"]
+    assert [r["filename"] for r in found] == ["thrice", "twice", "once"]
+    assert [r["score"] for r in found] == [3.0, 2.0, 1.0]
