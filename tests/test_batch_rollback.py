@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,9 @@ class Ledger(Server):
 
     name = "ledger"
     scope = Scope.SESSION
+
+    stalled = threading.Event()
+    release = threading.Event()
 
     def __init__(self) -> None:
         self.entries: list[str] = []
@@ -38,6 +42,13 @@ class Ledger(Server):
         """The entries."""
         self.reads += 1
         return {"entries": list(self.entries), "reads": self.reads}
+
+    @tool(read_only=True)
+    def stall(self, ctx: ToolContext) -> dict[str, Any]:
+        """Wait until the test releases it."""
+        Ledger.stalled.set()
+        Ledger.release.wait(20)
+        return {"stalled": True}
 
     @tool(read_only=True)
     def broken(self, ctx: ToolContext) -> dict[str, Any]:
@@ -138,3 +149,67 @@ def test_parallel_duplicates_wait_for_the_first_and_share_its_outcome(rt: Runtim
     assert [(r["status"], r["error"]) for r in result.structured["results"]] == [
         ("failed", {"code": "tool_error", "message": "broken read 2"})
     ] * 2
+
+
+def test_skips_say_which_condition_or_dependency_stopped_them(rt: Runtime) -> None:
+    ops = [
+        {"id": "zz", "tool": "broken", "arguments": {}},
+        {"id": "a", "tool": "add", "arguments": {"value": "x"}},
+        {"id": "bb", "tool": "broken", "arguments": {}},
+        {"id": "c", "tool": "add", "arguments": {"value": "c"}, "condition": {"ifSuccess": "bb"}},
+        {"id": "d", "tool": "add", "arguments": {"value": "d"}, "condition": {"ifFailed": "a"}},
+        {"id": "e", "tool": "add", "arguments": {"value": "e"}, "condition": {"ifFailed": "bb"}},
+        {"id": "f", "tool": "add", "arguments": {"value": "f"}, "dependsOn": ["bb", "a", "zz"]},
+        {"id": "g", "tool": "add", "arguments": {"value": "g"}, "dependsOn": ["c"]},
+    ]
+
+    def skipped(op: str, code: str, message: str) -> dict[str, Any]:
+        error = {"code": code, "message": message}
+        return {"id": op, "tool": "add", "status": "skipped", "error": error}
+
+    def failed(op: str, n: int) -> dict[str, Any]:
+        error = {"code": "tool_error", "message": f"broken read {n}"}
+        return {"id": op, "tool": "broken", "status": "failed", "error": error}
+
+    assert run(rt, ops) == [
+        failed("zz", 1),
+        {"id": "a", "tool": "add", "status": "success", "data": {"value": "x"}},
+        failed("bb", 2),  # a write in between: the read runs again
+        skipped("c", "condition_not_met", "'bb' did not succeed"),
+        skipped("d", "condition_not_met", "'a' did not fail"),
+        {"id": "e", "tool": "add", "status": "success", "data": {"value": "e"}},
+        # the first failed dependency in the batch's order, not by name
+        skipped("f", "dependency_failed", "dependency 'zz' failed"),
+        skipped("g", "dependency_skipped", "dependency 'c' skipped"),
+    ]
+
+
+def test_a_batch_out_of_time_fails_what_runs_and_skips_the_rest(rt: Runtime) -> None:
+    Ledger.stalled.clear()
+    Ledger.release.clear()
+    ops = [
+        {"id": "s", "tool": "stall", "arguments": {}},
+        {"id": "after", "tool": "add", "arguments": {"value": "late"}},
+    ]
+    try:
+        result = rt.call("batch", ctx_args("s", "a1", operations=ops, options={"timeout": 100}))
+    finally:
+        Ledger.release.set()
+    assert result.structured is not None
+    assert result.structured["results"] == [
+        {
+            "id": "s",
+            "tool": "stall",
+            "status": "failed",
+            "error": {"code": "timeout", "message": "the batch ran out of time"},
+        },
+        {
+            "id": "after",
+            "tool": "add",
+            "status": "skipped",
+            "error": {"code": "batch_timeout", "message": "the batch ran out of its 0.1 s"},
+        },
+    ]
+    summary = {k: v for k, v in result.structured["summary"].items() if k != "executionTime"}
+    assert summary == {"total": 2, "successful": 0, "failed": 1, "skipped": 1, "rolledBack": 0}
+    assert result.structured["summary"]["executionTime"] >= 100
