@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from typing import Any
 
 import pytest
 from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
-from ctxactors import Runtime, RuntimeClosedError, Scope, Server, ToolContext, tool
+from ctxactors import (
+    InvalidArgumentsError,
+    Runtime,
+    RuntimeClosedError,
+    Scope,
+    Server,
+    ToolContext,
+    tool,
+)
 
 WAIT = 20.0
 
@@ -294,3 +303,81 @@ def test_a_server_that_fails_to_start_answers_every_call_with_the_reason() -> No
     with pytest.raises(RuntimeClosedError) as caught:
         rt.call("bump", ctx_args("s", "a"))
     assert str(caught.value) == "the runtime is closed"
+
+
+def reapers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ctxactors-reaper"]
+
+
+def test_runtime_defaults_and_when_a_background_reaper_runs(clock: ManualClock) -> None:
+    before = len(reapers())
+    with Runtime() as rt:
+        assert rt.call_timeout == 30.0 and rt.tools_mode == "all"
+        assert (rt.registry.ttl, rt.registry.max_actors) == (3600.0, 10_000)
+        assert rt.stats()["peak_actors"] == 0
+        started = reapers()
+        assert len(started) == before + 1 and started[-1].daemon
+    with Runtime(clock=clock) as rt:  # a test clock: the test reaps by itself
+        assert len(reapers()) == before
+    with Runtime(scan_interval=0) as rt:  # 0: no background reaper
+        assert len(reapers()) == before
+    with Runtime(scan_interval=0.5, clock=clock) as rt:
+        assert len(reapers()) == before + 1
+    assert len(reapers()) == before
+
+
+def test_bad_settings_are_refused_with_what_is_wrong() -> None:
+    for kwargs, message in (
+        ({"ttl": 0}, "ttl must be positive"),
+        ({"max_actors": 0}, "max_actors must be at least 1"),
+        ({"tools": "some"}, "tools must be 'all' or 'unified', got 'some'"),
+    ):
+        with pytest.raises(ValueError) as caught:
+            Runtime(**kwargs)  # type: ignore[arg-type]
+        assert str(caught.value) == message
+
+
+def test_a_call_without_a_session_falls_back_to_default_with_a_warning() -> None:
+    with capture_logs() as logs, Runtime() as rt:
+        assert rt.call("create_goal", {"goal": "x"}).structured == {"id": "g1", "goal": "x"}
+        assert rt.call("get_planning_state", ctx_args("default")).structured["goals"] == [
+            {"id": "g1", "goal": "x"}
+        ]
+    warned = [e for e in logs if e["event"] == "no_session_id"]
+    assert warned[0] == {
+        "logger": "ctxactors",
+        "event": "no_session_id",
+        "log_level": "warning",
+        "tool": "create_goal",
+        "fallback": "default",
+    }
+
+
+def test_an_observer_runs_after_the_reply_unless_asked_to_run_before() -> None:
+    release = threading.Event()
+    finished: list[str] = []
+
+    def slow(ctx: ToolContext, spec: Any, args: dict[str, Any], result: Any) -> None:
+        release.wait(WAIT / 4)
+        finished.append(spec.name)
+
+    with Runtime() as rt:
+        rt.add_observer(slow)
+        rt.call("create_goal", ctx_args("s", goal="g"))
+        assert finished == []  # the caller had its reply before the observer finished
+        release.set()
+
+
+def test_arguments_of_any_mapping_and_bad_context_values_are_explained() -> None:
+    with Runtime() as rt:
+        frozen = types.MappingProxyType({"goal": "x", "__sessionId": "m"})
+        assert rt.call("create_goal", frozen).structured == {"id": "g1", "goal": "x"}
+        with pytest.raises(InvalidArgumentsError) as caught:
+            rt.call("create_goal", {"goal": "x", "__sessionId": 7})
+        assert str(caught.value) == "reserved field '__sessionId' must be a string, got int"
+        with pytest.raises(InvalidArgumentsError) as caught:
+            rt.call("create_goal", {"goal": "x"}, meta={"ctxactors/sessionId": 7})
+        assert str(caught.value) == "_meta field 'ctxactors/sessionId' must be a string, got int"
+        with pytest.raises(InvalidArgumentsError) as caught:
+            rt.call("create_goal", "[" * 100_000 + "]" * 100_000)
+        assert str(caught.value) == "arguments are nested too deeply to decode"
