@@ -43,6 +43,13 @@ class Ledger(Server):
         self.reads += 1
         return {"entries": list(self.entries), "reads": self.reads}
 
+    @tool
+    def nap(self, ctx: ToolContext, value: str) -> dict[str, Any]:
+        """Take at least 50 ms, then add an entry."""
+        threading.Event().wait(0.05)
+        self.entries.append(value)
+        return {"value": value}
+
     @tool(read_only=True)
     def stall(self, ctx: ToolContext) -> dict[str, Any]:
         """Wait until the test releases it."""
@@ -213,3 +220,47 @@ def test_a_batch_out_of_time_fails_what_runs_and_skips_the_rest(rt: Runtime) -> 
     summary = {k: v for k, v in result.structured["summary"].items() if k != "executionTime"}
     assert summary == {"total": 2, "successful": 0, "failed": 1, "skipped": 1, "rolledBack": 0}
     assert result.structured["summary"]["executionTime"] >= 100
+
+
+def test_metadata_times_each_operation_from_the_batch_start(rt: Runtime) -> None:
+    ops = [
+        {"id": "n1", "tool": "nap", "arguments": {"value": "a"}},
+        {"id": "n2", "tool": "nap", "arguments": {"value": "b"}},
+        {"id": "r1", "tool": "look", "arguments": {}},
+        {"id": "r2", "tool": "look", "arguments": {}},
+    ]
+    result = rt.call(
+        "batch", ctx_args("s", "a1", operations=ops, options={"includeMetadata": True})
+    )
+    assert result.structured is not None
+    meta = {r["id"]: r["metadata"] for r in result.structured["results"]}
+    assert [meta[i]["deduplicated"] for i in ("n1", "n2", "r1", "r2")] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    assert all(m["thread"] is None for m in meta.values())
+    for m in meta.values():
+        assert m["startedMs"] >= 0 and m["durationMs"] >= 0
+        assert round(m["startedMs"], 3) == m["startedMs"]
+        assert round(m["durationMs"], 3) == m["durationMs"]
+    assert meta["n1"]["durationMs"] >= 45 and meta["n2"]["durationMs"] >= 45  # naps of 50 ms
+    # One after the other: n2 starts once n1 is done.
+    assert meta["n2"]["startedMs"] >= meta["n1"]["startedMs"] + meta["n1"]["durationMs"] - 0.01
+    total = result.structured["summary"]["executionTime"]
+    assert meta["n2"]["startedMs"] + meta["n2"]["durationMs"] <= total + 0.01
+
+
+def test_a_timed_out_operation_is_timed_from_its_own_start(rt: Runtime) -> None:
+    Ledger.stalled.clear()
+    Ledger.release.clear()
+    ops = [{"id": "s", "tool": "stall", "arguments": {}}]
+    options = {"timeout": 100, "includeMetadata": True}
+    try:
+        result = rt.call("batch", ctx_args("s", "a1", operations=ops, options=options))
+    finally:
+        Ledger.release.set()
+    assert result.structured is not None
+    (only,) = result.structured["results"]
+    assert only["status"] == "failed" and only["metadata"]["durationMs"] >= 50  # of ~100
