@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -229,9 +231,11 @@ def test_metadata_times_each_operation_from_the_batch_start(rt: Runtime) -> None
         {"id": "r1", "tool": "look", "arguments": {}},
         {"id": "r2", "tool": "look", "arguments": {}},
     ]
+    began = time.perf_counter()
     result = rt.call(
         "batch", ctx_args("s", "a1", operations=ops, options={"includeMetadata": True})
     )
+    wall_ms = (time.perf_counter() - began) * 1000
     assert result.structured is not None
     meta = {r["id"]: r["metadata"] for r in result.structured["results"]}
     assert [meta[i]["deduplicated"] for i in ("n1", "n2", "r1", "r2")] == [
@@ -250,6 +254,16 @@ def test_metadata_times_each_operation_from_the_batch_start(rt: Runtime) -> None
     assert meta["n2"]["startedMs"] >= meta["n1"]["startedMs"] + meta["n1"]["durationMs"] - 0.01
     total = result.structured["summary"]["executionTime"]
     assert meta["n2"]["startedMs"] + meta["n2"]["durationMs"] <= total + 0.01
+    assert isinstance(total, float) and round(total, 3) == total and total <= wall_ms
+
+
+def test_a_rolled_back_batch_is_an_error_whose_text_is_its_result(rt: Runtime) -> None:
+    ops = [{"id": "a", "tool": "add", "arguments": {"value": "x"}}, {"id": "x", "tool": "broken"}]
+    result = rt.call("batch", ctx_args("s", "a1", operations=ops, options={"transactional": True}))
+    assert result.is_error and result.structured is not None
+    assert result.text.startswith("batch rolled back: ")
+    assert json.loads(result.text.removeprefix("batch rolled back: ")) == result.structured
+    assert [r["status"] for r in result.structured["results"]] == ["rolled_back", "failed"]
 
 
 def test_a_timed_out_operation_is_timed_from_its_own_start(rt: Runtime) -> None:
