@@ -26,7 +26,7 @@ pytestmark = pytest.mark.timeout(20)
 WAIT = 10.0  # bound for waits that pass at once unless the code is broken
 
 
-class SlowRuntime:
+class FakeRuntime:
     """A stand-in runtime that records every call.
 
     With ``meet=n`` each call waits at a barrier until `n` parties are there at once, so
@@ -99,7 +99,7 @@ def runtime() -> Iterator[Runtime]:
 
 
 def test_calls_of_one_reply_run_concurrently() -> None:
-    runtime = SlowRuntime(meet=3)  # each call passes only once all three are inside
+    runtime = FakeRuntime(meet=3)  # each call passes only once all three are inside
     model = ScriptedModel([calls("wait", "wait", "wait"), Message.assistant("ok")])
     chat = session(runtime, model)
     assert chat.send("go") == "ok"
@@ -116,7 +116,7 @@ def test_asend_runs_calls_concurrently_without_blocking_the_loop() -> None:
 async def asend_concurrently() -> None:
     # Four parties: the three calls and this coroutine. It only reaches the barrier if the
     # loop keeps running while the calls wait, and they only pass if all three wait at once.
-    runtime = SlowRuntime()
+    runtime = FakeRuntime()
     runtime.abarrier = asyncio.Barrier(4)
     model = ScriptedModel([calls("wait", "wait", "wait"), Message.assistant("ok")])
     sending = asyncio.create_task(session(runtime, model).asend("go"))
@@ -126,7 +126,7 @@ async def asend_concurrently() -> None:
 
 
 def test_context_is_injected_and_spoofing_dropped() -> None:
-    runtime = SlowRuntime()
+    runtime = FakeRuntime()
     spoof = Message.assistant(
         None, [ToolCall.new("wait", {"x": 1, "__sessionId": "victim", "__assistantId": "root"})]
     )
@@ -138,7 +138,7 @@ def test_context_is_injected_and_spoofing_dropped() -> None:
 
 
 def test_model_sees_the_runtime_tools_and_the_prompt() -> None:
-    runtime = SlowRuntime()
+    runtime = FakeRuntime()
     model = ScriptedModel([Message.assistant("hello")])
     chat = session(runtime, model, system_prompt="Base.", extension="Be brief.")
     assert chat.send("hi") == "hello"
@@ -149,14 +149,14 @@ def test_model_sees_the_runtime_tools_and_the_prompt() -> None:
 
 def test_max_steps_stops_the_loop_and_says_so() -> None:
     model = ScriptedModel([calls("wait")] * 3)
-    chat = session(SlowRuntime(), model, max_steps=3)
+    chat = session(FakeRuntime(), model, max_steps=3)
     answer = chat.send("loop forever")
     assert answer.startswith("Stopped after 3 model calls")
     assert len(model.prompts) == 3 and model.remaining == 0
     assert chat.history[-1] == Message.assistant(answer)
     assert chat.history[-2].role == "tool"  # the last calls ran and were answered
     with pytest.raises(ValueError):
-        session(SlowRuntime(), model, max_steps=0)
+        session(FakeRuntime(), model, max_steps=0)
 
 
 def test_missing_and_duplicate_call_ids_are_filled_in() -> None:
@@ -168,7 +168,7 @@ def test_missing_and_duplicate_call_ids_are_filled_in() -> None:
             ToolCall(id="same", function=ToolCall.new("wait").function),
         ],
     )
-    chat = session(SlowRuntime(), ScriptedModel([reply, Message.assistant("ok")]))
+    chat = session(FakeRuntime(), ScriptedModel([reply, Message.assistant("ok")]))
     chat.send("go")
     step = chat.history[1]
     assert step.tool_calls is not None
@@ -178,14 +178,14 @@ def test_missing_and_duplicate_call_ids_are_filled_in() -> None:
 
 
 def test_a_reply_that_is_not_an_assistant_message_is_refused() -> None:
-    chat = session(SlowRuntime(), ScriptedModel([Message.user("I am the model")]))
+    chat = session(FakeRuntime(), ScriptedModel([Message.user("I am the model")]))
     with pytest.raises(ModelError, match="assistant message"):
         chat.send("go")
 
 
 def test_spent_script_raises() -> None:
     with pytest.raises(ModelError, match="only 0 steps"):
-        session(SlowRuntime(), ScriptedModel([])).send("go")
+        session(FakeRuntime(), ScriptedModel([])).send("go")
 
 
 def test_real_runtime_planning_tools_end_to_end(runtime: Runtime) -> None:
@@ -276,6 +276,6 @@ def test_a_closed_runtime_propagates_and_the_history_stays_sendable() -> None:
 def test_resume_from_a_saved_history() -> None:
     saved = [Message.user("first"), Message.assistant("first answer")]
     model = ScriptedModel([Message.assistant("second answer")])
-    chat = session(SlowRuntime(), model, history=saved)
+    chat = session(FakeRuntime(), model, history=saved)
     chat.send("second")
     assert model.prompts[0][1:] == [*saved, Message.user("second")]
