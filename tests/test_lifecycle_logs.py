@@ -381,3 +381,27 @@ def test_arguments_of_any_mapping_and_bad_context_values_are_explained() -> None
         with pytest.raises(InvalidArgumentsError) as caught:
             rt.call("create_goal", "[" * 100_000 + "]" * 100_000)
         assert str(caught.value) == "arguments are nested too deeply to decode"
+
+
+class BadClose(Server):
+    name = "badclose"
+
+    @tool
+    def touch(self, ctx: ToolContext) -> dict[str, Any]:
+        """Spawn the key."""
+        return {}
+
+    def close(self) -> None:
+        raise RuntimeError("disk gone")
+
+
+def test_start_and_close_failures_are_logged_with_the_error() -> None:
+    with capture_logs() as logs:
+        with Runtime([Unstartable, BadClose]) as rt:
+            rt.call("use", ctx_args("s"))
+            rt.call("touch", ctx_args("s"))
+    failures = [e for e in logs if e["event"] in ("server_start_failed", "server_close_failed")]
+    assert failures == [
+        {"event": "server_start_failed", "log_level": "error", "error": "ValueError: no database"},
+        {"event": "server_close_failed", "log_level": "error", "error": "RuntimeError: disk gone"},
+    ]
