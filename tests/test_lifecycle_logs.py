@@ -218,10 +218,10 @@ def test_close_returns_once_every_actor_has_cleaned_up() -> None:
 def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
     clock: ManualClock,
 ) -> None:
-    seen: list[tuple[str, str | None, bool]] = []
+    seen: list[tuple[str, str | None, bool, list[str]]] = []
 
     def watch(ctx: ToolContext, spec: Any, args: dict[str, Any], result: Any) -> None:
-        seen.append((spec.name, ctx.session_id, result.is_error))
+        seen.append((spec.name, ctx.session_id, result.is_error, sorted(args)))
 
     def broken(ctx: ToolContext, spec: Any, args: dict[str, Any], result: Any) -> None:
         raise ValueError("observer bug")
@@ -244,10 +244,10 @@ def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
     # The undo of the second create_goal is not a call: no observer sees it.
     assert sorted(seen) == sorted(
         [
-            ("create_goal", "s", False),
-            ("create_goal", "s", False),
-            ("mark_todo", "s", True),
-            ("batch", "s", True),
+            ("create_goal", "s", False, ["goal"]),
+            ("create_goal", "s", False, ["goal"]),
+            ("mark_todo", "s", True, ["todo_id"]),
+            ("batch", "s", True, ["operations", "options"]),
         ]
     )
     failures = [e for e in logs if e["event"] == "observer_failed"]
