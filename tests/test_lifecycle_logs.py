@@ -405,3 +405,48 @@ def test_start_and_close_failures_are_logged_with_the_error() -> None:
         {"event": "server_start_failed", "log_level": "error", "error": "ValueError: no database"},
         {"event": "server_close_failed", "log_level": "error", "error": "RuntimeError: disk gone"},
     ]
+
+
+def test_close_waits_for_a_stuck_cleanup_at_most_the_call_timeout() -> None:
+    StuckClose.closing.clear()
+    StuckClose.finish.clear()
+    rt = Runtime([StuckClose], call_timeout=0.2)
+    rt.call("touch", ctx_args("s"))
+    closer = threading.Thread(target=rt.close)
+    closer.start()
+    try:
+        assert StuckClose.closing.wait(WAIT)
+        closer.join(WAIT / 2)  # returns once its wait runs out, while close() still hangs
+        assert not closer.is_alive() and not StuckClose.finish.is_set()
+    finally:
+        StuckClose.finish.set()
+
+
+class BadBusy(Server):
+    name = "badbusy"
+
+    @tool
+    def touch(self, ctx: ToolContext) -> dict[str, Any]:
+        """Spawn the key."""
+        return {}
+
+    def is_busy(self) -> bool:
+        raise RuntimeError("cannot tell")
+
+
+def test_a_failing_reaper_pass_is_logged_and_the_reaper_goes_on() -> None:
+    with capture_logs() as logs, Runtime([BadBusy], ttl=0.01, scan_interval=0.01) as rt:
+        rt.call("touch", ctx_args("s"))
+        pause = threading.Event()
+        for _ in range(int(WAIT / 0.01)):
+            if sum(e["event"] == "reap_failed" for e in logs) >= 2:  # it keeps trying
+                break
+            pause.wait(0.01)
+    failed = [e for e in logs if e["event"] == "reap_failed"]
+    assert len(failed) >= 2
+    assert failed[0] == {
+        "logger": "ctxactors",
+        "event": "reap_failed",
+        "log_level": "error",
+        "error": "RuntimeError: cannot tell",
+    }
