@@ -22,8 +22,10 @@ from ctxactors import (
     Scope,
     Server,
     ToolContext,
+    ToolResult,
     tool,
 )
+from ctxactors.actors import Call, SyncReply
 
 WAIT = 20.0
 
@@ -450,3 +452,21 @@ def test_a_failing_reaper_pass_is_logged_and_the_reaper_goes_on() -> None:
         "log_level": "error",
         "error": "RuntimeError: cannot tell",
     }
+
+
+def test_a_failing_after_hook_is_logged_and_the_actor_keeps_serving() -> None:
+    def boom(result: ToolResult) -> None:
+        raise ValueError("after bug")
+
+    key = ("counter-direct", "s")
+    with capture_logs() as logs, Runtime([Counter]) as rt:
+        first, second = SyncReply(), SyncReply()
+        rt.registry.submit(key, Counter, Call(lambda server: server.bump(None), first, boom))
+        # Same key, so it runs after the first message's after hook.
+        rt.registry.submit(key, Counter, Call(lambda server: server.bump(None), second))
+        assert first.wait(WAIT) and second.wait(WAIT)
+        assert (first.value, second.value) == ({"n": 1}, {"n": 2})
+    failed = [e for e in logs if e["event"] == "after_call_failed"]
+    assert failed == [
+        {"event": "after_call_failed", "log_level": "error", "error": "ValueError: after bug"}
+    ]
