@@ -243,6 +243,10 @@ def test_end_session_kills_processes_and_removes_the_directory(
     pid = start(rt, "s1", "pwd; sleep 30 & sleep 30; wait")
     cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
     other = start(rt, "s2", "sleep 30")
+    # Until each shell has started its sleeps, a process still shows as "sh".
+    deadline = time.monotonic() + WAIT
+    while descendant_names().count("sleep") < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert rt.end_session("s1") == 1
     assert not os.path.exists(cwd)  # end_session waits for the cleanup
     assert descendant_names().count("sleep") == 1  # only s2's is left
