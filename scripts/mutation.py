@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = ROOT / "build" / "mutation"
 REPORT = ROOT / "mutation" / "report.md"
 EQUIVALENT = ROOT / "mutation" / "equivalent.txt"
+NOTES = ROOT / "mutation" / "notes.md"  # hand-written, included as it is
 COPIED = ["ctxactors", "tests"]
 
 # group -> (modules mutated, test files run); the core first: it matters most.
@@ -257,6 +258,8 @@ def report() -> str:
         totals.update(counts)
         lines.append(_row(module, counts))
     lines.append(_row("**all**", totals))
+    if NOTES.exists():
+        lines += ["", NOTES.read_text().strip()]
     lines += ["", "## Groups (each mutant runs only the tests of its group that reach it)", ""]
     for group, (modules, tests) in GROUPS.items():
         lines.append(f"- {group}: {', '.join(modules)}; tests: {', '.join(tests)}")
