@@ -62,7 +62,9 @@ __all__ = [
     "pick",
 ]
 
-_log = structlog.get_logger("ctxactors.history").bind()
+# A lazy proxy, not bound at import: bound here it would keep structlog's default
+# configuration (printing to stdout, the stdio protocol channel) whatever is configured later.
+_log = structlog.get_logger("ctxactors.history")
 
 
 class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -312,7 +314,7 @@ def extract_metadata(spec: ToolSpec, args: dict[str, Any], result: ToolResult) -
     try:
         found = extractor(args, result)
     except Exception as exc:  # noqa: BLE001 - a bad extractor costs metadata, not the record
-        _log.warning("extract_failed", tool=spec.name, error=f"{type(exc).__name__}: {exc}")
+        _log.warning("extract_failed", tool=spec.name, exc_info=exc)
         return generic_metadata(result.structured)
     return compact(dict(found or {}))
 
