@@ -76,6 +76,7 @@ def test_spawn_evict_reap_and_end_are_logged_with_their_keys(clock: ManualClock)
             "logger": "ctxactors",
             "event": "session_ended",
             "log_level": "info",
+            "principal": None,
             "session_id": "s3",
             "actors": 1,
         },
@@ -95,8 +96,9 @@ def key_fields(session: str, assistant: str) -> dict[str, Any]:
         "logger": "ctxactors",
         "log_level": "info",
         "server": "counter",
+        "principal": None,
         "session_id": session,
-        "key": ["counter", session, assistant],
+        "key": ["counter", (None, session), assistant],
     }
 
 
@@ -174,7 +176,7 @@ def test_a_busy_server_is_neither_reaped_nor_evicted(clock: ManualClock) -> None
             assert [k[0] for k in rt.registry.keys()] == ["busy", "counter"]
             clock.advance(11)
             assert rt.reap() == 1  # only the idle counter
-            assert rt.registry.keys() == [("busy", "s")]
+            assert rt.registry.keys() == [("busy", (None, "s"))]
             Busy.flag.clear()
             assert rt.reap() == 1
     finally:
@@ -458,7 +460,7 @@ def test_a_failing_after_hook_is_logged_and_the_actor_keeps_serving() -> None:
     def boom(result: ToolResult) -> None:
         raise ValueError("after bug")
 
-    key = ("counter-direct", "s")
+    key = ("counter-direct", (None, "s"))
     with capture_logs() as logs, Runtime([Counter]) as rt:
         first, second = SyncReply(), SyncReply()
         rt.registry.submit(key, Counter, Call(lambda server: server.bump(None), first, boom))

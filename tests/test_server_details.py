@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from conftest import ManualClock, ctx_args
+from workspace_support import temporary_root
 
 from ctxactors import Runtime, Server, ToolContext, tool
 from ctxactors.servers import BUILTIN
@@ -24,14 +25,13 @@ from ctxactors.servers.history import (
     compact,
     generic_metadata,
 )
-from ctxactors.servers.workspace import Workspace
 
 
 @pytest.fixture
-def rt(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    monkeypatch.setattr(Workspace, "root", str(tmp_path / "workspaces"))
-    with Runtime() as runtime:
-        yield runtime
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    for _root in temporary_root(monkeypatch):  # the sandbox user must reach it
+        with Runtime() as runtime:
+            yield runtime
 
 
 def ok(rt: Runtime, tool: str, session: str = "s", **args: Any) -> Any:

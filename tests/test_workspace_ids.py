@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from conftest import ctx_args
 from structlog.testing import capture_logs
+from workspace_support import temporary_root
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
 
 
 @pytest.fixture
-def rt(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    monkeypatch.setattr(Workspace, "root", str(tmp_path / "workspaces"))
-    with Runtime(servers=[Workspace]) as runtime:
-        yield runtime
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    for _root in temporary_root(monkeypatch):  # the sandbox user must reach it
+        with Runtime(servers=[Workspace]) as runtime:
+            yield runtime
 
 
 def test_a_prefix_of_a_process_id_finds_nothing(rt: Runtime) -> None:
