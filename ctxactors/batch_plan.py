@@ -202,7 +202,7 @@ def make_plan(
         thread = op.thread if op.thread is not None else ctx.thread_id
         # The context is the batch call's own: the session and assistant can't change,
         # and reserved fields inside the arguments are dropped.
-        step_ctx = ToolContext(ctx.session_id, ctx.assistant_id, thread)
+        step_ctx = msgspec.structs.replace(ctx, thread_id=thread)  # the principal stays
         step = Step(index, op_id, spec, clean_args(op.arguments), step_ctx)
         step.needs = set(op.depends_on) | references(step.args)
         step.condition = op.condition

@@ -1,10 +1,20 @@
-"""The call context (session, assistant, thread) and how it travels with the arguments.
+"""The call context (principal, session, assistant, thread) and where it comes from.
 
-The LLM never sees the context: its tool schemas are clean. The host's middleware
-(`inject_context`) appends ``__sessionId``/``__assistantId``/``__threadId`` to the arguments
-the LLM produced, and the router reads them back (`ToolContext.from_args`) and strips them
-(`clean_args`) before validation. Any ``__*`` field the LLM wrote itself is dropped on the
-way in, so a model can't spoof another session or assistant.
+The LLM never sees the context: its tool schemas are clean. The host passes it either in
+the request's MCP ``_meta`` (``ctxactors/sessionId``, ``ctxactors/assistantId``,
+``ctxactors/threadId``), which the model can never write, or through its middleware
+(`inject_context`), which appends ``__sessionId``/``__assistantId``/``__threadId`` to the
+arguments the LLM produced after dropping any ``__*`` field the LLM wrote itself.
+
+Precedence (`read_context`), strongest first:
+
+1. the principal, from an authenticated transport only: it namespaces every key, and no
+   argument or ``_meta`` field can name or change it;
+2. ``_meta``: when it carries any context key, the context comes from ``_meta`` alone and
+   every ``__*`` argument is dropped as spoofing (the host did not inject it, the model did);
+3. otherwise the ``__*`` arguments (camelCase before snake_case);
+4. for the session only, the caller's fallback: the MCP session id over streamable HTTP,
+   ``"default"`` for stdio and the embedded runtime, or none at all (the call is refused).
 """
 
 from __future__ import annotations
@@ -33,27 +43,44 @@ META_KEYS: dict[str, str] = {
     "thread_id": "ctxactors/threadId",
 }
 DEFAULT_SESSION = "default"
+# What a refused context-less call is told (over HTTP there is no shared default session).
+NO_SESSION_MESSAGE = (
+    "no session given: pass the conversation's id in the request's _meta under "
+    f"{META_KEYS['session_id']!r} (or as the {SESSION_ID!r} argument that the host's "
+    "inject_context adds), or use a stateful MCP session"
+)
+
+# A session's identity: (principal, session_id). Principal A's "s1" is not B's "s1".
+SessionKey = tuple[str | None, str]
 
 _decode = msgspec.json.Decoder().decode
 
 
 class ToolContext(msgspec.Struct, frozen=True):
-    """Who is calling: the conversation (session), the assistant, and an optional thread.
+    """Who is calling: the conversation (session), the assistant, an optional thread, and
+    the authenticated principal that owns them (None without authentication).
 
-    Immutable and hashable, so it can be a dict key and be shared between threads.
+    Immutable and hashable, so it can be a dict key and be shared between threads. The
+    principal comes last so that positional use of the first three stays as it was.
     """
 
     session_id: str = DEFAULT_SESSION
     assistant_id: str | None = None
     thread_id: str | None = None
+    principal: str | None = None
+
+    @property
+    def session_key(self) -> SessionKey:
+        """The session's identity: it namespaces the session's actors and shared state."""
+        return (self.principal, self.session_id)
 
     @classmethod
     def from_args(
         cls, arguments: Mapping[str, Any] | str | None, meta: Mapping[str, Any] | None = None
     ) -> ToolContext:
-        """Read the context from reserved argument fields, then from MCP ``_meta``.
+        """Read the context as `Runtime.call` does (see `read_context`), without principal.
 
-        Raises `InvalidArgumentsError` when a reserved field holds anything but a string.
+        Raises `InvalidArgumentsError` when a context field holds anything but a string.
         """
         return read_context(parse_arguments(arguments), meta)[0]
 
@@ -81,38 +108,65 @@ def parse_arguments(arguments: Mapping[str, Any] | str | bytes | None) -> dict[s
 
 
 def read_context(
-    arguments: Mapping[str, Any], meta: Mapping[str, Any] | None = None
-) -> tuple[ToolContext, bool]:
-    """The context of a call and whether a session was given at all.
+    arguments: Mapping[str, Any],
+    meta: Mapping[str, Any] | None = None,
+    *,
+    principal: str | None = None,
+    fallback: str | None = DEFAULT_SESSION,
+) -> tuple[ToolContext, list[str] | None, bool]:
+    """The context of a call, the ``__*`` arguments dropped as spoofing, and whether the
+    session is the `fallback`.
 
-    Arguments win over ``_meta``; a missing session falls back to ``"default"`` (the caller
-    decides whether to warn about it, so the flag is returned).
+    ``_meta`` with any context key decides the whole context and every ``__*`` argument
+    is dropped (returned, for the caller to log); otherwise the ``__*`` arguments decide.
+    A session named by neither is `fallback`; with ``fallback=None`` that raises
+    `InvalidArgumentsError` saying how to pass one. A non-string context value raises too.
     """
-    found: dict[str, str] = {}
-    for attr, names in RESERVED_FIELDS.items():
-        for name in names:
-            if name in arguments:
-                value = arguments[name]
-                if not isinstance(value, str):
-                    raise InvalidArgumentsError(
-                        f"reserved field {name!r} must be a string, got {type(value).__name__}"
-                    )
-                found[attr] = value
-                break
-        else:
-            if meta and (value := meta.get(META_KEYS[attr])) is not None:
-                if not isinstance(value, str):
-                    raise InvalidArgumentsError(
-                        f"_meta field {META_KEYS[attr]!r} must be a string, "
-                        f"got {type(value).__name__}"
-                    )
-                found[attr] = value
-    if not found:
-        return _DEFAULT_CONTEXT, False
-    return ToolContext(**found), "session_id" in found
+    if meta and (from_meta := _from_meta(meta)) is not None:
+        session, assistant, thread = from_meta
+        spoofed = [name for name in arguments if name.startswith("__")] or None
+    else:
+        session = _argument(arguments, SESSION_ID, "__session_id")
+        assistant = _argument(arguments, ASSISTANT_ID, "__assistant_id")
+        thread = _argument(arguments, THREAD_ID, "__thread_id")
+        spoofed = None
+    if session is None:
+        if fallback is None:
+            raise InvalidArgumentsError(NO_SESSION_MESSAGE)
+        return ToolContext(fallback, assistant, thread, principal), spoofed, True
+    return ToolContext(session, assistant, thread, principal), spoofed, False
 
 
-_DEFAULT_CONTEXT = ToolContext()
+def _argument(arguments: Mapping[str, Any], camel: str, snake: str) -> str | None:
+    """A context argument, camelCase first; a non-string value is refused naming it."""
+    if camel in arguments:
+        name = camel
+    elif snake in arguments:
+        name = snake
+    else:
+        return None
+    value = arguments[name]
+    if isinstance(value, str):
+        return value
+    raise InvalidArgumentsError(
+        f"reserved field {name!r} must be a string, got {type(value).__name__}"
+    )
+
+
+def _from_meta(meta: Mapping[str, Any]) -> tuple[str | None, str | None, str | None] | None:
+    """The context in ``_meta``, or None when it carries no context key (null is none)."""
+    found = tuple(_meta_value(meta, key) for key in _META_NAMES)
+    return None if found == (None, None, None) else found  # type: ignore[return-value]
+
+
+def _meta_value(meta: Mapping[str, Any], key: str) -> str | None:
+    value = meta.get(key)
+    if value is None or isinstance(value, str):
+        return value
+    raise InvalidArgumentsError(f"_meta field {key!r} must be a string, got {type(value).__name__}")
+
+
+_META_NAMES = tuple(META_KEYS.values())  # session, assistant, thread
 
 
 def clean_args(arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -127,6 +181,7 @@ def inject_context(
 
     The LLM's own keys and values are kept as they are; any ``__*`` field the LLM supplied
     is dropped with a warning (it is a spoofing attempt or a mistake, never trusted).
+    The principal is not injected: only the transport that authenticated it passes it.
     """
     args = parse_arguments(ai_arguments)
     injected = clean_args(args)

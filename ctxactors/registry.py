@@ -9,7 +9,11 @@ Everything that decides an actor's life happens under one lock, in one place:
   calls already sent to it and stops when its in-flight count reaches zero. There is no
   window in which a call can reach a stopping actor, so no call is ever lost.
 - The table is an `OrderedDict` in least-recently-used order, which makes both the TTL pass
-  (stop at the first fresh entry) and the LRU cap (first idle entry) cheap.
+  (stop at the first fresh entry) and the LRU cap (first idle entry) cheap. With a
+  per-principal cap, each principal also has its own LRU table, so a flood of sessions from
+  one principal passivates that principal's keys and never another's.
+- A key is ``(server, (principal, session_id), ...)``: its second item names the session,
+  which groups the actors that `end_session` stops and the state they share.
 
 We keep our own dict rather than pykka's `ActorRegistry`, which is a linear list.
 """
@@ -26,6 +30,7 @@ import pykka
 import structlog
 
 from ctxactors.actors import Call, KeyActor, Lifecycle
+from ctxactors.context import SessionKey
 from ctxactors.results import RuntimeClosedError
 
 Key = tuple[Any, ...]
@@ -57,6 +62,7 @@ class Registry:
         *,
         ttl: float,
         max_actors: int,
+        max_actors_per_principal: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         scan_interval: float | None = None,
         log: Any = None,
@@ -65,14 +71,19 @@ class Registry:
             raise ValueError("ttl must be positive")
         if max_actors < 1:
             raise ValueError("max_actors must be at least 1")
+        if max_actors_per_principal is not None and max_actors_per_principal < 1:
+            raise ValueError("max_actors_per_principal must be at least 1 (or None)")
         self.ttl = ttl
         self.max_actors = max_actors
+        self.max_actors_per_principal = max_actors_per_principal
         self._clock = clock
         self._log = log if log is not None else structlog.get_logger("ctxactors").bind()
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
-        self._by_session: dict[Any, set[Key]] = {}
-        self._session_state: dict[Any, dict[str, Any]] = {}
+        self._by_session: dict[SessionKey, set[Key]] = {}
+        self._session_state: dict[SessionKey, dict[str, Any]] = {}
+        # principal -> its live entries in LRU order; kept only when there is a cap.
+        self._by_principal: dict[str | None, OrderedDict[Key, Entry]] = {}
         self._closed = False
         self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0, "calls": 0}
         self._inflight = 0
@@ -99,10 +110,15 @@ class Registry:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._spawn(key, factory)
+                cap = self.max_actors_per_principal
+                if cap is not None and len(own := self._by_principal[key[1][0]]) > cap:
+                    victims = self._evict_lru(own, entry, "max_actors_per_principal")
                 if len(self._entries) > self.max_actors:
-                    victims = self._pick_lru_victim(entry)
+                    victims += self._evict_lru(self._entries, entry, "max_actors")
             else:
                 self._entries.move_to_end(key)
+                if self.max_actors_per_principal is not None:
+                    self._by_principal[key[1][0]].move_to_end(key)
             entry.inflight += 1
             entry.last_used = self._clock()
             self._inflight += 1
@@ -111,8 +127,9 @@ class Registry:
         assert entry.actor is not None
         entry.actor.actor_ref.tell(call)
 
-    def session_state(self, session_id: Any, name: str, factory: Callable[[], Any]) -> Any:
-        """The session's shared object `name` (made by `factory` on first use), or None.
+    def session_state(self, session: SessionKey, name: str, factory: Callable[[], Any]) -> Any:
+        """The shared object `name` of `session` (a ``(principal, session_id)`` pair), made
+        by `factory` on first use, or None.
 
         It lives exactly as long as the session has a live actor: it goes when the last
         one is reaped, evicted or ended, and a session with no live actor gets None (so
@@ -120,28 +137,28 @@ class Registry:
         add to, like the operation history; it must be thread-safe, as they all use it.
         """
         with self._lock:
-            if session_id not in self._by_session:
+            if session not in self._by_session:
                 return None
-            shared = self._session_state.setdefault(session_id, {})
+            shared = self._session_state.setdefault(session, {})
             value = shared.get(name)
             if value is None:
                 value = shared[name] = factory()
             return value
+
+    def has_session(self, session: SessionKey) -> bool:
+        with self._lock:
+            return session in self._by_session
 
     def _spawn(self, key: Key, factory: Callable[[], Any]) -> Entry:
         entry = Entry(key, self._clock())
         entry.actor = KeyActor.launch(factory, entry, lambda: self._finished(entry))
         self._entries[key] = entry
         self._by_session.setdefault(key[1], set()).add(key)
+        if self.max_actors_per_principal is not None:
+            self._by_principal.setdefault(key[1][0], OrderedDict())[key] = entry
         self._counts["spawned"] += 1
         self._peak = max(self._peak, len(self._entries))
-        self._log.info(
-            "actor_spawned",
-            server=key[0],
-            session_id=key[1],
-            key=list(key),
-            actors=len(self._entries),
-        )
+        self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
         return entry
 
     def _finished(self, entry: Entry) -> None:
@@ -152,6 +169,8 @@ class Registry:
             entry.last_used = self._clock()
             if not entry.retiring:
                 self._entries.move_to_end(entry.key)
+                if self.max_actors_per_principal is not None:
+                    self._by_principal[entry.key[1][0]].move_to_end(entry.key)
                 return
             stop_now = entry.inflight == 0
         if stop_now:
@@ -161,28 +180,31 @@ class Registry:
 
     def _retire(self, entry: Entry) -> bool:
         """Remove an entry from the table (lock held); True if it can be stopped at once."""
-        del self._entries[entry.key]
-        keys = self._by_session.get(entry.key[1])
+        key = entry.key
+        del self._entries[key]
+        keys = self._by_session.get(key[1])
         if keys is not None:
-            keys.discard(entry.key)
+            keys.discard(key)
             if not keys:
-                del self._by_session[entry.key[1]]
-                self._session_state.pop(entry.key[1], None)
+                del self._by_session[key[1]]
+                self._session_state.pop(key[1], None)
+        if self.max_actors_per_principal is not None:
+            own = self._by_principal[key[1][0]]
+            del own[key]
+            if not own:
+                del self._by_principal[key[1][0]]
         entry.retiring = True
         return entry.inflight == 0
 
-    def _pick_lru_victim(self, newcomer: Entry) -> list[Entry]:
-        for entry in self._entries.values():
+    def _evict_lru(
+        self, table: OrderedDict[Key, Entry], newcomer: Entry, reason: str
+    ) -> list[Entry]:
+        """Retire the least recently used idle entry of `table` (lock held)."""
+        for entry in table.values():
             if entry is not newcomer and entry.idle():
                 self._retire(entry)
                 self._counts["evicted"] += 1
-                self._log.info(
-                    "actor_evicted",
-                    server=entry.key[0],
-                    session_id=entry.key[1],
-                    key=list(entry.key),
-                    reason="max_actors",
-                )
+                self._log.info("actor_evicted", **_describe(entry.key), reason=reason)
                 return [entry]
         return []  # every actor is busy: the cap is exceeded until some become idle
 
@@ -209,19 +231,14 @@ class Registry:
             self._counts["reaped"] += len(victims)
         self._stop(victims)
         for entry in victims:
-            self._log.info(
-                "actor_reaped",
-                server=entry.key[0],
-                session_id=entry.key[1],
-                key=list(entry.key),
-                reason="ttl",
-            )
+            self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
         return len(victims)
 
-    def end_session(self, session_id: Any, wait: float | None = None) -> int:
-        """Retire every actor of a session; with `wait`, block until their cleanup is done."""
+    def end_session(self, session: SessionKey, wait: float | None = None) -> int:
+        """Retire every actor of `session` (a ``(principal, session_id)`` pair); with
+        `wait`, block until their cleanup is done."""
         with self._lock:
-            keys = list(self._by_session.get(session_id, ()))
+            keys = list(self._by_session.get(session, ()))
             entries = [self._entries[k] for k in keys]
             idle = [e for e in entries if self._retire(e)]
             self._counts["ended"] += len(entries)
@@ -231,7 +248,9 @@ class Registry:
             for entry in entries:
                 entry.wait_closed(max(deadline - time.monotonic(), 0.0))
         if entries:
-            self._log.info("session_ended", session_id=session_id, actors=len(entries))
+            self._log.info(
+                "session_ended", principal=session[0], session_id=session[1], actors=len(entries)
+            )
         return len(entries)
 
     def _reap_forever(self, interval: float) -> None:
@@ -274,3 +293,8 @@ class Registry:
     def keys(self) -> list[Key]:
         with self._lock:
             return list(self._entries)
+
+
+def _describe(key: Key) -> dict[str, Any]:
+    """A key's fields for a log line."""
+    return {"server": key[0], "principal": key[1][0], "session_id": key[1][1], "key": list(key)}

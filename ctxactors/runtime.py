@@ -2,8 +2,9 @@
 
 Every call goes the same way, whichever transport it came from:
 
-1. parse the arguments (dict or JSON string) and read the context from the reserved fields
-   (then from MCP ``_meta``), strip them, validate the rest against the tool's args type;
+1. parse the arguments (dict or JSON string) and read the context (`read_context`: the
+   transport's principal, then ``_meta`` or else the ``__*`` fields, then the session
+   fallback), strip the ``__*`` fields, validate the rest against the tool's args type;
    all of this in the caller, so bad input fails before anything is sent;
 2. pick the key with the server's scope and hand the call to that key's actor;
 3. wait for the reply (a lock handoff for `call`, an asyncio future for `acall`).
@@ -24,7 +25,13 @@ from typing import Any
 import msgspec
 
 from ctxactors.actors import AsyncReply, Call, Reply, SyncReply
-from ctxactors.context import ToolContext, clean_args, parse_arguments, read_context
+from ctxactors.context import (
+    DEFAULT_SESSION,
+    ToolContext,
+    clean_args,
+    parse_arguments,
+    read_context,
+)
 from ctxactors.logs import get_logger
 from ctxactors.registry import Registry
 from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
@@ -39,7 +46,9 @@ class Runtime:
 
     `servers=None` registers the built-in servers. `ttl` is the idle time after which a
     key's actor is reaped (its state is ephemeral); `max_actors` caps the live actors (the
-    least recently used idle one is passivated to make room); `clock` is an injectable
+    least recently used idle one is passivated to make room), `max_actors_per_principal`
+    caps each principal's (passivating that principal's own least recently used idle key,
+    never another's); `clock` is an injectable
     monotonic clock for tests. With an injected clock and no `scan_interval` there is no
     background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
     `list_tools()` publish only the batch and preset tools, whose description lists every
@@ -53,6 +62,7 @@ class Runtime:
         ttl: float = 3600.0,
         scan_interval: float | None = None,
         max_actors: int = 10_000,
+        max_actors_per_principal: int | None = None,
         call_timeout: float = 30.0,
         clock: Callable[[], float] | None = None,
         tools: str = "all",
@@ -85,6 +95,7 @@ class Runtime:
         self._registry = Registry(
             ttl=ttl,
             max_actors=max_actors,
+            max_actors_per_principal=max_actors_per_principal,
             clock=clock or time.monotonic,
             scan_interval=scan_interval,
             log=self._log,
@@ -103,15 +114,23 @@ class Runtime:
         *,
         meta: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        principal: str | None = None,
+        session_fallback: str | None = DEFAULT_SESSION,
     ) -> ToolResult:
         """Call a tool and wait for its result.
+
+        The context comes from `meta` (MCP ``_meta``) when it carries any context key, and
+        then every ``__*`` argument is dropped as spoofing; otherwise from the ``__*``
+        arguments. `principal` is for an authenticated transport only: it namespaces every
+        key and nothing in `arguments` or `meta` can change it. `session_fallback` is the
+        session when neither names one; ``None`` refuses such a call.
 
         Raises `UnknownToolError`, `InvalidArgumentsError` (nothing ran),
         `CallTimeoutError` or `RuntimeClosedError`; a tool's own failure is a result with
         ``is_error=True``.
         """
         reply = SyncReply()
-        self._dispatch(tool, arguments, meta, reply)
+        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
         if not reply.wait(wait):
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
@@ -125,10 +144,12 @@ class Runtime:
         *,
         meta: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        principal: str | None = None,
+        session_fallback: str | None = DEFAULT_SESSION,
     ) -> ToolResult:
         """`call`, awaitable. Never blocks the event loop: the reply resolves a future."""
         reply = AsyncReply(asyncio.get_running_loop())
-        self._dispatch(tool, arguments, meta, reply)
+        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
         try:
             result: ToolResult = await asyncio.wait_for(reply.future, wait)
@@ -141,16 +162,30 @@ class Runtime:
         tool: str,
         arguments: Mapping[str, Any] | str | None,
         meta: Mapping[str, Any] | None,
+        principal: str | None,
+        session_fallback: str | None,
         reply: SyncReply | AsyncReply,
     ) -> None:
         spec = self._tools.get(tool)
         if spec is None:
             raise UnknownToolError(f"unknown tool {tool!r}")
         raw = parse_arguments(arguments)
-        ctx, has_session = read_context(raw, meta)
+        ctx, spoofed, defaulted = read_context(
+            raw, meta, principal=principal, fallback=session_fallback
+        )
         args = clean_args(raw)
         validated = spec.validate(args)
-        if not has_session:
+        if spoofed:
+            self._log.warning(
+                "spoofed_context_dropped",
+                tool=tool,
+                fields=sorted(spoofed),
+                principal=ctx.principal,
+                session_id=ctx.session_id,
+                assistant_id=ctx.assistant_id,
+                thread_id=ctx.thread_id,
+            )
+        if defaulted and session_fallback == DEFAULT_SESSION:
             self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
         self.submit(spec, ctx, validated, args, reply)
 
@@ -189,6 +224,7 @@ class Runtime:
         def after(result: ToolResult) -> None:
             log.info(
                 "tool_call",
+                principal=ctx.principal,
                 session_id=ctx.session_id,
                 assistant_id=ctx.assistant_id,
                 thread_id=ctx.thread_id,
@@ -231,13 +267,18 @@ class Runtime:
     def tools(self) -> Mapping[str, ToolSpec]:
         return self._tools
 
-    def end_session(self, session_id: str) -> int:
-        """Stop every actor of the session now (after calls already sent to them finish).
+    def end_session(self, session_id: str, *, principal: str | None = None) -> int:
+        """Stop every actor of `principal`'s session now (after calls already sent to them
+        finish); another principal's session of the same id is untouched.
 
         Waits for their cleanup (processes killed, directories removed); returns how many
         actors were stopped.
         """
-        return self._registry.end_session(session_id, wait=self.call_timeout)
+        return self._registry.end_session((principal, session_id), wait=self.call_timeout)
+
+    def has_session(self, session_id: str, *, principal: str | None = None) -> bool:
+        """Whether `principal`'s session has a live actor (so live state) now."""
+        return self._registry.has_session((principal, session_id))
 
     def reap(self) -> int:
         """One reaper pass now; returns how many idle actors it stopped."""

@@ -36,12 +36,14 @@ class Scope(enum.Enum):
     THREAD = "thread"  # session + assistant + thread
 
     def key(self, server: str, ctx: ToolContext) -> Key:
-        """The actor key. Tuples, never joined strings: ``a::b`` + ``c`` can't collide."""
+        """The actor key: ``(server, (principal, session_id), ...)``, so the principal is
+        part of every key. Tuples, never joined strings: ``a::b`` + ``c`` can't collide."""
+        session = (ctx.principal, ctx.session_id)
         if self is Scope.SESSION:
-            return (server, ctx.session_id)
+            return (server, session)
         if self is Scope.ASSISTANT:
-            return (server, ctx.session_id, ctx.assistant_id)
-        return (server, ctx.session_id, ctx.assistant_id, ctx.thread_id)
+            return (server, session, ctx.assistant_id)
+        return (server, session, ctx.assistant_id, ctx.thread_id)
 
 
 class ToolSpec:

@@ -62,6 +62,23 @@ class Gate(Server):
         return {"slept": seconds}
 
 
+class Whoami(Server):
+    """Answers with the context the runtime resolved for the call (precedence tests)."""
+
+    name = "whoami"
+    scope = Scope.THREAD
+
+    @tool(read_only=True)
+    def whoami(self, ctx: ToolContext) -> dict[str, Any]:
+        """The caller's context."""
+        return {
+            "session": ctx.session_id,
+            "assistant": ctx.assistant_id,
+            "thread": ctx.thread_id,
+            "principal": ctx.principal,
+        }
+
+
 def serve_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))

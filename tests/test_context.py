@@ -35,10 +35,12 @@ def test_missing_context_is_default_session() -> None:
     assert ToolContext.from_args(None) == ToolContext()
 
 
-def test_meta_is_read_when_arguments_have_no_context_and_arguments_win() -> None:
+def test_meta_with_a_context_key_wins_and_arguments_are_never_used() -> None:
     meta = {"ctxactors/sessionId": "m", "ctxactors/assistantId": "ma"}
     assert ToolContext.from_args({}, meta) == ToolContext("m", "ma", None)
-    assert ToolContext.from_args({"__sessionId": "arg"}, meta) == ToolContext("arg", "ma", None)
+    assert ToolContext.from_args({"__sessionId": "arg"}, meta) == ToolContext("m", "ma", None)
+    # Not even for a field _meta does not carry: the model wrote it, not the host.
+    assert ToolContext.from_args({"__threadId": "t"}, meta) == ToolContext("m", "ma", None)
 
 
 @pytest.mark.parametrize("bad", [3, None, ["s"], {"id": "s"}, True])

@@ -259,13 +259,13 @@ def test_ending_the_session_removes_its_history(rt: Runtime) -> None:
     rt.end_session("s1")
     assert recent(rt, "s1") == []
     assert len(recent(rt, "s2")) == 1
-    assert ("history", "s1") in rt.registry.keys()  # the fresh, empty one just asked
+    assert ("history", (None, "s1")) in rt.registry.keys()  # the fresh, empty one just asked
 
 
 def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualClock) -> None:
     with Runtime(servers=SERVERS, clock=clock, ttl=60) as rt:
         rt.call("create_goal", ctx_args("s1", "a1", goal="early"))
-        assert rt.registry.keys() == [("planning", "s1", "a1", None)]  # no history actor
+        assert rt.registry.keys() == [("planning", (None, "s1"), "a1", None)]  # no history actor
         clock.advance(40)
         rt.call("create_goal", ctx_args("s1", "a2", goal="later"))
         clock.advance(30)

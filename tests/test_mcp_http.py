@@ -97,15 +97,17 @@ def test_stateful_http_sessions_are_isolated_by_mcp_session_id(url: str) -> None
         assert seen == {f"{tag}-{i}" for i in range(10)}
 
 
-def test_meta_and_arguments_win_over_the_http_session(url: str) -> None:
-    """Two HTTP sessions that name the same ctxactors session share it; arguments beat _meta."""
+def test_meta_and_arguments_win_over_the_http_session_and_meta_over_arguments(url: str) -> None:
+    """Two HTTP sessions that name the same ctxactors session share it. _meta decides the
+    whole context when it carries any: a ``__sessionId`` argument beside it is dropped."""
     meta = host_meta(session="shared-http")
 
-    async def main() -> tuple[set[str], set[str], set[str]]:
+    async def main() -> tuple[set[str], ...]:
         async with Client(url, mode="legacy") as first:
             await first.call_tool("create_goal", {"goal": "from first"}, meta=meta)
+            await first.call_tool("create_goal", {"goal": "by argument", "__sessionId": "arg-http"})
             await first.call_tool(
-                "create_goal", {"goal": "by argument", "__sessionId": "arg-http"}, meta=meta
+                "create_goal", {"goal": "spoof dropped", "__sessionId": "spoof-http"}, meta=meta
             )
             own = goals(await first.call_tool("get_planning_state", {}))
         async with Client(url, mode="legacy") as second:
@@ -113,12 +115,16 @@ def test_meta_and_arguments_win_over_the_http_session(url: str) -> None:
             by_arg = goals(
                 await second.call_tool("get_planning_state", {"__sessionId": "arg-http"})
             )
-        return own, shared, by_arg
+            spoof = goals(
+                await second.call_tool("get_planning_state", {"__sessionId": "spoof-http"})
+            )
+        return own, shared, by_arg, spoof
 
-    own, shared, by_arg = run(main)
+    own, shared, by_arg, spoof = run(main)
     assert own == set()  # the first client's own Mcp-Session-Id conversation stayed empty
-    assert shared == {"from first"}
+    assert shared == {"from first", "spoof dropped"}
     assert by_arg == {"by argument"}
+    assert spoof == set()
 
 
 def test_modern_protocol_client_routes_by_meta(url: str) -> None:

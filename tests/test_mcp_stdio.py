@@ -104,29 +104,37 @@ def test_sessions_see_only_their_own_goals_under_concurrent_calls() -> None:
     assert seen["default"] == set()
 
 
-def test_meta_route_and_arguments_win_over_meta() -> None:
-    async def main() -> tuple[set[str], set[str], set[str]]:
+def test_meta_routes_and_wins_over_arguments_which_route_without_it() -> None:
+    async def main() -> dict[str, set[str]]:
         async with Client(stdio_params()) as client:
             meta = host_meta(session="m1", assistant="a1")
             await client.call_tool("create_goal", {"goal": "via meta"}, meta=meta)
-            # The injected argument wins over _meta, field by field.
+            # Beside a _meta context, every __* argument is dropped: it lands in (m1, a1).
             await client.call_tool(
-                "create_goal", {"goal": "via arg", "__sessionId": "m2"}, meta=meta
+                "create_goal", {"goal": "spoof", "__sessionId": "m2", "__threadId": "t"}, meta=meta
             )
-            m1 = goals(await client.call_tool("get_planning_state", {}, meta=meta))
-            # ...so the assistant still came from _meta: (m2, a1), not (m2, None).
-            m2 = goals(
-                await client.call_tool("get_planning_state", {"__sessionId": "m2"}, meta=meta)
-            )
-            m2_alone = goals(await client.call_tool("get_planning_state", {"__sessionId": "m2"}))
-            assert m2_alone == set()
-            default = goals(await client.call_tool("get_planning_state", {}))
-            return m1, m2, default
+            args = {"__sessionId": "m3", "__assistantId": "a1"}
+            await client.call_tool("create_goal", {"goal": "via args", **args})
 
-    m1, m2, default = run(main)
-    assert m1 == {"via meta"}
-    assert m2 == {"via arg"}
-    assert default == set()
+            async def state(arguments: dict[str, Any], **kw: Any) -> set[str]:
+                return goals(await client.call_tool("get_planning_state", arguments, **kw))
+
+            return {
+                "m1": await state({}, meta=meta),
+                "m2": await state({"__sessionId": "m2"}),
+                "m2-thread": await state({"__sessionId": "m2", "__threadId": "t"}),
+                "m3": await state(args),
+                "default": await state({}),
+            }
+
+    seen = run(main)
+    assert seen == {
+        "m1": {"via meta", "spoof"},
+        "m2": set(),
+        "m2-thread": set(),
+        "m3": {"via args"},
+        "default": set(),
+    }
 
 
 def test_invalid_arguments_and_unknown_tool() -> None:

@@ -85,7 +85,7 @@ def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualCloc
         rt.call("count", ctx_args("s4"))
         stats = rt.stats()
         assert stats["actors"] == 3 and stats["evicted"] == 1
-        assert {k[1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
+        assert {k[1][1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
         assert rt.call("count", ctx_args("s1")).structured == {"n": 3}
         assert rt.call("count", ctx_args("s2")).structured == {"n": 1}  # fresh incarnation
 
@@ -148,7 +148,7 @@ def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> N
         assert rt.stats()["actors"] == 6
         assert rt.end_session("s1") == 3
         assert rt.end_session("s1") == 0
-        assert {k[1] for k in rt.registry.keys()} == {"s2"}
+        assert {k[1][1] for k in rt.registry.keys()} == {"s2"}
         assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured["goals"] == []
         assert len(rt.call("get_planning_state", ctx_args("s2", "a1")).structured["goals"]) == 1
 
@@ -188,19 +188,19 @@ def test_session_state_lives_exactly_as_long_as_the_sessions_actors(clock: Manua
 
     with make(clock, ttl=60, max_actors=2) as rt:
         registry = rt.registry
-        assert registry.session_state("s1", "x", new) is None  # no live actor: nothing kept
+        assert registry.session_state((None, "s1"), "x", new) is None  # no live actor: nothing kept
         rt.call("count", ctx_args("s1"))
-        first = registry.session_state("s1", "x", new)
-        assert first is not None and registry.session_state("s1", "x", new) is first
+        first = registry.session_state((None, "s1"), "x", new)
+        assert first is not None and registry.session_state((None, "s1"), "x", new) is first
         rt.call("count", ctx_args("s2"))
         rt.call("count", ctx_args("s3"))  # over the cap: s1's only actor is evicted
-        assert registry.session_state("s1", "x", new) is None
+        assert registry.session_state((None, "s1"), "x", new) is None
         rt.call("count", ctx_args("s1"))  # s2 evicted now
-        assert registry.session_state("s1", "x", new) is not first  # a fresh one
+        assert registry.session_state((None, "s1"), "x", new) is not first  # a fresh one
         assert rt.end_session("s1") == 1
-        assert registry.session_state("s1", "x", new) is None
-        assert registry.session_state("s3", "x", new) is not None
+        assert registry.session_state((None, "s1"), "x", new) is None
+        assert registry.session_state((None, "s3"), "x", new) is not None
         clock.advance(61)
         assert rt.reap() == 1
-        assert registry.session_state("s3", "x", new) is None
+        assert registry.session_state((None, "s3"), "x", new) is None
         assert len(made) == 3

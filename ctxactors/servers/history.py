@@ -5,9 +5,9 @@ remembered. Every call that reaches a server is recorded in its session's histor
 the model reads with ``get_recent_context{limit?, tool_filter?}``.
 
 A session's history is a `SessionHistory` kept by the registry as session state
-(`Registry.session_state`): it lives exactly as long as the session has a live actor, so it
-goes when the session's actors are reaped, evicted or ended, and one session can never
-reach another's. An observer adds each call to it in the calling key's actor, just before
+(`Registry.session_state`, keyed by principal and session id): it lives exactly as long as
+the session has a live actor, so it goes when the session's actors are reaped, evicted or
+ended, and one session (of one principal) can never reach another's. An observer adds each call to it in the calling key's actor, just before
 the reply: it snapshots the arguments (compacted, so a 4 MiB upload does not stay in memory
 50 times), extracts the metadata and appends the record under a small lock. That costs the
 call a few microseconds and no message, no thread and no actor: a message per call to a
@@ -43,7 +43,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 
-from ctxactors.context import ToolContext
+from ctxactors.context import SessionKey, ToolContext
 from ctxactors.results import ToolResult
 from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
@@ -110,14 +110,14 @@ _configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDiction
 _Record = tuple[float, float, Operation]
 
 
-def _session_histories(runtime: Any) -> Callable[[str], SessionHistory | None]:
-    """``session_id -> its SessionHistory`` (None once the session is gone)."""
+def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
+    """``(principal, session_id) -> its SessionHistory`` (None once the session is gone)."""
     registry = runtime.registry
 
     def new() -> SessionHistory:
         return SessionHistory(_configs.get(runtime) or HistoryConfig())
 
-    return lambda session_id: registry.session_state(session_id, "history", new)
+    return lambda session: registry.session_state(session, "history", new)
 
 
 Limit = Annotated[int, msgspec.Meta(ge=1)]
@@ -156,7 +156,7 @@ class History(Server):
     name = "history"
     scope = Scope.SESSION
 
-    def __init__(self, histories: Callable[[str], SessionHistory | None]) -> None:
+    def __init__(self, histories: Callable[[SessionKey], SessionHistory | None]) -> None:
         self._histories = histories
 
     @classmethod
@@ -191,7 +191,7 @@ class History(Server):
         ) -> None:
             if issubclass(spec.server, History):
                 return  # asking about the history is not an operation
-            history = histories(ctx.session_id)
+            history = histories(ctx.session_key)
             if history is None:
                 return  # the session was ended meanwhile: nothing to add to
             arguments = compact(args)
@@ -218,7 +218,7 @@ class History(Server):
         only the named tool(s); `limit` (default 5) is capped at the number kept."""
         wanted = {tool_filter} if isinstance(tool_filter, str) else tool_filter
         found: list[Operation] = []
-        history = self._histories(ctx.session_id)
+        history = self._histories(ctx.session_key)
         records = history.current() if history is not None else []
         for _, wall, op in reversed(records):
             if len(found) >= limit:

@@ -231,7 +231,7 @@ def create_app(
             arguments["tool_filter"] = filters
         if "get_recent_context" not in runtime.tools:
             raise ApiError(404, "not_found", "this runtime keeps no operation history")
-        if not _session_exists(runtime, session_id):
+        if not runtime.has_session(session_id):
             raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
         result: ToolResult = await runtime.acall("get_recent_context", arguments)
         if result.is_error or result.structured is None:
@@ -358,10 +358,6 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
-
-
-def _session_exists(runtime: Any, session_id: str) -> bool:
-    return any(key[1] == session_id for key in runtime.registry.keys())
 
 
 def _operations(structured: dict[str, Any]) -> dict[str, Any]:

@@ -2,13 +2,17 @@
 
 `tools/list` publishes exactly `Runtime.list_tools()` (clean schemas, no reserved field);
 `tools/call` hands the raw arguments (``__*`` fields included) and the request's ``_meta``
-to `Runtime.acall`. Where the call's context comes from, first match wins per field:
+to `Runtime.acall`, which reads the context (`ctxactors.context.read_context`):
 
-1. the ``__sessionId`` / ``__assistantId`` / ``__threadId`` arguments a host injected;
-2. the ``_meta`` keys ``ctxactors/sessionId``, ``ctxactors/assistantId``,
-   ``ctxactors/threadId``;
-3. on a stateful streamable-HTTP session, its ``Mcp-Session-Id`` as the session id;
-4. otherwise the session ``default``.
+1. ``_meta`` (``ctxactors/sessionId``, ``ctxactors/assistantId``, ``ctxactors/threadId``),
+   which the model can't write: when it carries any of them, it alone is the context and
+   every ``__*`` argument is dropped as spoofing;
+2. otherwise the ``__sessionId`` / ``__assistantId`` / ``__threadId`` arguments a host
+   injected;
+3. for the session only: on a stateful streamable-HTTP session its ``Mcp-Session-Id``; on
+   stdio (one client) the session ``default``; over HTTP without an MCP session (stateless,
+   protocol 2026-07-28) none, and the call is refused with an error result saying how to
+   pass one, so context-less clients never share a session.
 
 Errors follow MCP: an unknown tool (or a closed runtime) is a JSON-RPC error; arguments that
 don't fit the schema, a timeout and a tool's own failure are a result with ``isError: true``
@@ -27,7 +31,7 @@ import importlib.metadata
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -42,7 +46,7 @@ from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from ctxactors.context import META_KEYS
+from ctxactors.context import DEFAULT_SESSION
 from ctxactors.logs import get_logger
 from ctxactors.results import (
     CallTimeoutError,
@@ -54,7 +58,6 @@ from ctxactors.results import (
 from ctxactors.runtime import Runtime
 
 MCP_PATH = "/mcp"
-_SESSION_META = META_KEYS["session_id"]
 # One JSON-RPC line on stdin may be as large as the HTTP body cap allows, and then some.
 _STDIN_LINE_LIMIT = 64 * 1024 * 1024
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -100,10 +103,12 @@ class McpFrontend:
     ) -> types.CallToolResult:
         if self._draining:
             raise MCPError(RuntimeClosedError.code, "the server is shutting down; no new calls")
-        meta = call_meta(params.meta, _http_session_id(ctx))
+        fallback = session_fallback(ctx)
         self._in_flight += 1
         try:
-            result = await self.runtime.acall(params.name, params.arguments, meta=meta)
+            result = await self.runtime.acall(
+                params.name, params.arguments, meta=params.meta, session_fallback=fallback
+            )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
             result = ToolResult.error(str(exc))
         except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors
@@ -130,29 +135,18 @@ def _version() -> str:
         return "0"
 
 
-def call_meta(meta: Mapping[str, Any] | None, http_session: str | None) -> dict[str, Any] | None:
-    """The ``_meta`` to route with: the request's own, plus the HTTP session as a fallback.
+def session_fallback(ctx: ServerRequestContext[Any]) -> str | None:
+    """The session of a call whose ``_meta`` and arguments name none.
 
-    The runtime reads arguments before ``_meta`` field by field, so putting the
-    ``Mcp-Session-Id`` under ``ctxactors/sessionId`` only when the host gave none there
-    keeps the documented order (arguments, then ``_meta``, then the HTTP session).
-    """
-    if http_session is None or (meta and meta.get(_SESSION_META) is not None):
-        return dict(meta) if meta else None
-    merged = dict(meta) if meta else {}
-    merged[_SESSION_META] = http_session
-    return merged
-
-
-def _http_session_id(ctx: ServerRequestContext[Any]) -> str | None:
-    """The ``Mcp-Session-Id`` of the HTTP request that carried this call, if any.
-
-    The session manager only routes a request to a session whose id it issued, so the
-    header can't name a session the client doesn't hold.
+    It is only a fallback: it never goes into ``_meta`` (a ``_meta`` context key would make
+    the runtime drop the host's injected ``__*`` arguments). Without an HTTP request (stdio,
+    one client) it is ``default``; over HTTP it is the ``Mcp-Session-Id``, which the
+    session manager only routes to the session that issued it, so it can't name a session
+    the client doesn't hold; a stateless HTTP request has none, and such a call is refused.
     """
     headers = getattr(ctx.request, "headers", None)
     if headers is None:
-        return None
+        return DEFAULT_SESSION
     value = headers.get("mcp-session-id")
     return value if isinstance(value, str) and value else None
 
