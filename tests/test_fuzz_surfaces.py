@@ -21,12 +21,10 @@ The served processes' standard error must show no traceback at the end. Workspac
 
 from __future__ import annotations
 
-import contextlib
 import json
 import queue
 import reprlib
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -38,7 +36,16 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
-from mcp_support import free_port, serve_env, wait_until
+from mcp_support import serve_env
+from served_support import (
+    INITIALIZE_PARAMS,
+    SERVE,
+    McpHttpSession,
+    encode,
+    no_traceback,
+    rpc_messages,
+    served_http,
+)
 
 from ctxactors import CallTimeoutError, CtxActorsError, Runtime, ToolResult
 from ctxactors.context import META_KEYS
@@ -52,7 +59,6 @@ pytestmark = [
 
 # Never called: they run shell commands.
 FORBIDDEN = ("execute_command", "poll_process", "kill_process", "list_processes")
-SERVE = [sys.executable, "-m", "ctxactors.cli", "serve"]
 
 _probe_rt = Runtime(servers=[Planning, Playbooks, Content])
 TOOLS = {d["name"]: d["inputSchema"] for d in _probe_rt.list_tools()}
@@ -191,38 +197,6 @@ FUZZ = settings(
 )
 
 
-class _Json(str):
-    """Literal JSON text inside `encode`'s work stack."""
-
-
-def encode(value: Any) -> bytes:
-    """JSON bytes as a careless host writes them: lone surrogates pass as invalid UTF-8.
-
-    Iterative, so values nested 200,000 deep encode too.
-    """
-    out: list[str] = []
-    stack: list[Any] = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, _Json):
-            out.append(item)
-        elif isinstance(item, dict | list):
-            is_dict = isinstance(item, dict)
-            parts: list[Any] = [_Json("{" if is_dict else "[")]
-            for i, entry in enumerate(item.items() if is_dict else item):
-                if i:
-                    parts.append(_Json(","))
-                if is_dict:
-                    parts += [_Json(json.dumps(str(entry[0]), ensure_ascii=False) + ":"), entry[1]]
-                else:
-                    parts.append(entry)
-            parts.append(_Json("}" if is_dict else "]"))
-            stack.extend(reversed(parts))
-        else:
-            out.append(json.dumps(item, ensure_ascii=False, allow_nan=True, default=str))
-    return "".join(out).encode("utf-8", "surrogatepass")
-
-
 # -- embedded ------------------------------------------------------------------------------
 
 
@@ -314,47 +288,11 @@ def rest_requests(draw: st.DrawFn) -> tuple[str, str, dict[str, bytes], bytes, d
     return "POST", f"/api/v1/tools/{tool}", headers, draw(raw_bodies()), query
 
 
-@contextlib.contextmanager
-def served_http() -> Iterator[tuple[str, Path]]:
-    """``ctxactors serve --transport http`` on a free port, its standard error in a file."""
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "stderr"
-        port = free_port()
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                [*SERVE, "--transport", "http", "--port", str(port)],
-                stdin=subprocess.DEVNULL,
-                stderr=err,
-                env=serve_env(),
-            )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            assert wait_until(lambda: _answers(base) or proc.poll() is not None, 60)
-            assert proc.poll() is None, log.read_text()
-            yield base, log
-        finally:
-            proc.terminate()
-            proc.wait(30)
-
-
-def _answers(base: str) -> bool:
-    try:
-        return httpx.get(base + "/healthz", timeout=1.0).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def http_api() -> Iterator[tuple[httpx.Client, Path]]:
     with served_http() as (base, log), httpx.Client(base_url=base, timeout=60.0) as client:
         yield client, log
         no_traceback(log.read_text(errors="replace"))
-
-
-def no_traceback(stderr: str) -> None:
-    """A served process never let an exception escape (the first one is shown)."""
-    at = stderr.find("Traceback")
-    assert at < 0, stderr[max(at - 500, 0) : at + 3000]
 
 
 def alive(client: httpx.Client) -> None:
@@ -385,30 +323,6 @@ def test_rest_never_answers_5xx_and_keeps_serving(
 
 # -- MCP over streamable HTTP --------------------------------------------------------------
 
-MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "fuzz", "version": "0"},
-    },
-}
-
-
-def rpc_messages(response: httpx.Response) -> list[dict[str, Any]]:
-    """The JSON-RPC messages of one /mcp answer (plain JSON or an SSE stream)."""
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        return [
-            json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")
-        ]
-    if not response.content:
-        return []
-    body = response.json()
-    return body if isinstance(body, list) else [body]
-
 
 @st.composite
 def rpc_payloads(draw: st.DrawFn) -> bytes:
@@ -429,16 +343,8 @@ def rpc_payloads(draw: st.DrawFn) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def mcp_http(http_api: tuple[httpx.Client, Path]) -> tuple[httpx.Client, dict[str, str]]:
-    client, _ = http_api
-    answer = client.post("/mcp", headers=MCP_HEADERS, content=encode(INITIALIZE))
-    assert answer.status_code == 200, answer.text
-    headers = {**MCP_HEADERS, "Mcp-Session-Id": answer.headers["mcp-session-id"]}
-    protocol = rpc_messages(answer)[0]["result"]["protocolVersion"]
-    headers["Mcp-Protocol-Version"] = protocol
-    notified = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-    client.post("/mcp", headers=headers, content=encode(notified))
-    return client, headers
+def mcp_http(http_api: tuple[httpx.Client, Path]) -> McpHttpSession:
+    return McpHttpSession(http_api[0])
 
 
 def check_rpc_answers(messages: list[dict[str, Any]]) -> None:
@@ -450,20 +356,14 @@ def check_rpc_answers(messages: list[dict[str, Any]]) -> None:
 @settings(FUZZ, max_examples=150)
 @given(payload=rpc_payloads())
 def test_mcp_http_never_answers_5xx_or_internal_error(
-    mcp_http: tuple[httpx.Client, dict[str, str]], payload: bytes
+    mcp_http: McpHttpSession, payload: bytes
 ) -> None:
-    client, headers = mcp_http
     describe(payload)
-    response = client.post("/mcp", headers=headers, content=payload)
+    response = mcp_http.post(payload)
     assert response.status_code < 500, (response.status_code, response.text)
     if response.status_code == 200:
         check_rpc_answers(rpc_messages(response))
-    listed = client.post(
-        "/mcp",
-        headers=headers,
-        content=encode({"jsonrpc": "2.0", "id": -1, "method": "tools/list"}),
-    )
-    assert listed.status_code == 200 and "result" in rpc_messages(listed)[0], listed.text
+    assert "result" in mcp_http.rpc("tools/list")
 
 
 # -- MCP over stdio ------------------------------------------------------------------------
@@ -523,7 +423,7 @@ def stdio_peer() -> Iterator[StdioPeer]:
     with tempfile.TemporaryFile() as err:
         peer = StdioPeer(err)
         try:
-            peer.request("initialize", INITIALIZE["params"])
+            peer.request("initialize", INITIALIZE_PARAMS)
             peer.send(encode({"jsonrpc": "2.0", "method": "notifications/initialized"}))
             yield peer
         finally:

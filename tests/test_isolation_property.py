@@ -20,16 +20,21 @@ what the model says.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import re
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from served_support import McpHttpSession, no_traceback, served_http
 
 from ctxactors import InvalidArgumentsError, Runtime, Scope, ToolContext, ToolResult, inject_context
 from ctxactors.context import META_KEYS
@@ -54,6 +59,10 @@ BATCH_SPOOFS = (None, "thread", "field", "reserved_args")
 CONTEXT_OP_FIELDS = ("session", "sessionId", "assistant", "assistantId", "threadId", "context")
 MARKER = re.compile(r"MK\d{5}Z")
 MAX_HISTORY = 10_000  # no history truncation in a test run: the model can be exact
+
+SERVERS = [Planning, Playbooks, Content]
+with Runtime(servers=SERVERS) as _rt:
+    THREAD_SCOPED = frozenset(n for n, s in _rt.tools.items() if s.server.scope is Scope.THREAD)
 
 contexts = st.sampled_from(CONTEXTS)
 channels = st.sampled_from(CHANNELS)
@@ -140,15 +149,19 @@ class IsolationMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.rt = Runtime(servers=[Planning, Playbooks, Content])
-        History.configure(self.rt, max_operations=MAX_HISTORY)
-        self.model = Model(
-            thread_scoped=frozenset(
-                name for name, spec in self.rt.tools.items() if spec.server.scope is Scope.THREAD
-            )
-        )
+        self.connect()
+        self.model = Model(thread_scoped=THREAD_SCOPED)
         self._markers = itertools.count(1)
         self.writer: dict[str, ToolContext] = {}  # marker -> who wrote it (for messages)
+
+    def connect(self) -> None:
+        self.rt = Runtime(servers=SERVERS)
+        History.configure(self.rt, max_operations=MAX_HISTORY)
+
+    def invoke(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None
+    ) -> ToolResult:
+        return self.rt.call(tool, arguments, meta=meta)
 
     def teardown(self) -> None:
         self.rt.close()
@@ -210,7 +223,7 @@ class IsolationMachine(RuleBasedStateMachine):
         args: dict[str, Any],
     ) -> tuple[ToolContext, ToolResult]:
         ctx, arguments, meta = self.deliver(ctx, channel, forged, args)
-        result = self.rt.call(tool, arguments, meta=meta)
+        result = self.invoke(tool, arguments, meta)
         msgspec.json.encode(result.to_mcp())  # every result must be encodable
         return ctx, result
 
@@ -480,12 +493,11 @@ def machine(
     batches: bool = True,
     spoofs: tuple[str | None, ...] = BATCH_SPOOFS,
     examples: int = 60,
+    base: type[IsolationMachine] = IsolationMachine,
 ) -> type[RuleBasedStateMachine]:
     """A variant of the machine that attacks through some routes only, so a failure names
     the route (and the fix that closes it)."""
-    variant: Any = type(
-        name, (IsolationMachine,), {"routes": channels, "batches": batches, "spoofs": spoofs}
-    )
+    variant: Any = type(name, (base,), {"routes": channels, "batches": batches, "spoofs": spoofs})
     variant.TestCase.settings = settings(
         max_examples=examples,
         stateful_step_count=50,
@@ -504,3 +516,75 @@ TestBatchContext = machine("BatchContext", channels=("inject",)).TestCase
 TestOwnership = machine("Ownership", channels=("inject",), spoofs=(None,)).TestCase
 # Everything at once.
 TestIsolation = machine("Everything", examples=100).TestCase
+
+
+class OverMcp(IsolationMachine):
+    """The same calls through ``/mcp`` of a served process (raw JSON-RPC, one MCP session
+    per example, so the session fallback is the example's own). The served process is
+    shared, so the example's sessions get a unique prefix on the way out."""
+
+    def connect(self) -> None:
+        self.http = httpx.Client(base_url=served_base(), timeout=60.0)
+        self.mcp = McpHttpSession(self.http)
+        self.prefix = uuid.uuid4().hex[:12] + "-"
+
+    def rename(self, fields: dict[str, Any] | None, names: tuple[str, ...]) -> Any:
+        if fields is None:
+            return None
+        return {
+            k: self.prefix + v if k in names and isinstance(v, str) else v
+            for k, v in fields.items()
+        }
+
+    def invoke(
+        self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None
+    ) -> ToolResult:
+        params: dict[str, Any] = {
+            "name": tool,
+            "arguments": self.rename(arguments, SPELLINGS["session_id"]),
+        }
+        if meta is not None:
+            params["_meta"] = self.rename(meta, (META_KEYS["session_id"],))
+        answer = self.mcp.rpc("tools/call", params)
+        assert "result" in answer, answer
+        found = answer["result"]
+        result = ToolResult(found["content"], found.get("structuredContent"), found["isError"])
+        if (
+            result.is_error
+            and result.structured is None
+            and result.text.startswith("invalid arguments")
+        ):
+            raise InvalidArgumentsError(result.text)  # how MCP reports it to the model
+        return result
+
+    def teardown(self) -> None:
+        for session in SESSIONS:
+            self.http.delete(f"/api/v1/sessions/{self.prefix}{session}")
+        self.mcp.close()
+        self.http.close()
+
+
+_served: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shared_server() -> Iterator[None]:
+    """Started by the first MCP example, stopped after the module's tests."""
+    with contextlib.ExitStack() as stack:
+        _served["stack"] = stack
+        yield
+        _served.clear()
+
+
+def served_base() -> str:
+    if "base" not in _served:
+        env = {"CTXACTORS_HISTORY_MAX_OPERATIONS": str(MAX_HISTORY)}
+        base, log = _served["stack"].enter_context(served_http(env))
+        _served["stack"].callback(lambda: no_traceback(log.read_text(errors="replace")))
+        _served["base"] = base
+    base: str = _served["base"]
+    return base
+
+
+# Everything, through MCP over streamable HTTP.
+TestIsolationOverMcp = machine("OverMcpEverything", examples=30, base=OverMcp).TestCase
