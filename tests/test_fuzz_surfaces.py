@@ -47,8 +47,9 @@ from served_support import (
     served_http,
 )
 
-from ctxactors import CallTimeoutError, CtxActorsError, Runtime, ToolResult
+from ctxactors import CallTimeoutError, CtxActorsError, InvalidArgumentsError, Runtime, ToolResult
 from ctxactors.context import META_KEYS
+from ctxactors.logs import _serialize
 from ctxactors.servers import Content, Planning, Playbooks
 
 pytestmark = [
@@ -236,6 +237,18 @@ def test_embedded_calls_refuse_or_answer_and_state_stays_readable(
         assert isinstance(result, ToolResult)
         msgspec.json.encode(result.to_mcp())
     read_back(embedded, arguments, meta)
+
+
+def test_a_log_line_with_a_lone_surrogate_is_escaped_instead_of_failing_the_call(
+    embedded: Runtime,
+) -> None:
+    event = {"event": "actor_spawned", "session_id": "s\ud800", "key": ["planning", "s\udfff"]}
+    assert json.loads(_serialize(event)) == event
+    try:  # the id may be refused; it must never raise out of the logger
+        result = embedded.call("get_planning_state", {"__sessionId": "s\ud800"})
+    except InvalidArgumentsError:
+        return
+    assert result.structured == {"goals": [], "todos": []}
 
 
 # -- REST ----------------------------------------------------------------------------------
