@@ -220,7 +220,7 @@ def read_back(rt: Runtime, arguments: Any, meta: Any) -> None:
             assert not result.is_error, (session, tool, result.text)
 
 
-@settings(FUZZ, max_examples=300)
+@settings(FUZZ, max_examples=200)
 @given(call=calls())
 def test_embedded_calls_refuse_or_answer_and_state_stays_readable(
     embedded: Runtime, call: tuple[str, Any, Any]
@@ -313,7 +313,7 @@ def alive(client: httpx.Client) -> None:
     assert health.status_code == 200, health.text
 
 
-@settings(FUZZ, max_examples=200)
+@settings(FUZZ, max_examples=100)
 @given(request=rest_requests())
 def test_rest_never_answers_5xx_and_keeps_serving(
     http_api: tuple[httpx.Client, Path], request: tuple[str, str, dict[str, bytes], bytes, Any]
@@ -366,7 +366,7 @@ def check_rpc_answers(messages: list[dict[str, Any]]) -> None:
         assert error is None or error.get("code") != -32603, message  # internal error
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(payload=rpc_payloads())
 def test_mcp_http_never_answers_5xx_or_internal_error(
     mcp_http: McpHttpSession, payload: bytes
@@ -445,7 +445,7 @@ def stdio_peer() -> Iterator[StdioPeer]:
         no_traceback(err.read().decode(errors="replace"))
 
 
-@settings(FUZZ, max_examples=150)
+@settings(FUZZ, max_examples=100)
 @given(line=rpc_payloads())
 def test_mcp_stdio_answers_and_keeps_running(stdio_peer: StdioPeer, line: bytes) -> None:
     describe(line)

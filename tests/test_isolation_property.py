@@ -11,8 +11,9 @@ todos, playbooks, content) that belong to other contexts.
 
 Every write stores a unique marker (``MK00001Z``). A model keeps what each context may see:
 planning by the exact (session, assistant, thread) key; playbooks per session, their owner's
-(and unowned ones anybody's); content per session; history by session, own assistant or
-no-assistant operations, own thread for thread-scoped tools. The invariants checked after
+(and unowned ones anybody's); content per session; history by what the caller could have
+seen itself (session-wide tools: own assistant's or no assistant's calls; tools keyed by
+assistant or thread: its own key's calls only). The invariants checked after
 each call: the result's whole JSON holds no marker the caller may not see, and where the
 model is exact (planning state, content reads and searches, history) the result is exactly
 what the model says.
@@ -62,7 +63,7 @@ MAX_HISTORY = 10_000  # no history truncation in a test run: the model can be ex
 
 SERVERS = [Planning, Playbooks, Content]
 with Runtime(servers=SERVERS) as _rt:
-    THREAD_SCOPED = frozenset(n for n, s in _rt.tools.items() if s.server.scope is Scope.THREAD)
+    SCOPES = {name: spec.server.scope for name, spec in _rt.tools.items()}
 
 contexts = st.sampled_from(CONTEXTS)
 channels = st.sampled_from(CHANNELS)
@@ -106,7 +107,6 @@ class Model:
     playbooks: dict[str, dict[str, Playbook]] = dataclasses.field(default_factory=dict)
     content: dict[str, dict[str, tuple[str, str]]] = dataclasses.field(default_factory=dict)
     history: list[Recorded] = dataclasses.field(default_factory=list)
-    thread_scoped: frozenset[str] = frozenset()
 
     def planning_markers(self, ctx: ToolContext) -> set[str]:
         found = set(self.goals.get(ctx, {}).values())
@@ -126,11 +126,16 @@ class Model:
         return markers_in(list(self.content.get(ctx.session_id, {}).values()))
 
     def history_visible(self, ctx: ToolContext, op: Recorded) -> bool:
-        return (
-            op.ctx.session_id == ctx.session_id
-            and op.ctx.assistant_id in (None, ctx.assistant_id)
-            and (op.tool not in self.thread_scoped or op.ctx.thread_id == ctx.thread_id)
-        )
+        """What the caller could have seen by calling the tool itself: a session-wide
+        tool's calls of its own assistant or of none; otherwise only its own key's."""
+        if op.ctx.session_id != ctx.session_id:
+            return False
+        scope = SCOPES[op.tool]
+        if scope is Scope.SESSION:
+            return op.ctx.assistant_id in (None, ctx.assistant_id)
+        if op.ctx.assistant_id != ctx.assistant_id:
+            return False
+        return scope is Scope.ASSISTANT or op.ctx.thread_id == ctx.thread_id
 
     def visible_history(self, ctx: ToolContext) -> list[Recorded]:
         return [op for op in reversed(self.history) if self.history_visible(ctx, op)]
@@ -150,7 +155,7 @@ class IsolationMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.connect()
-        self.model = Model(thread_scoped=THREAD_SCOPED)
+        self.model = Model()
         self._markers = itertools.count(1)
         self.writer: dict[str, ToolContext] = {}  # marker -> who wrote it (for messages)
 
@@ -492,7 +497,8 @@ def machine(
     channels: tuple[str, ...] = CHANNELS,
     batches: bool = True,
     spoofs: tuple[str | None, ...] = BATCH_SPOOFS,
-    examples: int = 60,
+    examples: int = 150,
+    steps: int = 50,
     base: type[IsolationMachine] = IsolationMachine,
 ) -> type[RuleBasedStateMachine]:
     """A variant of the machine that attacks through some routes only, so a failure names
@@ -500,7 +506,7 @@ def machine(
     variant: Any = type(name, (base,), {"routes": channels, "batches": batches, "spoofs": spoofs})
     variant.TestCase.settings = settings(
         max_examples=examples,
-        stateful_step_count=50,
+        stateful_step_count=steps,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
@@ -515,7 +521,7 @@ TestBatchContext = machine("BatchContext", channels=("inject",)).TestCase
 # other keys find nothing of theirs.
 TestOwnership = machine("Ownership", channels=("inject",), spoofs=(None,)).TestCase
 # Everything at once.
-TestIsolation = machine("Everything", examples=100).TestCase
+TestIsolation = machine("Everything", examples=300).TestCase
 
 
 class OverMcp(IsolationMachine):
@@ -587,4 +593,4 @@ def served_base() -> str:
 
 
 # Everything, through MCP over streamable HTTP.
-TestIsolationOverMcp = machine("OverMcpEverything", examples=30, base=OverMcp).TestCase
+TestIsolationOverMcp = machine("OverMcpEverything", examples=40, steps=30, base=OverMcp).TestCase
