@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -100,7 +101,8 @@ def no_traceback(stderr: str) -> None:
 def rpc_messages(response: httpx.Response) -> list[dict[str, Any]]:
     """The JSON-RPC messages of one ``/mcp`` answer (plain JSON or an SSE stream)."""
     if response.headers.get("content-type", "").startswith("text/event-stream"):
-        lines = response.text.splitlines()
+        # SSE lines end only at CR/LF; str.splitlines would also split at U+2028.
+        lines = re.split(r"\r\n|\r|\n", response.text)
         return [json.loads(line[5:]) for line in lines if line.startswith("data:")]
     if not response.content:
         return []
