@@ -33,15 +33,30 @@ class Reply(Protocol):
     def set(self, value: Any) -> None: ...
 
 
+_running = threading.local()
+
+
+def caller_deadline() -> float | None:
+    """When the caller of the call this actor thread is running stops waiting for it.
+
+    A `time.monotonic` instant, or None when unknown. A handler that starts more work on
+    its caller's behalf (the batch tool) ends that work before this, so nothing runs for a
+    caller that has given up.
+    """
+    deadline: float | None = getattr(_running, "deadline", None)
+    return deadline
+
+
 class SyncReply:
     """A one-shot slot a blocking caller waits on (a lock handoff: no Condition, no queue)."""
 
-    __slots__ = ("_lock", "value")
+    __slots__ = ("_lock", "value", "deadline")
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float | None = None) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self.value: Any = None
+        self.deadline = deadline  # see `caller_deadline`
 
     def set(self, value: Any) -> None:
         self.value = value
@@ -54,11 +69,12 @@ class SyncReply:
 class AsyncReply:
     """A one-shot slot that resolves an asyncio future on its own loop's thread."""
 
-    __slots__ = ("_loop", "future")
+    __slots__ = ("_loop", "future", "deadline")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None = None) -> None:
         self._loop = loop
         self.future: asyncio.Future[Any] = loop.create_future()
+        self.deadline = deadline  # see `caller_deadline`
 
     def set(self, value: Any) -> None:
         try:
@@ -166,6 +182,7 @@ class KeyActor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> None:
         call: Call = message
+        _running.deadline = getattr(call.reply, "deadline", None)
         try:
             if self._start_error is not None:
                 raise RuntimeError(f"server failed to start: {self._start_error}")
@@ -173,6 +190,7 @@ class KeyActor(pykka.ThreadingActor):
         except BaseException as exc:  # noqa: BLE001
             result = ToolResult.from_exception(exc)
         finally:
+            _running.deadline = None
             # Account for the call before replying, so a caller that has its result also
             # sees the key as idle (and a retiring key stops right after this message).
             self._on_done()

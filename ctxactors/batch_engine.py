@@ -7,6 +7,11 @@ come back through one queue; `parallel` simply means several operations are subm
 before waiting, so operations on different keys truly overlap while operations on one key
 keep their order in that key's mailbox. It never submits to its own key: nested batches
 are refused when the plan is made.
+
+Time: the batch's own limits end before its caller's (`caller_deadline`), with a margin to
+hand the result back, so an operation that uses all of its time becomes a per-operation
+``timeout`` inside the batch result, never the caller's `CallTimeoutError`. An operation
+still waiting in its key's mailbox when the batch gives up on it does not run at all.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import msgspec
 
 from ctxactors.actors import SyncReply
 from ctxactors.batch_plan import (
+    BadReference,
     BatchOptions,
     BatchResult,
     OpError,
@@ -30,11 +36,18 @@ from ctxactors.batch_plan import (
     OpResult,
     Step,
     Summary,
+    lookup,
     resolve,
 )
+from ctxactors.batch_template import REFERENCES, Path, size_of
 from ctxactors.results import CtxActorsError, ToolError, ToolResult
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
+
+
+def _margin(remaining: float) -> float:
+    """How long before the caller's deadline a batch stops, to hand its result back."""
+    return min(max(remaining / 10, 0.01), 1.0)
 
 
 class _OpReply:
@@ -42,20 +55,40 @@ class _OpReply:
 
     It normally hands the result to the batch's queue. Once the batch gave up waiting (the
     operation timed out) a late result goes to `on_late` instead, so a write that finishes
-    after its timeout can still be compensated.
+    after its timeout can still be compensated; an operation the batch gave up on before
+    its actor reached it does not run (`begin` says so).
     """
 
-    __slots__ = ("step", "_lock", "value", "_arrived", "_on_late", "_inbox", "prior", "started")
+    __slots__ = (
+        "step",
+        "_lock",
+        "value",
+        "_arrived",
+        "_began",
+        "_on_late",
+        "_inbox",
+        "prior",
+        "started",
+        "deadline",
+    )
 
-    def __init__(self, step: Step, inbox: queue.SimpleQueue[_OpReply]) -> None:
+    def __init__(self, step: Step, inbox: queue.SimpleQueue[_OpReply], deadline: float) -> None:
         self.step = step
         self._lock = threading.Lock()
         self.value: ToolResult | None = None
         self._arrived = False
+        self._began = False
         self._on_late: Callable[[_OpReply], None] | None = None
         self._inbox = inbox
         self.prior: Any = None  # what the compensation recorded before the tool ran
         self.started = 0.0
+        self.deadline = deadline  # the operation's own, for `caller_deadline` in its actor
+
+    def begin(self) -> bool:
+        """In the operation's actor, before it runs: False if the batch already gave up."""
+        with self._lock:
+            self._began = self._on_late is None
+            return self._began
 
     def set(self, value: Any) -> None:
         with self._lock:
@@ -80,10 +113,30 @@ class BatchRun:
     """One execution of a plan. Use `execute` once; it returns the result and whether the
     batch was rolled back."""
 
-    def __init__(self, runtime: Any, steps: list[Step], options: BatchOptions) -> None:
+    def __init__(
+        self,
+        runtime: Any,
+        steps: list[Step],
+        options: BatchOptions,
+        *,
+        caller_deadline: float | None,
+        max_expanded: int,
+        max_result: int,
+        expanded: int = 0,
+    ) -> None:
         self.runtime = runtime
         self.steps = steps
         self.options = options
+        self.caller = (
+            caller_deadline
+            if caller_deadline is not None
+            else time.monotonic() + float(runtime.call_timeout)
+        )
+        self.max_expanded = max_expanded
+        self.expanded = expanded  # bytes of text built from references (and params) so far
+        self.max_result = max_result
+        self.result_bytes = 0  # the operations' data and error messages so far
+        self._sizes: dict[Path, int] = {}
         self.by_id = {s.id: s for s in steps}
         self.outcome: dict[str, str] = {}  # id -> success | failed | skipped
         self.results: dict[str, OpResult] = {}
@@ -91,8 +144,7 @@ class BatchRun:
         self.inbox: queue.SimpleQueue[_OpReply] = queue.SimpleQueue()
         self.inflight: dict[str, tuple[_OpReply, float]] = {}  # id -> (reply, deadline)
         self.writes_done: list[_OpReply] = []  # successful writes, in completion order
-        self.write_count: collections.Counter[tuple[Any, ...]] = collections.Counter()
-        self.reads: dict[tuple[Any, ...], tuple[str, int]] = {}  # dedup key -> (op, writes)
+        self.last_read: tuple[bytes, str] | None = None  # (read, op id) if last submitted
         self.waiters: dict[str, list[Step]] = {}  # op id -> duplicate reads waiting on it
         self.stop: OpError | None = None
         self._late_lock = threading.Lock()
@@ -104,9 +156,15 @@ class BatchRun:
 
     def execute(self) -> tuple[BatchResult, bool]:
         options = self.options
-        call_timeout = float(self.runtime.call_timeout)
-        budget = options.timeout / 1000 if options.timeout is not None else call_timeout
-        deadline = time.monotonic() + budget
+        now = time.monotonic()
+        # End early enough to hand the result back before the caller stops waiting.
+        deadline = self.caller - _margin(self.caller - now)
+        if options.timeout is not None:
+            deadline = min(deadline, now + options.timeout / 1000)
+        self.end = deadline
+        budget = max(deadline - now, 0.0)
+        if self.caller <= now:
+            self.stop = OpError("caller_timeout", "the caller stopped waiting before it ran")
         limit = (options.max_concurrency or len(self.steps)) if options.parallel else 1
         sorter = graphlib.TopologicalSorter({s.id: s.after for s in self.steps})
         sorter.prepare()
@@ -124,7 +182,7 @@ class BatchRun:
                     self._finish(step, "skipped", error=self.stop)
                 ready.clear()
             while ready and len(self.inflight) < limit:
-                self._start(ready.pop(0), call_timeout)
+                self._start(ready.pop(0))
             if self.inflight:
                 self._wait(deadline)
         # A transaction that did not run to the end is undone, even when nothing failed:
@@ -133,7 +191,7 @@ class BatchRun:
             self.stop is not None or "failed" in self.outcome.values()
         )
         if rolled_back:
-            self._roll_back(call_timeout)
+            self._roll_back()
         return self._result(), rolled_back
 
     def _wait(self, batch_deadline: float) -> None:
@@ -150,42 +208,81 @@ class BatchRun:
 
     # -- one operation -------------------------------------------------------------------
 
-    def _start(self, step: Step, call_timeout: float) -> None:
+    def _start(self, step: Step) -> None:
         reason = self._skip_reason(step)
         if reason is not None:
             self._finish(step, "skipped", error=reason)
             return
         if step.validated is None:  # arguments with references: fill them in, then check
-            try:
-                step.args = resolve(step.args, self.data)
-                step.validated = step.spec.validate(step.args)
-            except (ToolError, CtxActorsError) as exc:
-                self._finish(step, "failed", error=OpError("invalid_arguments", str(exc)))
+            problem = self._fill(step)
+            if problem is not None:
+                self._finish(step, "failed", error=problem)
                 return
-        key = step.key
-        if step.spec.read_only:
-            dedup = (step.spec.name, _encode_sorted(step.args), step.ctx)
-            seen = self.reads.get(dedup)
-            if seen is not None and seen[1] == self.write_count[key]:
-                original = seen[0]
-                if original in self.results:
-                    self._copy(step, self.results[original])
-                else:
-                    self.waiters.setdefault(original, []).append(step)
-                return
-            self.reads[dedup] = (step.id, self.write_count[key])
-        else:
-            self.write_count[key] += 1
-        reply = _OpReply(step, self.inbox)
+        if self._deduplicated(step):
+            return
+        deadline = (
+            self.end if step.timeout is None else min(self.end, time.monotonic() + step.timeout)
+        )
+        reply = _OpReply(step, self.inbox, deadline)
         reply.started = time.perf_counter()
-        fn = self._with_prior(step, reply) if self.options.transactional else None
         try:
-            self.runtime.submit(step.spec, step.ctx, step.validated, step.args, reply, fn=fn)
+            self.runtime.submit(
+                step.spec, step.ctx, step.validated, step.args, reply, fn=self._body(step, reply)
+            )
         except CtxActorsError as exc:
             self._finish(step, "failed", error=OpError("runtime_error", str(exc)))
             return
-        timeout = step.timeout if step.timeout is not None else call_timeout
-        self.inflight[step.id] = (reply, time.monotonic() + timeout)
+        self.inflight[step.id] = (reply, deadline)
+
+    def _fill(self, step: Step) -> OpError | None:
+        """Put the referenced values into the arguments, unless that would build more text
+        than the batch may (counted before anything is built), and check them."""
+        grown = REFERENCES.filled_size(step.args, self._size)
+        if self.expanded + grown > self.max_expanded:
+            return OpError(
+                "too_large",
+                f"operation {step.index} ({step.id!r}): its references would build "
+                f"{grown} bytes of arguments, {self.expanded} were built before it, over the "
+                f"batch's limit of {self.max_expanded} (CTXACTORS_BATCH_MAX_EXPANDED_BYTES)",
+            )
+        self.expanded += grown
+        try:
+            step.args = resolve(step.args, self.data)
+            step.validated = step.spec.validate(step.args)
+        except (ToolError, CtxActorsError) as exc:
+            return OpError("invalid_arguments", str(exc))
+        return None
+
+    def _size(self, ref: Path) -> int:
+        size = self._sizes.get(ref)
+        if size is None:
+            try:
+                size = size_of(lookup(ref, self.data))
+            except BadReference:
+                size = 0  # filling it reports the bad reference
+            self._sizes[ref] = size
+        return size
+
+    def _deduplicated(self, step: Step) -> bool:
+        """Answer a read with the result of the identical read submitted right before it.
+
+        Only when nothing else was submitted in between: then nothing this batch did can
+        have changed what the read sees. (Any other operation might: a write to any key,
+        and even a read, which `get_recent_context` would show.)
+        """
+        if not step.spec.read_only:
+            self.last_read = None
+            return False
+        signature = _encode_sorted([step.spec.name, step.args])
+        if self.last_read is None or self.last_read[0] != signature:
+            self.last_read = (signature, step.id)
+            return False
+        original = self.last_read[1]
+        if original in self.results:
+            self._copy(step, self.results[original])
+        else:
+            self.waiters.setdefault(original, []).append(step)
+        return True
 
     def _skip_reason(self, step: Step) -> OpError | None:
         if self.stop is not None:
@@ -203,12 +300,15 @@ class BatchRun:
                 return OpError("condition_not_met", f"{cond.if_failed!r} did not fail")
         return None
 
-    @staticmethod
-    def _with_prior(step: Step, reply: _OpReply) -> Callable[[Any], ToolResult]:
-        """The handler, preceded (in the actor) by the compensation's `before` record."""
-        spec, ctx, args, comp = step.spec, step.ctx, step.validated, step.compensation
+    def _body(self, step: Step, reply: _OpReply) -> Callable[[Any], ToolResult]:
+        """The handler, run only if the batch still waits for it, preceded (in a
+        transaction) by the compensation's `before` record."""
+        spec, ctx, args = step.spec, step.ctx, step.validated
+        comp = step.compensation if self.options.transactional else None
 
         def run(server: Any) -> ToolResult:
+            if not reply.begin():
+                return ToolResult.error("not run: the batch gave up on it before it started")
             if comp is not None:
                 reply.prior = comp.prepare(server, ctx, args)
             return spec.invoke(server, ctx, args)
@@ -275,7 +375,6 @@ class BatchRun:
             meta = OpMetadata(
                 started_ms=round((started - self.t0) * 1000, 3),
                 duration_ms=round((now - started) * 1000, 3),
-                thread=step.ctx.thread_id,
                 deduplicated=dedup,
             )
         self.outcome[step.id] = status
@@ -284,17 +383,34 @@ class BatchRun:
         self.results[step.id] = OpResult(step.id, step.spec.name, status, data, error, meta)
         if status == "failed" and self.options.transactional and self.stop is None:
             self.stop = OpError("aborted", f"{step.id!r} failed; the transaction stops")
+        self._count_result(data, error)
         self.sorter.done(step.id)
+
+    def _count_result(self, data: Any, error: OpError | None) -> None:
+        """Stop starting operations once their results pass the bound: a few bytes of
+        batch must not read the same megabyte a hundred times into one answer."""
+        self.result_bytes += (0 if data is None else size_of(data)) + (
+            0 if error is None else len(error.message)
+        )
+        if self.result_bytes > self.max_result and self.stop is None:
+            self.stop = OpError(
+                "batch_too_large",
+                f"the operations' results reached {self.result_bytes} bytes, over the "
+                f"batch's limit of {self.max_result} (CTXACTORS_BATCH_MAX_RESULT_BYTES)",
+            )
 
     # -- rollback ------------------------------------------------------------------------
 
-    def _roll_back(self, call_timeout: float) -> None:
-        """Undo every successful write, newest first, each in its key's own actor."""
+    def _roll_back(self) -> None:
+        """Undo every successful write, newest first, each in its key's own actor.
+
+        It waits for each undo until the caller's deadline at most; an undo not confirmed
+        by then still runs in its key's actor."""
         with self._late_lock:
             self._rolling_back = True
             late = list(self._late)
         for reply in reversed(self.writes_done):
-            problem = self._compensate(reply, wait=call_timeout)
+            problem = self._compensate(reply, wait=max(self.caller - time.monotonic(), 0.0))
             result = self.results[reply.step.id]
             if problem is None:
                 self.results[reply.step.id] = msgspec.structs.replace(result, status="rolled_back")
@@ -330,7 +446,7 @@ class BatchRun:
         if done is None:
             return None
         if not done.wait(wait):
-            return f"the compensation did not finish within {wait:g} s"
+            return "the compensation was not confirmed before the caller's deadline"
         outcome: ToolResult = done.value
         return outcome.text if outcome.is_error else None
 

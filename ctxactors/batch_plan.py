@@ -10,12 +10,12 @@ batch with a `ToolError` naming the operation.
 from __future__ import annotations
 
 import graphlib
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
 import msgspec
 
+from ctxactors.batch_template import REFERENCES, Path, Template
 from ctxactors.compensation import Compensation, as_compensation
 from ctxactors.context import ToolContext, clean_args
 from ctxactors.results import CtxActorsError, ToolError
@@ -51,12 +51,8 @@ class Operation(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit
         list[OpId], msgspec.Meta(max_length=1000, description="ids that must succeed first")
     ] = []
     condition: Condition | None = None
-    thread: (
-        Annotated[
-            str, msgspec.Meta(min_length=1, max_length=200, description="run in this sub-thread")
-        ]
-        | None
-    ) = None
+    # No context field (session, assistant, thread): an operation runs with exactly the
+    # batch caller's context, and msgspec refuses any such field as unknown.
     timeout: Annotated[Millis | None, msgspec.Meta(description="this operation's limit, ms")] = None
 
 
@@ -82,7 +78,6 @@ class OpError(msgspec.Struct):
 class OpMetadata(msgspec.Struct, rename="camel"):
     started_ms: float
     duration_ms: float
-    thread: str | None
     deduplicated: bool = False
 
 
@@ -143,27 +138,10 @@ class Step:
         self.timeout: float | None = None  # seconds
         self.compensation: Compensation | None = None
 
-    @property
-    def key(self) -> tuple[Any, ...]:
-        return self.spec.server.scope.key(self.spec.server.name, self.ctx)
-
-
-# ${opId} or ${opId.path.to.value}; a path element of digits indexes a list.
-REFERENCE = re.compile(r"\$\{([^}.\s]+)((?:\.[^}.\s]+)*)\}")
-
 
 def references(value: Any) -> set[str]:
     """The operation ids referenced anywhere inside an argument value."""
-    found: set[str] = set()
-    if isinstance(value, str):
-        found.update(m.group(1) for m in REFERENCE.finditer(value))
-    elif isinstance(value, dict):
-        for item in value.values():
-            found |= references(item)
-    elif isinstance(value, list):
-        for item in value:
-            found |= references(item)
-    return found
+    return {op_id for op_id, _ in REFERENCES.keys(value)}
 
 
 def make_plan(
@@ -174,13 +152,14 @@ def make_plan(
     excluded: frozenset[str],
     max_operations: int,
     transactional: bool = False,
-    check_arguments: bool = True,
+    placeholders: Template[Any] | None = None,
 ) -> list[Step]:
     """Check a batch as a whole and return its steps in input order.
 
     `excluded` names the servers whose tools may not appear in a batch (the batch and
-    preset tools themselves: a nested batch is refused). With `check_arguments` false the
-    arguments are not validated (a preset is saved before its placeholders are filled).
+    preset tools themselves: a nested batch is refused). An argument whose value holds a
+    reference, or one of `placeholders` (a preset's ``{{param}}``, filled when it runs), is
+    checked by name now and by value once filled; every other argument is checked now.
     """
     if not operations:
         raise ToolError("a batch needs at least one operation")
@@ -188,6 +167,11 @@ def make_plan(
         raise ToolError(
             f"a batch may hold at most {max_operations} operations, got {len(operations)}"
         )
+    templates = [REFERENCES, *([placeholders] if placeholders else [])]
+
+    def filled_later(value: Any) -> bool:
+        return any(t.keys(value) for t in templates)
+
     steps: list[Step] = []
     seen: dict[str, int] = {}
     for index, op in enumerate(operations):
@@ -199,11 +183,9 @@ def make_plan(
         if op_id in seen:
             raise ToolError(f"{where}: duplicate id {op_id!r} (also operation {seen[op_id]})")
         seen[op_id] = index
-        thread = op.thread if op.thread is not None else ctx.thread_id
-        # The context is the batch call's own: the session and assistant can't change,
-        # and reserved fields inside the arguments are dropped.
-        step_ctx = msgspec.structs.replace(ctx, thread_id=thread)  # the principal stays
-        step = Step(index, op_id, spec, clean_args(op.arguments), step_ctx)
+        # The context is exactly the batch call's own; reserved fields inside the
+        # arguments are dropped.
+        step = Step(index, op_id, spec, clean_args(op.arguments), ctx)
         step.needs = set(op.depends_on) | references(step.args)
         step.condition = op.condition
         step.after = set(step.needs)
@@ -219,13 +201,13 @@ def make_plan(
                 f"{where}: {spec.name!r} has no compensation, so it can't run in a "
                 "transactional batch"
             )
-        if check_arguments and not references(step.args):
+        if not filled_later(step.args):
             try:
                 step.validated = spec.validate(step.args)
             except CtxActorsError as exc:
                 raise ToolError(f"{where}: {exc}") from None
-        elif check_arguments:  # values come later: check the names now, the values then
-            _check_names(spec, step.args, where)
+        else:  # some values come later: check those by name now, the rest fully
+            _check_known(spec, step.args, where, filled_later)
         steps.append(step)
     for step in steps:
         for other in sorted(step.after):
@@ -243,8 +225,11 @@ def make_plan(
     return steps
 
 
-def _check_names(spec: ToolSpec, args: Mapping[str, Any], where: str) -> None:
-    """For arguments whose values come from references: the names, at least, up front."""
+def _check_known(
+    spec: ToolSpec, args: Mapping[str, Any], where: str, later: Callable[[Any], bool]
+) -> None:
+    """Check what can be checked before the `later` values are filled in: every name, and
+    the value of every argument that `later` does not claim."""
     fields = msgspec.structs.fields(spec.args_type)
     unknown = sorted(set(args) - {f.encode_name for f in fields})
     missing = [f.encode_name for f in fields if f.required and f.encode_name not in args]
@@ -253,8 +238,19 @@ def _check_names(spec: ToolSpec, args: Mapping[str, Any], where: str) -> None:
         problems.append(f"unknown {', '.join(unknown)}")
     if missing:
         problems.append(f"missing {', '.join(missing)}")
+    for field in fields:
+        value = args.get(field.encode_name, _ABSENT)
+        if value is _ABSENT or later(value):
+            continue
+        try:
+            msgspec.convert(value, field.type, strict=True)
+        except msgspec.ValidationError as exc:
+            problems.append(f"{exc} - in `{field.encode_name}`")
     if problems:
         raise ToolError(f"{where}: invalid arguments for {spec.name!r}: {'; '.join(problems)}")
+
+
+_ABSENT = object()
 
 
 def _resolve_tool(op: Operation, tools: Mapping[str, ToolSpec], where: str) -> ToolSpec:
@@ -283,32 +279,20 @@ def resolve(value: Any, results: Mapping[str, Any]) -> Any:
     A string that is exactly one reference becomes the referenced value (any type); a
     reference inside a longer string is replaced by the value's text.
     """
-    if isinstance(value, str):
-        whole = REFERENCE.fullmatch(value)
-        if whole:
-            return _lookup(whole, results)
-        return REFERENCE.sub(lambda m: _text(_lookup(m, results)), value)
-    if isinstance(value, dict):
-        return {k: resolve(v, results) for k, v in value.items()}
-    if isinstance(value, list):
-        return [resolve(v, results) for v in value]
-    return value
+    return REFERENCES.fill(value, lambda ref: lookup(ref, results))
 
 
-def _lookup(match: re.Match[str], results: Mapping[str, Any]) -> Any:
-    op_id, path = match.group(1), match.group(2)
+def lookup(ref: Path, results: Mapping[str, Any]) -> Any:
+    """The value a reference names, or `BadReference` saying where the path ends."""
+    op_id, path = ref
     value = results.get(op_id)
     walked = op_id
-    for part in path.split(".")[1:]:
+    for part in path:
         walked += "." + part
         if isinstance(value, dict) and part in value:
             value = value[part]
         elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
             value = value[int(part)]
         else:
-            raise BadReference(f"reference ${{{match.group(0)[2:-1]}}}: no value at {walked}")
+            raise BadReference(f"reference ${{{'.'.join((op_id, *path))}}}: no value at {walked}")
     return value
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else msgspec.json.encode(value).decode()

@@ -124,7 +124,7 @@ def read_context(
     """
     if meta and (from_meta := _from_meta(meta)) is not None:
         session, assistant, thread = from_meta
-        spoofed = [name for name in arguments if name.startswith("__")] or None
+        spoofed = [name for name in arguments if _reserved(name)] or None
     else:
         session = _argument(arguments, SESSION_ID, "__session_id")
         assistant = _argument(arguments, ASSISTANT_ID, "__assistant_id")
@@ -171,7 +171,13 @@ _META_NAMES = tuple(META_KEYS.values())  # session, assistant, thread
 
 def clean_args(arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments without any top-level ``__*`` field."""
-    return {k: v for k, v in arguments.items() if not k.startswith("__")}
+    return {k: v for k, v in arguments.items() if not _reserved(k)}
+
+
+def _reserved(name: Any) -> bool:
+    """A ``__*`` field. A non-string key (the embedded API allows one) is not: it is kept
+    for validation to refuse."""
+    return isinstance(name, str) and name.startswith("__")
 
 
 def inject_context(
@@ -189,7 +195,7 @@ def inject_context(
         # get_logger configures logging (to stderr) in a host that never made a Runtime.
         get_logger("ctxactors.context").warning(
             "spoofed_context_dropped",
-            fields=sorted(k for k in args if k.startswith("__")),
+            fields=sorted(k for k in args if _reserved(k)),
             session_id=ctx.session_id,
             assistant_id=ctx.assistant_id,
             thread_id=ctx.thread_id,

@@ -16,6 +16,8 @@ from typing import Any
 from ctxactors.context import ToolContext, inject_context
 from ctxactors.logs import configure_logging
 from ctxactors.runtime import Runtime
+from ctxactors.servers.planning import Planning
+from ctxactors.servers.playbooks import Playbooks
 
 SESSIONS = ("alice", "bob", "carol", "dave")
 ASSISTANTS = ("planner", "coder")
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
 def demo(sessions: list[str], goals_each: int, out: Any = print) -> bool:
     ok = True
-    with Runtime() as rt:
+    # Only the servers the story uses: the workspace needs bubblewrap, the demo does not.
+    with Runtime(servers=[Planning, Playbooks]) as rt:
         out(f"{len(sessions)} conversations x {len(ASSISTANTS)} assistants, all at once:\n")
         barrier = threading.Barrier(len(sessions) * len(ASSISTANTS))
         playbook_ids: dict[tuple[str, str], str] = {}

@@ -129,7 +129,7 @@ class Runtime:
         `CallTimeoutError` or `RuntimeClosedError`; a tool's own failure is a result with
         ``is_error=True``.
         """
-        reply = SyncReply()
+        reply = SyncReply(time.monotonic() + (self.call_timeout if timeout is None else timeout))
         self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
         if not reply.wait(wait):
@@ -148,7 +148,10 @@ class Runtime:
         session_fallback: str | None = DEFAULT_SESSION,
     ) -> ToolResult:
         """`call`, awaitable. Never blocks the event loop: the reply resolves a future."""
-        reply = AsyncReply(asyncio.get_running_loop())
+        reply = AsyncReply(
+            asyncio.get_running_loop(),
+            time.monotonic() + (self.call_timeout if timeout is None else timeout),
+        )
         self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
         try:

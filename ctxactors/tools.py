@@ -20,7 +20,11 @@ from typing import Any, ClassVar
 import msgspec
 
 from ctxactors.context import ToolContext
+from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
 from ctxactors.results import InvalidArgumentsError, ToolResult
+
+# What `ToolResult.ok` passes on without encoding it (so without finding out if it can be).
+_UNENCODED = (str, ToolResult)
 
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
@@ -61,6 +65,7 @@ class ToolSpec:
         "extract",
         "compensate",
         "_validate",
+        "_untyped",
     )
 
     def __init__(
@@ -82,25 +87,46 @@ class ToolSpec:
         self.compensate = options.compensate
         args_type = self.args_type
         self._validate = lambda args: msgspec.convert(args, args_type, strict=True)
+        self._untyped = may_hold_untyped(args_type)
 
     @property
     def read_only(self) -> bool:
         return bool(self.annotations.get("readOnlyHint"))
 
     def validate(self, arguments: dict[str, Any]) -> Any:
-        """The clean arguments as the args type, or `InvalidArgumentsError` naming the field."""
+        """The clean arguments as the args type, or `InvalidArgumentsError` naming the field.
+
+        Every surface, batch operation and preset run comes through here, so this is where
+        anything the JSON encoder could not write back is refused (see `ctxactors.encodable`).
+        """
+        problem = argument_problem(arguments, untyped=self._untyped)
+        if problem is not None:
+            raise InvalidArgumentsError(f"invalid arguments for {self.name!r}: {problem}")
         try:
             return self._validate(arguments)
         except msgspec.ValidationError as exc:
             raise InvalidArgumentsError(f"invalid arguments for {self.name!r}: {exc}") from None
 
     def invoke(self, instance: Server, ctx: ToolContext, args: Any) -> ToolResult:
-        """Run the handler on a server instance; whatever it raises becomes an error result."""
+        """Run the handler on a server instance; whatever it raises becomes an error result.
+
+        A result the encoder can't write becomes an error result too: it would otherwise
+        fail at the transport, or be recorded and break every later history answer.
+        """
         try:
             kwargs = {name: getattr(args, name) for name in self.field_names}
-            return ToolResult.ok(self.fn(instance, ctx, **kwargs))
+            value = self.fn(instance, ctx, **kwargs)
+            result = ToolResult.ok(value)
         except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
-            return ToolResult.from_exception(exc)
+            result = ToolResult.from_exception(exc)
+            text = result.text
+            return result if text.isascii() else ToolResult.error(printable(text))
+        if not isinstance(value, _UNENCODED):
+            return result  # `ToolResult.ok` has encoded it already
+        problem = result_problem(result)
+        if problem is None:
+            return result
+        return ToolResult.error(f"tool {self.name!r} returned a bad result: {problem}")
 
     def definition(self) -> dict[str, Any]:
         """The MCP tool definition."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What `parallel` buys a batch: 10 operations of 100 ms on 10 threads of one session.
+"""What `parallel` buys a batch: 10 operations of 100 ms on 10 keys of one session.
 
 Measured in one run, against baselines from the same run:
 
@@ -27,17 +27,24 @@ from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.logs import configure_logging
 
 
-class Sleeper(Server):
-    """A thread-scoped tool that takes a fixed time (stands in for real I/O)."""
+def sleeper(n: int) -> type[Server]:
+    """A server whose tool ``nap<n>`` takes a fixed time (stands in for real I/O).
 
-    name = "sleeper"
-    scope = Scope.THREAD
+    A batch's operations share its caller's context, so operations that should overlap
+    need keys of their own: one such server each.
+    """
 
-    @tool
-    def nap(self, ctx: ToolContext, ms: int) -> dict[str, Any]:
-        """Sleep for `ms` milliseconds."""
-        time.sleep(ms / 1000)
-        return {"thread": ctx.thread_id}
+    class Sleeper(Server):
+        name = f"sleeper{n}"
+        scope = Scope.SESSION
+
+        @tool(name=f"nap{n}")
+        def nap(self, ctx: ToolContext, ms: int) -> dict[str, Any]:
+            """Sleep for `ms` milliseconds."""
+            time.sleep(ms / 1000)
+            return {}
+
+    return Sleeper
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -51,7 +58,7 @@ def median_ms(fn: Callable[[], object], repeat: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", type=int, default=10, help="operations (one thread each)")
+    parser.add_argument("--ops", type=int, default=10, help="operations (one key each)")
     parser.add_argument("--sleep-ms", type=int, default=100, help="time each operation takes")
     parser.add_argument("--repeat", type=int, default=5, help="runs per figure (median)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -60,11 +67,11 @@ def main() -> int:
     logging.disable(logging.CRITICAL)
 
     ops = [
-        {"id": f"op{i}", "tool": "nap", "arguments": {"ms": args.sleep_ms}, "thread": f"t{i}"}
+        {"id": f"op{i}", "tool": f"nap{i}", "arguments": {"ms": args.sleep_ms}}
         for i in range(args.ops)
     ]
     base = {"__sessionId": "bench"}
-    with Runtime(servers=[Sleeper], call_timeout=600) as rt:
+    with Runtime(servers=[sleeper(i) for i in range(args.ops)], call_timeout=600) as rt:
 
         def run_batch(parallel: bool) -> None:
             options = {"parallel": parallel}
@@ -74,11 +81,11 @@ def main() -> int:
 
         # Warm up: spawn every key's actor, so spawning is not what is measured.
         run_batch(parallel=True)
-        single = median_ms(lambda: rt.call("nap", {**base, "ms": args.sleep_ms}), args.repeat)
+        single = median_ms(lambda: rt.call("nap0", {**base, "ms": args.sleep_ms}), args.repeat)
 
         def direct_calls() -> None:
             for i in range(args.ops):
-                rt.call("nap", {**base, "__threadId": f"t{i}", "ms": args.sleep_ms})
+                rt.call(f"nap{i}", {**base, "ms": args.sleep_ms})
 
         direct = median_ms(direct_calls, args.repeat)
         sequential = median_ms(lambda: run_batch(parallel=False), args.repeat)
@@ -96,7 +103,7 @@ def main() -> int:
         "sequential_vs_parallel": round(sequential / parallel, 2),
         "target_parallel_vs_single": 1.3,
     }
-    print(f"{args.ops} operations of {args.sleep_ms} ms on {args.ops} threads of one session")
+    print(f"{args.ops} operations of {args.sleep_ms} ms on {args.ops} keys of one session")
     print(f"(median of {args.repeat} runs)")
     print(f"  one direct call           {single:8.1f} ms   (baseline)")
     print(f"  {args.ops} direct calls in turn    {direct:8.1f} ms")

@@ -7,12 +7,15 @@
 
 Creates `.venv` beside the project on first use and installs the project into it
 (editable, with the test extras), then re-runs inside it. Uses only the standard library
-so it works before anything is installed.
+so it works before anything is installed. Before the tests it installs, from Debian, the
+programs they run for real when they are missing (bubblewrap for the workspace sandbox,
+redis-server for the Redis store), as root or through sudo.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -38,10 +41,28 @@ def ensure_venv() -> None:
     STAMP.touch()
 
 
+# program the tests run -> the Debian package that has it
+TEST_PROGRAMS = {"bwrap": "bubblewrap", "redis-server": "redis-server"}
+
+
+def ensure_test_programs() -> None:
+    missing = [pkg for exe, pkg in TEST_PROGRAMS.items() if shutil.which(exe) is None]
+    if not missing or shutil.which("apt-get") is None:
+        return
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    if sudo and shutil.which("sudo") is None:
+        print(f"tests need {' '.join(missing)}: install them (Debian packages)", file=sys.stderr)
+        return
+    print(f"installing {' '.join(missing)} (apt-get) ...", file=sys.stderr)
+    for step in (["update", "-qq"], ["install", "-y", "-qq", *missing]):
+        subprocess.run([*sudo, "apt-get", *step], check=True, stdout=subprocess.DEVNULL)
+
+
 def main(argv: list[str]) -> int:
     ensure_venv()
     cmd = argv or ["demo"]
     if cmd[0] == "test":
+        ensure_test_programs()
         run = [str(PY), "-m", "pytest", *cmd[1:]]
     else:
         run = [str(VENV / "bin" / "ctxactors"), *cmd]

@@ -190,17 +190,32 @@ def wait_until(predicate: Any, timeout: float = 15.0) -> bool:
     return bool(predicate())
 
 
+def pids_of(argv: list[str]) -> list[int]:
+    """Host pids of live processes whose command line is exactly `argv`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:  # not a process, or gone
+            continue
+        if cmdline.split(b"\0")[:-1] == [a.encode() for a in argv] and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
 async def spawn_sleeper(client: Any, session: str) -> int:
-    """Start `sleep 60` through the workspace tools of `session`; return its pid."""
-    started = await client.call_tool(
-        "execute_command", {"command": "echo $$; exec sleep 60", "__sessionId": session}
+    """Start a sleep through the workspace tools of `session`; return its host pid.
+
+    The command runs in a PID namespace, so `$$` would not be a host pid: the sleep's
+    unique duration finds it in the host's /proc instead.
+    """
+    marker = f"60.{os.getpid()}{time.monotonic_ns() % 10**9}"
+    await client.call_tool(
+        "execute_command", {"command": f"exec sleep {marker}", "__sessionId": session}
     )
-    process_id = started.structured_content["processId"]
     for _ in range(200):
-        polled = await client.call_tool(
-            "poll_process", {"processId": process_id, "__sessionId": session}
-        )
-        if polled.structured_content["output"].strip():
-            return int(polled.structured_content["output"].split()[0])
+        pids = pids_of(["sleep", marker])
+        if pids:
+            return pids[0]
         await asyncio.sleep(0.05)
-    raise AssertionError("the command printed no pid")
+    raise AssertionError("the sleep did not start")

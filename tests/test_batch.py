@@ -6,103 +6,18 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
+from batch_support import WAIT, Probe, batch, probe_runtime, state, statuses
 
-from ctxactors import Runtime, Scope, Server, ToolContext, batch_engine, tool
-from ctxactors.results import ToolError, ToolResult
+from ctxactors import Runtime, batch_engine
 from ctxactors.servers import BUILTIN
-
-WAIT = 10.0  # generous bound for anything a loaded machine might slow down
-
-
-class Probe(Server):
-    """A thread-scoped test server that records what ran, where, and in which order."""
-
-    name = "probe"
-    scope = Scope.THREAD
-    lock: ClassVar[threading.Lock] = threading.Lock()
-    reads: ClassVar[int] = 0
-    undone: ClassVar[list[str]] = []
-    running: ClassVar[int] = 0
-    peak: ClassVar[int] = 0
-    barrier: ClassVar[threading.Barrier | None] = None
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def _undo_put(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
-        self.items.remove(result["value"])
-        with Probe.lock:
-            Probe.undone.append(result["value"])
-
-    @tool(compensate=_undo_put)
-    def put(self, ctx: ToolContext, value: str, sleep: float = 0.0) -> dict[str, Any]:
-        """Append a value (after sleeping), counting how many puts overlap."""
-        with Probe.lock:
-            Probe.running += 1
-            Probe.peak = max(Probe.peak, Probe.running)
-        try:
-            time.sleep(sleep)
-        finally:
-            with Probe.lock:
-                Probe.running -= 1
-        self.items.append(value)
-        return {"value": value, "n": len(self.items), "thread": ctx.thread_id}
-
-    @tool(read_only=True)
-    def items_now(self, ctx: ToolContext) -> dict[str, Any]:
-        """The values so far (counts how often it really ran)."""
-        with Probe.lock:
-            Probe.reads += 1
-        return {"items": list(self.items), "session": ctx.session_id}
-
-    @tool(compensate=_undo_put)
-    def meet(self, ctx: ToolContext, value: str) -> dict[str, Any]:
-        """Wait at the shared barrier: only passes if the other party runs at the same time."""
-        assert Probe.barrier is not None
-        Probe.barrier.wait()
-        self.items.append(value)
-        return {"value": value}
-
-    @tool(read_only=True)
-    def fail(self, ctx: ToolContext) -> dict[str, Any]:
-        """Always fails (changes nothing, so a transaction may hold it)."""
-        raise ToolError("boom")
-
-    @tool
-    def no_undo(self, ctx: ToolContext) -> dict[str, Any]:
-        """Changes state but declares no compensation."""
-        self.items.append("x")
-        return {}
 
 
 @pytest.fixture
 def rt() -> Iterator[Runtime]:
-    Probe.reads, Probe.running, Probe.peak, Probe.undone = 0, 0, 0, []
-    Probe.barrier = None
-    runtime = Runtime(servers=[*BUILTIN, Probe], ttl=600, call_timeout=WAIT)
-    try:
-        yield runtime
-    finally:
-        runtime.close()
-
-
-def batch(rt: Runtime, operations: list[Any], session: str = "s1", **options: Any) -> ToolResult:
-    args: dict[str, Any] = {"operations": operations, "__sessionId": session}
-    if options:
-        args["options"] = options
-    return rt.call("batch", args, timeout=3 * WAIT)
-
-
-def statuses(result: ToolResult) -> dict[str, str]:
-    assert result.structured is not None, result.text
-    return {r["id"]: r["status"] for r in result.structured["results"]}
-
-
-def state(rt: Runtime, tool: str, session: str = "s1", **ctx: str) -> Any:
-    return rt.call(tool, {"__sessionId": session, **ctx}).structured
+    yield from probe_runtime()
 
 
 # -- references, order, conditions -----------------------------------------------------
@@ -317,32 +232,12 @@ def test_a_batch_cannot_reach_another_session_or_assistant(rt: Runtime) -> None:
     assert state(rt, "items_now", "attacker", __assistantId="a1")["items"] == ["evil"]
 
 
-def test_an_operation_thread_runs_in_that_thread_of_the_same_session(rt: Runtime) -> None:
-    result = batch(
-        rt,
-        [
-            {"id": "a", "tool": "put", "arguments": {"value": "a"}, "thread": "t-a"},
-            {"id": "b", "tool": "put", "arguments": {"value": "b"}, "thread": "t-b"},
-            {"id": "c", "tool": "put", "arguments": {"value": "c"}},
-        ],
-    )
-    data = {r["id"]: r["data"] for r in result.structured["results"]}  # type: ignore[index]
-    assert [data[i]["thread"] for i in "abc"] == ["t-a", "t-b", None]
-    assert state(rt, "items_now", __threadId="t-a")["items"] == ["a"]
-    assert state(rt, "items_now", __threadId="t-b")["items"] == ["b"]
-    assert state(rt, "items_now")["items"] == ["c"]
-    assert state(rt, "items_now", "s2", __threadId="t-a")["items"] == []
-
-
 # -- parallel --------------------------------------------------------------------------
 
 
 def test_parallel_operations_on_different_keys_truly_overlap(rt: Runtime) -> None:
     Probe.barrier = threading.Barrier(3, timeout=WAIT)  # passes only if all 3 wait at once
-    ops = [
-        {"id": f"m{i}", "tool": "meet", "arguments": {"value": str(i)}, "thread": f"t{i}"}
-        for i in range(3)
-    ]
+    ops = [{"id": f"m{i}", "tool": f"meet{i}", "arguments": {"value": str(i)}} for i in range(3)]
     result = batch(rt, ops, parallel=True)
     assert statuses(result) == {"m0": "success", "m1": "success", "m2": "success"}
 
@@ -358,7 +253,7 @@ def test_parallel_keeps_order_on_one_key_and_respects_max_concurrency(rt: Runtim
 
     Probe.peak = 0
     spread = [
-        {"id": f"q{i}", "tool": "put", "arguments": {"value": "v", "sleep": 0.05}, "thread": str(i)}
+        {"id": f"q{i}", "tool": f"put{i}", "arguments": {"value": "v", "sleep": 0.05}}
         for i in range(6)
     ]
     result = batch(rt, spread, parallel=True, maxConcurrency=2)
@@ -383,12 +278,7 @@ def test_many_concurrent_parallel_batches_keep_every_session_exact(rt: Runtime) 
                 for i in range(5)
             ]
             ops += [
-                {
-                    "id": f"p{i}",
-                    "tool": "put",
-                    "arguments": {"value": f"{session}-{i}"},
-                    "thread": str(i % 2),
-                }
+                {"id": f"p{i}", "tool": f"put{i % 2}", "arguments": {"value": f"{session}-{i}"}}
                 for i in range(4)
             ]
             result = batch(rt, ops, session=session, parallel=True)
@@ -408,35 +298,43 @@ def test_many_concurrent_parallel_batches_keep_every_session_exact(rt: Runtime) 
         assert planning["goals"] == [{"id": "g1", "goal": s}]
         assert sorted(t["name"] for t in planning["todos"]) == [f"{s}-{i}" for i in range(5)]
         assert {t["goal_id"] for t in planning["todos"]} == {"g1"}
-        assert state(rt, "items_now", s, __threadId="0")["items"] == [f"{s}-0", f"{s}-2"]
-        assert state(rt, "items_now", s, __threadId="1")["items"] == [f"{s}-1", f"{s}-3"]
+        assert state(rt, "items0", s)["items"] == [f"{s}-0", f"{s}-2"]
+        assert state(rt, "items1", s)["items"] == [f"{s}-1", f"{s}-3"]
 
 
 # -- read-only dedup -------------------------------------------------------------------
 
 
-def test_identical_reads_run_once_until_a_write_to_that_key(rt: Runtime) -> None:
+def test_identical_reads_run_once_only_when_nothing_ran_between_them(rt: Runtime) -> None:
     read = {"tool": "items_now"}
     result = batch(
         rt,
         [
             {"id": "r1", **read},
             {"id": "r2", **read},
-            {"id": "other", **read, "thread": "elsewhere"},  # another key: its own read
-            {"id": "w", "tool": "put", "arguments": {"value": "v"}},
+            {"id": "other", "tool": "items1"},  # any other operation ends the sharing
             {"id": "r3", **read},
+            {"id": "w", "tool": "put", "arguments": {"value": "v"}},
             {"id": "r4", **read},
+            {"id": "r5", **read},
         ],
         includeMetadata=True,
     )
     results = {r["id"]: r for r in result.structured["results"]}  # type: ignore[index]
-    assert Probe.reads == 3  # r1, other, r3
-    assert results["r2"]["data"] == results["r1"]["data"] == {"items": [], "session": "s1"}
-    assert results["r4"]["data"] == results["r3"]["data"] == {"items": ["v"], "session": "s1"}
+    assert Probe.reads == 4  # r1, other, r3, r4
+    empty = {"items": [], "session": "s1"}
+    assert results["r1"]["data"] == results["r2"]["data"] == results["r3"]["data"] == empty
+    assert results["r4"]["data"] == results["r5"]["data"] == {"items": ["v"], "session": "s1"}
     dedup = {i: r["metadata"]["deduplicated"] for i, r in results.items()}
-    assert dedup == {"r1": False, "r2": True, "other": False, "w": False, "r3": False, "r4": True}
-    assert results["w"]["metadata"]["thread"] is None
-    assert results["other"]["metadata"]["thread"] == "elsewhere"
+    assert dedup == {
+        "r1": False,
+        "r2": True,
+        "other": False,
+        "r3": False,
+        "w": False,
+        "r4": False,
+        "r5": True,
+    }
 
 
 def test_parallel_duplicate_reads_share_one_run(rt: Runtime) -> None:
@@ -543,7 +441,7 @@ def test_rollback_runs_in_reverse_order_and_compensations_are_not_observed(
     rt.add_observer(lambda ctx, spec, args, result: seen.append(spec.name))
     ops = [
         {"id": "a", "tool": "put", "arguments": {"value": "a"}},
-        {"id": "b", "tool": "put", "arguments": {"value": "b"}, "thread": "t2"},
+        {"id": "b", "tool": "put1", "arguments": {"value": "b"}},
         {"id": "c", "tool": "put", "arguments": {"value": "c"}},
         {"id": "x", "tool": "fail", "dependsOn": ["a", "b", "c"]},
     ]
@@ -553,13 +451,13 @@ def test_rollback_runs_in_reverse_order_and_compensations_are_not_observed(
     deadline = time.monotonic() + WAIT
     while seen.count("batch") < 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert sorted(seen) == ["batch", "fail", "put", "put", "put"]
+    assert sorted(seen) == ["batch", "fail", "put", "put", "put1"]
 
 
 def test_a_write_that_times_out_and_finishes_later_is_compensated(rt: Runtime) -> None:
     ops = [
         {"id": "slow", "tool": "put", "arguments": {"value": "late", "sleep": 0.3}, "timeout": 50},
-        {"id": "fast", "tool": "put", "arguments": {"value": "fast"}, "thread": "t2"},
+        {"id": "fast", "tool": "put1", "arguments": {"value": "fast"}},
     ]
     result = batch(rt, ops, transactional=True, parallel=True)
     assert result.is_error
@@ -569,7 +467,7 @@ def test_a_write_that_times_out_and_finishes_later_is_compensated(rt: Runtime) -
         time.sleep(0.01)
     assert sorted(Probe.undone) == ["fast", "late"]
     assert state(rt, "items_now")["items"] == []
-    assert state(rt, "items_now", __threadId="t2")["items"] == []
+    assert state(rt, "items1")["items"] == []
 
 
 def test_a_transaction_stopped_by_the_batch_timeout_is_rolled_back(
@@ -680,15 +578,15 @@ def test_unified_mode_lists_batch_and_presets_naming_every_action(rt: Runtime) -
 def test_concurrent_transactional_batches_keep_exactly_the_committed_ones(rt: Runtime) -> None:
     """Sixteen transactional batches on one session at once; every odd one fails at the end.
 
-    Each batch writes to its own thread and to the shared session-scoped content store, so
-    rollbacks interleave with other batches' writes on the same key.
+    Each batch writes to one of six probe lanes and to the shared session-scoped content
+    store, so rollbacks interleave with other batches' writes on the same keys.
     """
     errors: list[BaseException] = []
 
     def run(i: int) -> None:
         try:
             ops: list[dict[str, Any]] = [
-                {"id": "p", "tool": "put", "arguments": {"value": f"v{i}"}, "thread": f"t{i}"},
+                {"id": "p", "tool": f"put{i % 6}", "arguments": {"value": f"v{i}"}},
                 {
                     "id": "c",
                     "tool": "add_content",
@@ -713,9 +611,9 @@ def test_concurrent_transactional_batches_keep_exactly_the_committed_ones(rt: Ru
     assert files == sorted(f"f{i}" for i in range(0, 16, 2))
     goals = sorted(g["goal"] for g in state(rt, "get_planning_state")["goals"])
     assert goals == sorted(f"g{i}" for i in range(0, 16, 2))
-    for i in range(16):
-        expected = [f"v{i}"] if i % 2 == 0 else []
-        assert state(rt, "items_now", __threadId=f"t{i}")["items"] == expected
+    for lane in range(6):
+        expected = sorted(f"v{i}" for i in range(lane, 16, 6) if i % 2 == 0)
+        assert sorted(state(rt, f"items{lane}")["items"]) == expected
 
 
 def test_a_reference_to_a_missing_value_fails_that_operation(rt: Runtime) -> None:

@@ -69,8 +69,10 @@ def rt() -> Iterator[Runtime]:
         yield runtime
 
 
-def recent(rt: Runtime, session: str, **args: Any) -> list[dict[str, Any]]:
-    result = rt.call("get_recent_context", ctx_args(session, **args))
+def recent(
+    rt: Runtime, session: str, assistant: str | None = None, thread: str | None = None, **args: Any
+) -> list[dict[str, Any]]:
+    result = rt.call("get_recent_context", ctx_args(session, assistant, thread, **args))
     assert not result.is_error, result.text
     assert result.structured is not None
     ops: list[dict[str, Any]] = result.structured["operations"]
@@ -89,9 +91,9 @@ def test_follow_up_question_finds_the_deselected_answers(rt: Runtime) -> None:
     }
     for i in range(8):  # later, unrelated work pushes it out of the default window
         rt.call("create_goal", ctx_args("s1", "a1", goal=f"goal {i}"))
-    assert all(op["tool"] == "create_goal" for op in recent(rt, "s1"))
+    assert all(op["tool"] == "create_goal" for op in recent(rt, "s1", assistant="a1"))
 
-    ops = recent(rt, "s1", tool_filter="add_survey_answers")
+    ops = recent(rt, "s1", assistant="a1", tool_filter="add_survey_answers")
     assert len(ops) == 1
     assert ops[0]["arguments"] == {"project_id": "123", "answers": ["a4", "a5"]}
     assert ops[0]["metadata"]["deselected"] == ["a1", "a2", "a3"]
@@ -147,23 +149,23 @@ def test_tool_filter_by_name_or_names_and_errors_are_recorded(rt: Runtime) -> No
     rt.call("create_playbook", ctx_args("s1", "a", name="deploy"))
     rt.call("select_playbook", ctx_args("s1", "a", id="pb1"))
 
-    marks = recent(rt, "s1", tool_filter="mark_todo")
+    marks = recent(rt, "s1", assistant="a", tool_filter="mark_todo")
     assert [op["metadata"] for op in marks] == [
         {"error": "todo 'nope' not found"},
         {"reopened_todo": "t2"},
         {"completed_todo": "t2"},
     ]
     assert [op["is_error"] for op in marks] == [True, False, False]
-    both = recent(rt, "s1", tool_filter=["create_goal", "select_playbook"], limit=10)
+    both = recent(rt, "s1", assistant="a", tool_filter=["create_goal", "select_playbook"], limit=10)
     assert [(op["tool"], op["metadata"]) for op in both] == [
         ("select_playbook", {"selected_playbook": "pb1"}),
         ("create_goal", {"created_goal": "g1"}),
     ]
-    todo = recent(rt, "s1", tool_filter="add_todo")[0]["metadata"]
+    todo = recent(rt, "s1", assistant="a", tool_filter="add_todo")[0]["metadata"]
     assert todo == {"created_todo": "t2", "goal_id": "g1"}
-    playbook = recent(rt, "s1", tool_filter="create_playbook")[0]["metadata"]
+    playbook = recent(rt, "s1", assistant="a", tool_filter="create_playbook")[0]["metadata"]
     assert playbook == {"created_playbook": "pb1", "name": "deploy"}
-    assert recent(rt, "s1", tool_filter="no_such_tool") == []
+    assert recent(rt, "s1", assistant="a", tool_filter="no_such_tool") == []
 
 
 def test_every_runtime_records_without_being_asked_to() -> None:
@@ -203,19 +205,86 @@ def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Ru
 def test_sessions_never_see_each_others_history(rt: Runtime) -> None:
     rt.call("create_goal", ctx_args("s1", "a1", goal="secret of s1"))
     rt.call("create_goal", ctx_args("s2", "a1", goal="secret of s2"))
-    assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["secret of s1"]
-    assert [op["arguments"]["goal"] for op in recent(rt, "s2")] == ["secret of s2"]
-    assert recent(rt, "s3") == []
+    assert [op["arguments"]["goal"] for op in recent(rt, "s1", "a1")] == ["secret of s1"]
+    assert [op["arguments"]["goal"] for op in recent(rt, "s2", "a1")] == ["secret of s2"]
+    assert recent(rt, "s3", "a1") == []
     # A spoofed context field in the model's arguments can't pick another session's history.
     with pytest.raises(InvalidArgumentsError):
         rt.call("get_recent_context", {"__sessionId": "s3", "session_id": "s1"})
 
 
-def test_threads_and_assistants_of_one_session_share_its_history(rt: Runtime) -> None:
-    rt.call("create_goal", ctx_args("s1", "a1", "t1", goal="one"))
-    rt.call("create_goal", ctx_args("s1", "a2", "t2", goal="two"))
-    ops = recent(rt, "s1")
-    assert [(op["assistant_id"], op["thread_id"]) for op in ops] == [("a2", "t2"), ("a1", "t1")]
+def seen(rt: Runtime, assistant: str | None, thread: str | None = None) -> list[tuple[Any, ...]]:
+    """(tool, first argument, assistant, thread) of what this caller's history shows."""
+    return [
+        (
+            op["tool"],
+            next(iter(op["arguments"].values())),
+            op.get("assistant_id"),
+            op.get("thread_id"),
+        )
+        for op in recent(rt, "s1", assistant, thread, limit=50)
+    ]
+
+
+def test_another_assistant_never_sees_an_assistants_playbook_steps(rt: Runtime) -> None:
+    rt.call("create_playbook", ctx_args("s1", "A", name="secret", steps=["rotate the key"]))
+    rt.call("create_goal", ctx_args("s1", "A", goal="A's goal"))
+    assert seen(rt, "B") == []
+    assert rt.call("list_playbooks", ctx_args("s1", "B")).structured == {"playbooks": []}
+    # The owner keeps its full follow-up context.
+    assert seen(rt, "A") == [
+        ("create_goal", "A's goal", "A", None),
+        ("create_playbook", "secret", "A", None),
+    ]
+    ops = recent(rt, "s1", "A", tool_filter="create_playbook")
+    assert ops[0]["arguments"] == {"name": "secret", "steps": ["rotate the key"]}
+
+
+def test_thread_scoped_calls_stay_in_their_thread(rt: Runtime) -> None:
+    rt.call("create_goal", ctx_args("s1", "A", "t1", goal="t1's goal"))
+    rt.call("create_playbook", ctx_args("s1", "A", "t1", name="shared"))
+    # Planning is per thread: t2 can't see t1's goal. Playbooks are the session's (per
+    # assistant), so A sees its playbook from any thread.
+    assert seen(rt, "A", "t2") == [("create_playbook", "shared", "A", "t1")]
+    assert seen(rt, "A", "t1") == [
+        ("create_playbook", "shared", "A", "t1"),
+        ("create_goal", "t1's goal", "A", "t1"),
+    ]
+    assert rt.call("get_planning_state", ctx_args("s1", "A", "t2")).structured == {
+        "goals": [],
+        "todos": [],
+    }
+
+
+def test_calls_without_an_assistant_are_the_sessions_and_see_only_their_own(
+    rt: Runtime,
+) -> None:
+    rt.call("add_content", ctx_args("s1", filename="shared.txt", content="for everyone"))
+    rt.call("create_goal", ctx_args("s1", goal="no one's goal"))
+    rt.call("add_content", ctx_args("s1", "A", filename="a.txt", content="A's upload"))
+    rt.call("create_goal", ctx_args("s1", "A", goal="A's goal"))
+    assert seen(rt, None) == [
+        ("create_goal", "no one's goal", None, None),
+        ("add_content", "shared.txt", None, None),
+    ]
+    # An assistant sees the session's own calls of session-wide tools, never another key's
+    # planning (the key of a call without an assistant is not A's).
+    assert seen(rt, "A") == [
+        ("create_goal", "A's goal", "A", None),
+        ("add_content", "a.txt", "A", None),
+        ("add_content", "shared.txt", None, None),
+    ]
+    assert seen(rt, "B") == [("add_content", "shared.txt", None, None)]
+
+
+def test_batch_and_preset_calls_are_seen_only_by_their_own_context(rt: Runtime) -> None:
+    ops = [{"id": "g", "tool": "create_goal", "arguments": {"goal": "batched"}}]
+    assert not rt.call("batch", ctx_args("s1", "A", "t1", operations=ops)).is_error
+    assert not rt.call("save_preset", ctx_args("s1", "A", "t1", name="p", operations=ops)).is_error
+    assert [op[0] for op in seen(rt, "A", "t1")] == ["save_preset", "batch", "create_goal"]
+    assert seen(rt, "A", "t2") == [("save_preset", "p", "A", "t1")]  # presets: per assistant
+    assert seen(rt, "B", "t1") == []
+    assert seen(rt, None) == []
 
 
 def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -> None:
@@ -270,11 +339,12 @@ def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualCloc
         rt.call("create_goal", ctx_args("s1", "a2", goal="later"))
         clock.advance(30)
         assert rt.reap() == 1  # a1's planning actor; a2's keeps the session alive
-        assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["later", "early"]
+        assert [op["arguments"]["goal"] for op in recent(rt, "s1", "a1")] == ["early"]
+        assert [op["arguments"]["goal"] for op in recent(rt, "s1", "a2")] == ["later"]
         clock.advance(61)
         assert rt.reap() == 2  # a2's planning actor and the history actor that answered
         assert rt.stats()["sessions"] == 0
-        assert recent(rt, "s1") == []  # a new session: nothing kept from the old one
+        assert recent(rt, "s1", "a2") == []  # a new session: nothing kept from the old one
 
 
 def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
@@ -330,15 +400,12 @@ def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
         for t in readers:
             t.join(30)
         assert not errors
-        for s in (0, 1):
-            ops = recent(rt, f"s{s}", limit=500)
-            names = sorted(op["arguments"]["name"] for op in ops)
-            assert names == sorted(f"w{n}-{i}" for n in range(s, 8, 2) for i in range(25))
-            for n in range(s, 8, 2):  # each worker's own calls in the order it made them
-                mine = [
-                    op["arguments"]["name"] for op in reversed(ops) if op["assistant_id"] == f"a{n}"
-                ]
-                assert mine == [f"w{n}-{i}" for i in range(25)]
+        for n in range(8):  # each worker's own calls in the order it made them
+            ops = recent(rt, f"s{n % 2}", f"a{n}", limit=500)
+            assert [op["arguments"]["name"] for op in reversed(ops)] == [
+                f"w{n}-{i}" for i in range(25)
+            ]
+            assert {op["assistant_id"] for op in ops} == {f"a{n}"}
 
 
 def test_recording_after_close_is_dropped_quietly() -> None:

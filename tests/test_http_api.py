@@ -174,13 +174,15 @@ def test_session_context_and_ending_a_session(client: httpx.Client) -> None:
     call(client, "create_playbook", {"name": "deploy"}, assistant="a1")
     call(client, "create_goal", {"goal": "other session"}, session="s2")
 
+    # Without an assistant: the calls made without one; a1 sees its own as well.
     ctx = client.get("/api/v1/sessions/s1/context").json()
-    assert ctx["session_id"] == "s1" and ctx["count"] == 3
-    assert [op["tool"] for op in ctx["operations"]] == ["create_playbook", "create_goal"] * 1 + [
-        "create_goal"
-    ]
+    assert ctx["session_id"] == "s1" and ctx["count"] == 2
+    assert [op["tool"] for op in ctx["operations"]] == ["create_goal", "create_goal"]
+    a1 = {"X-Assistant-Id": "a1"}
+    ctx = client.get("/api/v1/sessions/s1/context", headers=a1).json()
+    assert [op["tool"] for op in ctx["operations"]] == ["create_playbook"]
     limited = client.get("/api/v1/sessions/s1/context", params={"limit": 1}).json()
-    assert [op["tool"] for op in limited["operations"]] == ["create_playbook"]
+    assert [op["arguments"] for op in limited["operations"]] == [{"goal": "two"}]
     filtered = client.get(
         "/api/v1/sessions/s1/context", params=[("tool_filter", "create_goal")]
     ).json()
@@ -189,7 +191,7 @@ def test_session_context_and_ending_a_session(client: httpx.Client) -> None:
         "/api/v1/sessions/s1/context",
         params=[("tool_filter", "create_goal"), ("tool_filter", "create_playbook")],
     ).json()
-    assert both["count"] == 3
+    assert both["count"] == 2
     assert "limit" in error_of(client.get("/api/v1/sessions/s1/context?limit=x"), 400)["message"]
     assert error_of(client.get("/api/v1/sessions/s1/context?limit=0"), 400)["code"] == (
         "invalid_arguments"

@@ -121,13 +121,13 @@ def test_two_principals_with_the_same_session_share_no_state(rt: Runtime) -> Non
 
 
 def test_a_batch_runs_in_the_callers_principal(rt: Runtime) -> None:
-    ops = [{"tool": "create_goal", "arguments": {"goal": "batched"}, "thread": "t2"}]
+    ops = [{"tool": "create_goal", "arguments": {"goal": "batched"}}]
     result = rt.call("batch", ctx_args("s1", "a1", "t1", operations=ops), principal="alice")
     assert not result.is_error, result.text
-    thread_t2 = {"__sessionId": "s1", "__assistantId": "a1", "__threadId": "t2"}
-    state = rt.call("get_planning_state", thread_t2, principal="alice").structured
+    thread_t1 = {"__sessionId": "s1", "__assistantId": "a1", "__threadId": "t1"}
+    state = rt.call("get_planning_state", thread_t1, principal="alice").structured
     assert [g["goal"] for g in state["goals"]] == ["batched"]
-    assert rt.call("get_planning_state", thread_t2).structured["goals"] == []
+    assert rt.call("get_planning_state", thread_t1).structured["goals"] == []
 
 
 def test_workspaces_of_two_principals_with_the_same_session_are_apart(rt: Runtime) -> None:

@@ -101,6 +101,33 @@ def test_playbooks_are_owned_by_their_assistant(rt: Runtime) -> None:
     assert refused.is_error and "does not belong to assistant" in refused.text
 
 
+def test_a_caller_without_an_assistant_sees_only_playbooks_no_assistant_owns(
+    rt: Runtime,
+) -> None:
+    secret = rt.call("create_playbook", ctx_args("s1", "a1", name="a1's", steps=["secret"]))
+    shared = rt.call("create_playbook", ctx_args("s1", name="session's", steps=["open"]))
+    assert rt.call("list_playbooks", ctx_args("s1")).structured == {
+        "playbooks": [
+            {
+                "id": shared.structured["id"],
+                "name": "session's",
+                "agent_id": None,
+                "steps": ["open"],
+            }
+        ]
+    }
+    refused = rt.call("select_playbook", ctx_args("s1", id=secret.structured["id"]))
+    assert refused.is_error
+    assert refused.text == f"playbook {secret.structured['id']!r} does not belong to assistant None"
+    ok = rt.call("select_playbook", ctx_args("s1", id=shared.structured["id"]))
+    assert not ok.is_error and ok.structured["selected"]["name"] == "session's"
+    # And an assistant sees only its own, never the session's unowned ones.
+    listed = rt.call("list_playbooks", ctx_args("s1", "a1")).structured["playbooks"]
+    assert [p["name"] for p in listed] == ["a1's"]
+    refused = rt.call("select_playbook", ctx_args("s1", "a1", id=shared.structured["id"]))
+    assert refused.is_error and "does not belong to assistant 'a1'" in refused.text
+
+
 def test_llm_spoofing_another_assistant_through_inject_context_is_refused(rt: Runtime) -> None:
     pb = rt.call("create_playbook", ctx_args("s1", "victim", name="secret")).structured
     llm_args = {"id": pb["id"], "__assistantId": "victim", "__sessionId": "s1"}

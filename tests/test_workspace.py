@@ -7,7 +7,6 @@ and no thread is left over.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -16,103 +15,36 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ManualClock, ctx_args
+from workspace_support import (
+    WAIT,
+    Leaks,
+    call,
+    closed_runtime,
+    descendant_names,
+    session_dirs,
+    start,
+    temporary_root,
+    wait_done,
+    wait_output,
+)
 
 from ctxactors import InvalidArgumentsError, Runtime
 from ctxactors.servers.workspace import Workspace
 
-WAIT = 20.0  # generous: the machine is shared and loaded
-
 
 @pytest.fixture(autouse=True)
-def workspace_root(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> str:
-    root = str(tmp_path / "workspaces")
-    monkeypatch.setattr(Workspace, "root", root)
-    return root
-
-
-class Leaks:
-    """Threads and child processes of this test process, before and after."""
-
-    def __init__(self) -> None:
-        self.me = psutil.Process()
-        self.threads = threading.active_count()
-        self.children = {p.pid for p in self.me.children(recursive=True)}
-
-    def assert_none(self) -> None:
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            extra = self._extra_children()
-            if not extra and threading.active_count() <= self.threads:
-                break
-            time.sleep(0.05)
-        assert self._extra_children() == []
-        assert threading.active_count() <= self.threads, [t.name for t in threading.enumerate()]
-
-    def _extra_children(self) -> list[tuple[int, str]]:
-        out = []
-        for p in self.me.children(recursive=True):
-            if p.pid in self.children:
-                continue
-            try:
-                out.append((p.pid, p.status()))  # a zombie counts as a leak too
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-
-def descendant_names() -> list[str]:
-    names = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            names.append(p.name())
-        except psutil.NoSuchProcess:
-            pass
-    return names
+def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from temporary_root(monkeypatch)
 
 
 @pytest.fixture
-def leaks() -> Iterator[Leaks]:
-    yield Leaks()
+def leaks() -> Leaks:
+    return Leaks()
 
 
 @pytest.fixture
 def rt(leaks: Leaks) -> Iterator[Runtime]:
-    runtime = Runtime(servers=[Workspace])
-    try:
-        yield runtime
-    finally:
-        runtime.close()
-        leaks.assert_none()
-
-
-def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:
-    result = rt.call(tool, ctx_args(session, **args))
-    assert not result.is_error, result.text
-    return result.structured
-
-
-def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
-    started = call(rt, session, "execute_command", command=command, **args)
-    assert started["status"] == "running" and started["processId"].startswith("p_")
-    return str(started["processId"])
-
-
-def wait_done(rt: Runtime, session: str, process_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
-    while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
-        if polled["status"] != "running" or time.monotonic() > deadline:
-            return dict(polled)
-        time.sleep(0.02)
-
-
-def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
-    while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
-        if text in polled["output"] or time.monotonic() > deadline:
-            return dict(polled)
-        time.sleep(0.02)
+    yield from closed_runtime(leaks)
 
 
 def test_command_runs_in_the_sessions_directory_and_reports_exit_and_output(
@@ -121,13 +53,13 @@ def test_command_runs_in_the_sessions_directory_and_reports_exit_and_output(
     pid = start(rt, "s1", "pwd; echo out; echo err >&2; touch made-here; exit 3")
     done = wait_done(rt, "s1", pid)
     assert done["status"] == "exited" and done["exitCode"] == 3
-    cwd, out, err = done["output"].splitlines()
-    assert os.path.dirname(cwd) == workspace_root and (out, err) == ("out", "err")
-    assert os.path.exists(os.path.join(cwd, "made-here"))
+    assert done["output"].splitlines() == ["/workspace", "out", "err"]
+    [host_dir] = session_dirs(workspace_root)
+    assert os.listdir(host_dir) == ["made-here"]
     # A second command sees the same directory; another session gets its own.
     assert wait_done(rt, "s1", start(rt, "s1", "ls"))["output"] == "made-here\n"
-    other = wait_done(rt, "s2", start(rt, "s2", "pwd; ls"))["output"]
-    assert other.splitlines() == [other.strip()] and other.strip() != cwd
+    assert wait_done(rt, "s2", start(rt, "s2", "pwd; ls"))["output"] == "/workspace\n"
+    assert len(session_dirs(workspace_root)) == 2
     listed = call(rt, "s1", "list_processes")
     assert listed["count"] == 2
     assert [p["processId"] for p in listed["processes"]][0] == pid
@@ -219,8 +151,9 @@ def test_running_processes_keep_the_actor_from_being_reaped(
     leaks: Leaks, clock: ManualClock, workspace_root: str
 ) -> None:
     with Runtime(servers=[Workspace], ttl=10, clock=clock) as rt:
-        pid = start(rt, "s1", "pwd; sleep 30")
-        cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
+        pid = start(rt, "s1", "echo up; sleep 30")
+        wait_output(rt, "s1", pid, "up")
+        [cwd] = session_dirs(workspace_root)
         clock.advance(100)
         assert rt.reap() == 0  # busy
         assert call(rt, "s1", "poll_process", processId=pid)["status"] == "running"
@@ -240,16 +173,21 @@ def test_running_processes_keep_the_actor_from_being_reaped(
 def test_end_session_kills_processes_and_removes_the_directory(
     rt: Runtime, workspace_root: str
 ) -> None:
-    pid = start(rt, "s1", "pwd; sleep 30 & sleep 30; wait")
-    cwd = wait_output(rt, "s1", pid, workspace_root)["output"].strip()
+    pid = start(rt, "s1", "echo up; sleep 30 & sleep 30; wait")
+    wait_output(rt, "s1", pid, "up")
+    [cwd] = session_dirs(workspace_root)
     other = start(rt, "s2", "sleep 30")
+    deadline = time.monotonic() + WAIT
+    while descendant_names().count("sleep") < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)  # both of s1's sleeps and s2's have started
     assert rt.end_session("s1") == 1
     assert not os.path.exists(cwd)  # end_session waits for the cleanup
     assert descendant_names().count("sleep") == 1  # only s2's is left
     assert call(rt, "s2", "poll_process", processId=other)["status"] == "running"
     # A new incarnation of s1 works in a new directory.
-    again = wait_done(rt, "s1", start(rt, "s1", "pwd"))["output"].strip()
-    assert again != cwd and os.path.dirname(again) == workspace_root
+    assert wait_done(rt, "s1", start(rt, "s1", "touch again"))["status"] == "exited"
+    again = [d for d in session_dirs(workspace_root) if os.listdir(d) == ["again"]]
+    assert len(again) == 1 and again[0] != cwd
 
 
 def test_close_with_running_and_chatty_processes_leaves_nothing(leaks: Leaks) -> None:

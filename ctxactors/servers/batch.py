@@ -7,19 +7,25 @@ calls. Presets live per assistant (``Scope.ASSISTANT``) and run inside the prese
 the same way. Neither tool may appear inside a batch, so no actor ever waits on itself.
 
 Limits (environment, read at import): ``CTXACTORS_BATCH_MAX_OPERATIONS`` (100 operations a
-batch, at most 1000) and ``CTXACTORS_BATCH_MAX_PRESETS`` (100 presets per assistant).
+batch or preset, at most 1000), ``CTXACTORS_BATCH_MAX_EXPANDED_BYTES`` (8 MiB of argument
+text that references and preset params may build in one run),
+``CTXACTORS_BATCH_MAX_RESULT_BYTES`` (16 MiB of results, after which no operation starts),
+``CTXACTORS_BATCH_MAX_PRESETS`` (100 presets per assistant),
+``CTXACTORS_BATCH_MAX_PRESET_BYTES`` (64 KiB of JSON a preset) and
+``CTXACTORS_BATCH_MAX_PRESETS_BYTES`` (1 MiB of presets per assistant).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from ctxactors.actors import caller_deadline
 from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
+from ctxactors.batch_template import PLACEHOLDERS, size_of
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError, ToolResult
 from ctxactors.settings import env_int
@@ -28,6 +34,7 @@ from ctxactors.tools import Scope, Server, ToolSpec, tool
 Operations = Annotated[list[Operation], msgspec.Meta(max_length=1000)]
 PresetName = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[\w.-]+$")]
 ParamName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+ParamNames = Annotated[list[ParamName], msgspec.Meta(max_length=50)]
 
 # Servers whose tools can't run inside a batch (a nested batch would wait on itself).
 EXCLUDED = frozenset({"batch", "presets"})
@@ -38,19 +45,33 @@ def run_batch(
     ctx: ToolContext,
     operations: list[Operation],
     options: BatchOptions | None,
-    max_operations: int,
+    *,
+    expanded: int = 0,
 ) -> ToolResult:
-    """Check and run one batch; an error result only when it was rejected or rolled back."""
+    """Check and run one batch; an error result only when it was rejected or rolled back.
+
+    `expanded` is the argument text its caller already built (a preset's filled params);
+    it counts towards the batch's bound.
+    """
     options = options or BatchOptions()
     steps = make_plan(
         operations,
         runtime.tools,
         ctx,
         excluded=EXCLUDED,
-        max_operations=max_operations,
+        max_operations=Batch.max_operations,
         transactional=options.transactional,
     )
-    result, rolled_back = BatchRun(runtime, steps, options).execute()
+    run = BatchRun(
+        runtime,
+        steps,
+        options,
+        caller_deadline=caller_deadline(),
+        max_expanded=Batch.max_expanded_bytes,
+        max_result=Batch.max_result_bytes,
+        expanded=expanded,
+    )
+    result, rolled_back = run.execute()
     structured = msgspec.to_builtins(result)
     if not rolled_back:
         return ToolResult.ok(structured)
@@ -68,6 +89,8 @@ class Batch(Server):
     name = "batch"
     scope = Scope.THREAD
     max_operations: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_OPERATIONS", 100)
+    max_expanded_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_EXPANDED_BYTES", 8 << 20)
+    max_result_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_RESULT_BYTES", 16 << 20)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
@@ -85,19 +108,18 @@ class Batch(Server):
         `condition` {ifSuccess|ifFailed: id} runs it on another's outcome; a string
         argument "${id.path}" is replaced by that operation's result value. Options:
         `parallel` runs independent operations at once, `transactional` undoes everything
-        if any operation fails, `timeout` (ms) bounds the batch. Returns a summary and a
-        result per operation (success, failed, skipped or rolled_back)."""
-        return run_batch(self._runtime, ctx, operations, options, self.max_operations)
+        if any operation fails, `timeout` (ms) bounds the batch. Every operation runs with
+        this call's own context. Returns a summary and a result per operation (success,
+        failed, skipped or rolled_back)."""
+        return run_batch(self._runtime, ctx, operations, options)
 
 
 class _Preset(msgspec.Struct):
     name: str
-    operations: list[Operation]
+    operations: list[dict[str, Any]]  # as given, placeholders unfilled
     params: list[str]
     options: BatchOptions | None
-
-
-PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+    size: int  # bytes of JSON, for the per-assistant bound
 
 
 class Presets(Server):
@@ -106,6 +128,8 @@ class Presets(Server):
     name = "presets"
     scope = Scope.ASSISTANT
     max_presets: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS", 100)
+    max_preset_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESET_BYTES", 64 << 10)
+    max_total_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS_BYTES", 1 << 20)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
@@ -121,13 +145,20 @@ class Presets(Server):
         ctx: ToolContext,
         name: PresetName,
         operations: Operations,
-        params: list[ParamName] = [],  # noqa: B006 - msgspec copies empty defaults
+        params: ParamNames = [],  # noqa: B006 - msgspec copies empty defaults
         options: BatchOptions | None = None,
     ) -> dict[str, Any]:
         """Save a batch under a name to run again with run_preset. Strings in the
-        operations may hold {{param}} placeholders; list every one in `params`."""
-        used = _placeholders(msgspec.to_builtins(operations))
-        undeclared = sorted(used - set(params))
+        operations may hold {{param}} placeholders; list every one in `params`. It is
+        checked now as far as it can be without the params' values."""
+        raw = msgspec.to_builtins(operations)
+        size = len(msgspec.json.encode([raw, params, options]))
+        if size > self.max_preset_bytes:
+            raise ToolError(
+                f"preset {name!r} is {size} bytes, over the limit of {self.max_preset_bytes} "
+                "(CTXACTORS_BATCH_MAX_PRESET_BYTES); not saved"
+            )
+        undeclared = sorted(set(PLACEHOLDERS.keys(raw)) - set(params))
         if undeclared:
             raise ToolError(f"preset {name!r} uses undeclared params: {', '.join(undeclared)}")
         make_plan(
@@ -137,13 +168,21 @@ class Presets(Server):
             excluded=EXCLUDED,
             max_operations=Batch.max_operations,
             transactional=bool(options and options.transactional),
-            check_arguments=not params,
+            placeholders=PLACEHOLDERS,
         )
-        replaced = name in self._presets
-        if not replaced and len(self._presets) >= self.max_presets:
+        old = self._presets.get(name)
+        if old is None and len(self._presets) >= self.max_presets:
             raise ToolError(f"at most {self.max_presets} presets per assistant; none saved")
-        self._presets[name] = _Preset(name, list(operations), sorted(set(params)), options)
-        return {"name": name, "params": sorted(set(params)), "replaced": replaced}
+        total = sum(p.size for p in self._presets.values()) - (old.size if old else 0) + size
+        if total > self.max_total_bytes:
+            raise ToolError(
+                f"the assistant's presets would hold {total} bytes, over the limit of "
+                f"{self.max_total_bytes} (CTXACTORS_BATCH_MAX_PRESETS_BYTES); "
+                f"preset {name!r} not saved"
+            )
+        kept = sorted(set(params))
+        self._presets[name] = _Preset(name, raw, kept, options, size)
+        return {"name": name, "params": kept, "replaced": old is not None}
 
     @tool(read_only=True)
     def list_presets(self, ctx: ToolContext) -> dict[str, Any]:
@@ -172,37 +211,27 @@ class Presets(Server):
                 f"preset {name!r} takes params {preset.params}; "
                 f"missing {missing}, unknown {unknown}"
             )
-        filled = _fill(msgspec.to_builtins(preset.operations), params)
+        expanded = _filled_size(preset, params)
+        filled = PLACEHOLDERS.fill(preset.operations, params.__getitem__)
         operations = msgspec.convert(filled, list[Operation])
-        return run_batch(self._runtime, ctx, operations, preset.options, Batch.max_operations)
+        return run_batch(self._runtime, ctx, operations, preset.options, expanded=expanded)
 
 
-def _placeholders(value: Any) -> set[str]:
-    if isinstance(value, str):
-        return set(PLACEHOLDER.findall(value))
-    if isinstance(value, dict):
-        return set().union(*map(_placeholders, value.values())) if value else set()
-    if isinstance(value, list):
-        return set().union(*map(_placeholders, value)) if value else set()
-    return set()
-
-
-def _fill(value: Any, params: Mapping[str, Any]) -> Any:
-    """Replace placeholders: a string that is exactly one keeps the param's type."""
-    if isinstance(value, str):
-        whole = PLACEHOLDER.fullmatch(value)
-        if whole:
-            return params[whole.group(1)]
-        return PLACEHOLDER.sub(lambda m: _text(params[m.group(1)]), value)
-    if isinstance(value, dict):
-        return {k: _fill(v, params) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_fill(v, params) for v in value]
-    return value
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else msgspec.json.encode(value).decode()
+def _filled_size(preset: _Preset, params: Mapping[str, Any]) -> int:
+    """The argument text filling the params would build, refused before it is built when
+    it would pass the batch's bound (a big param used many times)."""
+    sizes = {name: size_of(value) for name, value in params.items()}
+    limit, total = Batch.max_expanded_bytes, 0
+    for index, op in enumerate(preset.operations):
+        total += PLACEHOLDERS.filled_size(op, sizes.__getitem__)
+        if total > limit:
+            where = f"operation {index} ({op['id']!r})" if "id" in op else f"operation {index}"
+            raise ToolError(
+                f"preset {preset.name!r}: filling its params would build {total} bytes of "
+                f"arguments by {where}, over the limit of {limit} "
+                "(CTXACTORS_BATCH_MAX_EXPANDED_BYTES); nothing ran"
+            )
+    return total
 
 
 # -- unified tool listing ----------------------------------------------------------------

@@ -32,6 +32,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from ctxactors.bounds import AnswerBudget
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
@@ -170,12 +171,14 @@ class Content(Server):
 
     @tool(read_only=True)
     def list_content(self, ctx: ToolContext) -> dict[str, Any]:
-        """List this session's stored documents (id, filename, size in bytes), oldest first."""
-        items = [
+        """List this session's stored documents (id, filename, size in bytes), oldest first
+        (the first ones, with `truncated` and the total, if they don't all fit)."""
+        budget = AnswerBudget()
+        items = budget.take(
             {"id": cid, "filename": item.filename, "size": item.size}
             for cid, item in self._items.items()
-        ]
-        return {"items": items, "count": len(items)}
+        )
+        return budget.mark({"items": items, "count": len(items)}, total=len(self._items))
 
     @tool(
         destructive=True,

@@ -2,7 +2,9 @@
 
 "Which answers were deselected?" can only be answered if the call that deselected them is
 remembered. Every call that reaches a server is recorded in its session's history, which
-the model reads with ``get_recent_context{limit?, tool_filter?}``.
+the model reads with ``get_recent_context{limit?, tool_filter?}``. Each record keeps the
+assistant, the thread and the tool's scope of its call, and a reader sees only what it
+could have seen itself (`visible`): the session is shared, its records are not.
 
 A session's history is a `SessionHistory` kept by the registry as session state
 (`Registry.session_state`, keyed by principal and session id): it lives exactly as long as
@@ -43,6 +45,7 @@ from typing import Annotated, Any
 import msgspec
 import structlog
 
+from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.results import ToolResult
 from ctxactors.settings import env_float, env_int
@@ -73,11 +76,17 @@ class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
     thread_id: str | None = None
 
 
-class RecentContext(msgspec.Struct, frozen=True):
-    """The result of ``get_recent_context``: newest first."""
+class RecentContext(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The result of ``get_recent_context``: newest first.
+
+    When the operations asked for don't fit in one answer (``CTXACTORS_MAX_ANSWER_BYTES``),
+    it holds the newest that do, ``truncated`` is true and ``total`` says how many there were.
+    """
 
     operations: list[Operation]
     count: int
+    truncated: bool = False
+    total: int | None = None
 
 
 class HistoryConfig(msgspec.Struct, frozen=True):
@@ -105,9 +114,10 @@ def _env_config() -> HistoryConfig:
 _configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDictionary()
 
 
-# (config clock for the TTL, wall clock, the operation without its timestamp): the
-# timestamp is formatted when read, as most records never are.
-_Record = tuple[float, float, Operation]
+# (config clock for the TTL, wall clock, the tool's scope, the operation without its
+# timestamp): the timestamp is formatted when read, as most records never are; the scope
+# decides who may read it.
+_Record = tuple[float, float, Scope, Operation]
 
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
@@ -204,7 +214,7 @@ class History(Server):
                 assistant_id=ctx.assistant_id,
                 thread_id=ctx.thread_id,
             )
-            history.add((history.config.clock(), time.time(), op))
+            history.add((history.config.clock(), time.time(), spec.server.scope, op))
 
         runtime.add_observer(observe, before_reply=True)
 
@@ -220,12 +230,31 @@ class History(Server):
         found: list[Operation] = []
         history = self._histories(ctx.session_key)
         records = history.current() if history is not None else []
-        for _, wall, op in reversed(records):
+        for _, wall, scope, op in reversed(records):
             if len(found) >= limit:
                 break
-            if wanted is None or op.tool in wanted:
+            if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
                 found.append(msgspec.structs.replace(op, timestamp=_iso(wall)))
-        return RecentContext(found, len(found))
+        budget = AnswerBudget()
+        kept = budget.take(found)
+        if budget.cut:
+            return RecentContext(kept, len(kept), truncated=True, total=len(found))
+        return RecentContext(kept, len(kept))
+
+
+def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:
+    """Whether `ctx` could have seen what `op` did by calling the tool itself.
+
+    The history is the session's, but its records are not: another assistant's calls
+    (its playbook steps, say) stay its own, and so do another thread's calls of a tool
+    whose state is per thread. Calls made without an assistant are the session's and
+    shown to all, except where the tool's state is keyed by assistant.
+    """
+    if scope is Scope.SESSION:
+        return op.assistant_id is None or op.assistant_id == ctx.assistant_id
+    if op.assistant_id != ctx.assistant_id:
+        return False
+    return scope is Scope.ASSISTANT or op.thread_id == ctx.thread_id
 
 
 def _iso(wall: float) -> str:

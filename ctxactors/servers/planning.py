@@ -1,17 +1,26 @@
-"""Planning: goals and todos for one thread of one assistant in one session."""
+"""Planning: goals and todos for one thread of one assistant in one session.
+
+Limits (class attributes, defaults from the environment when the module is imported):
+``CTXACTORS_PLANNING_MAX_GOALS`` and ``CTXACTORS_PLANNING_MAX_TODOS`` (1,000 each per key),
+``CTXACTORS_MAX_TEXT_BYTES`` (64 KiB per goal or todo name) and
+``CTXACTORS_PLANNING_MAX_BYTES`` (8 MiB of text per key). Over a limit the call is refused
+with a message naming it, and nothing already stored changes.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from ctxactors.bounds import AnswerBudget, check_text, text_size
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError, ToolResult
+from ctxactors.settings import MAX_TEXT_BYTES, Cap
 from ctxactors.tools import Scope, Server, pick, tool
 
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=10_000)]
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 def _todo_outcome(args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
@@ -25,21 +34,44 @@ class Planning(Server):
     name = "planning"
     scope = Scope.THREAD
 
+    max_goals: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_GOALS", 1000)
+    max_todos: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_TODOS", 1000)
+    max_bytes: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_BYTES", 8 << 20)
+    max_text_bytes: ClassVar[Cap] = MAX_TEXT_BYTES
+
     def __init__(self) -> None:
         self.goals: dict[str, dict[str, Any]] = {}
         self.todos: dict[str, dict[str, Any]] = {}
         self._next = 0
+        self._bytes = 0  # UTF-8 bytes of every goal and todo name kept
 
     def _new_id(self, prefix: str) -> str:
         self._next += 1
         return f"{prefix}{self._next}"
 
+    def _admit(self, kind: str, kept: dict[str, Any], cap: Cap, text: str) -> int:
+        """The text's size if one more `kind` fits every limit; else `ToolError`."""
+        if len(kept) >= cap.value:
+            raise ToolError(cap.exceeded(f"this thread already has {len(kept):,} {kind}s"))
+        size = check_text(self.max_text_bytes, f"the {kind}", text)
+        if self._bytes + size > self.max_bytes.value:
+            total = f"{self._bytes + size:,}"
+            raise ToolError(
+                self.max_bytes.exceeded(f"this thread's goals and todos would hold {total} bytes")
+            )
+        return size
+
+    def _forget(self, kept: dict[str, Any], item_id: str, field: str) -> None:
+        record = kept.pop(item_id, None)
+        if record is not None:
+            self._bytes -= text_size(record[field])
+
     # Undos for transactional batches (ids are never handed out again).
     def _remove_goal(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
-        self.goals.pop(result["id"], None)
+        self._forget(self.goals, result["id"], "goal")
 
     def _remove_todo(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
-        self.todos.pop(result["id"], None)
+        self._forget(self.todos, result["id"], "name")
 
     def _done_before(self, ctx: ToolContext, args: Any) -> bool | None:
         todo = self.todos.get(args.todo_id)
@@ -55,6 +87,7 @@ class Planning(Server):
     @tool(compensate=_remove_goal, extract=pick(created_goal="id"))
     def create_goal(self, ctx: ToolContext, goal: NonEmpty) -> dict[str, Any]:
         """Create a goal to work towards. Returns its id."""
+        self._bytes += self._admit("goal", self.goals, self.max_goals, goal)
         goal_id = self._new_id("g")
         record = {"id": goal_id, "goal": goal}
         self.goals[goal_id] = record
@@ -67,6 +100,7 @@ class Planning(Server):
         """Add a todo, optionally under an existing goal (by its id)."""
         if goal_id is not None and goal_id not in self.goals:
             raise ToolError(f"goal {goal_id!r} not found")
+        self._bytes += self._admit("todo", self.todos, self.max_todos, name)
         todo_id = self._new_id("t")
         record = {"id": todo_id, "name": name, "goal_id": goal_id, "done": False}
         self.todos[todo_id] = record
@@ -87,8 +121,13 @@ class Planning(Server):
 
     @tool(read_only=True)
     def get_planning_state(self, ctx: ToolContext) -> dict[str, Any]:
-        """All goals and todos of this conversation thread."""
-        return {
-            "goals": [dict(g) for g in self.goals.values()],
-            "todos": [dict(t) for t in self.todos.values()],
-        }
+        """All goals and todos of this conversation thread (the first ones, with
+        `truncated` and the totals, if they don't all fit in one answer)."""
+        budget = AnswerBudget()
+        goals = budget.take(dict(g) for g in self.goals.values())
+        todos = budget.take(dict(t) for t in self.todos.values())
+        return budget.mark(
+            {"goals": goals, "todos": todos},
+            total_goals=len(self.goals),
+            total_todos=len(self.todos),
+        )

@@ -1,43 +1,79 @@
-"""Playbooks: named step lists, shared by a session's store but owned per assistant."""
+"""Playbooks: named step lists, shared by a session's store but owned per assistant.
+
+Limits (class attributes, defaults from the environment when the module is imported):
+``CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS`` (1,000 per session), ``CTXACTORS_PLAYBOOKS_MAX_STEPS``
+(200 per playbook), ``CTXACTORS_MAX_TEXT_BYTES`` (64 KiB per step) and
+``CTXACTORS_PLAYBOOKS_MAX_BYTES`` (8 MiB of names and steps per session). Over a limit the
+call is refused with a message naming it, and nothing already stored changes.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from ctxactors.bounds import AnswerBudget, check_texts, text_size
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolError
+from ctxactors.settings import MAX_TEXT_BYTES, Cap
 from ctxactors.tools import Scope, Server, pick, tool
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-Steps = Annotated[
-    list[Annotated[str, msgspec.Meta(max_length=10_000)]], msgspec.Meta(max_length=200)
-]
 
 
 class Playbooks(Server):
     """Each playbook belongs to the assistant that created it; only that one may use it.
 
     The key is the session, so ownership is enforced by the handler from the caller's
-    context (which the model can't forge), not by separate stores.
+    context (which the model can't forge), not by separate stores. A caller without an
+    assistant is one more owner: it sees and selects only playbooks no assistant owns.
     """
 
     name = "playbooks"
     scope = Scope.SESSION
 
+    max_playbooks: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS", 1000)
+    max_steps: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_STEPS", 200)
+    max_bytes: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_BYTES", 8 << 20)
+    max_text_bytes: ClassVar[Cap] = MAX_TEXT_BYTES
+
     def __init__(self) -> None:
         self.playbooks: dict[str, dict[str, Any]] = {}
         self.selected: dict[str | None, str] = {}  # assistant -> playbook id
         self._next = 0
+        self._bytes = 0  # UTF-8 bytes of every name and step kept
+
+    def _size(self, name: str, steps: list[str]) -> int:
+        """The playbook's size if it fits every limit; else `ToolError` naming the limit."""
+        if len(self.playbooks) >= self.max_playbooks.value:
+            have = len(self.playbooks)
+            raise ToolError(self.max_playbooks.exceeded(f"this session has {have:,} playbooks"))
+        if len(steps) > self.max_steps.value:
+            raise ToolError(self.max_steps.exceeded(f"the playbook has {len(steps):,} steps"))
+        size = text_size(name) + check_texts(self.max_text_bytes, "step", steps)
+        if self._bytes + size > self.max_bytes.value:
+            total = f"{self._bytes + size:,}"
+            raise ToolError(
+                self.max_bytes.exceeded(f"this session's playbooks would hold {total} bytes")
+            )
+        return size
 
     def _remove_playbook(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
         """Undo of create_playbook for transactional batches (the id is not reused)."""
-        self.playbooks.pop(result["id"], None)
+        playbook = self.playbooks.pop(result["id"], None)
+        if playbook is not None:
+            self._bytes -= text_size(playbook["name"]) + sum(map(text_size, playbook["steps"]))
 
     @tool(compensate=_remove_playbook, extract=pick(created_playbook="id", name="name"))
-    def create_playbook(self, ctx: ToolContext, name: Name, steps: Steps = []) -> dict[str, Any]:  # noqa: B006 - msgspec copies empty defaults
+    def create_playbook(
+        self,
+        ctx: ToolContext,
+        name: Name,
+        steps: list[str] = [],  # noqa: B006 - msgspec copies empty defaults
+    ) -> dict[str, Any]:
         """Create a playbook (a named list of steps) owned by the calling assistant."""
+        self._bytes += self._size(name, steps)
         self._next += 1
         playbook_id = f"pb{self._next}"
         record = {
@@ -51,13 +87,11 @@ class Playbooks(Server):
 
     @tool(read_only=True)
     def list_playbooks(self, ctx: ToolContext) -> dict[str, Any]:
-        """The calling assistant's playbooks."""
-        mine = [
-            _copy(p)
-            for p in self.playbooks.values()
-            if ctx.assistant_id is None or p["agent_id"] == ctx.assistant_id
-        ]
-        return {"playbooks": mine}
+        """The calling assistant's playbooks (the first ones, with `truncated` and the
+        total, if they don't all fit in one answer)."""
+        mine = [p for p in self.playbooks.values() if p["agent_id"] == ctx.assistant_id]
+        budget = AnswerBudget()
+        return budget.mark({"playbooks": budget.take(map(_copy, mine))}, total=len(mine))
 
     @tool(
         idempotent=True,

@@ -1,20 +1,25 @@
-"""Workspace: real shell commands for one session, run in the background.
+"""Workspace: real shell commands for one session, each in its own sandbox.
 
-`execute_command` starts ``/bin/sh -c <command>`` in the session's own working directory and
-returns at once with an unguessable `processId`; `poll_process` reads the status and the
-output so far. Each process runs in its own process group (``start_new_session=True``) so a
-timeout, `kill_process`, or the end of the session kills everything it started, not just the
-shell.
+`execute_command` starts ``/bin/sh -c <command>`` inside a bubblewrap sandbox (see
+`ctxactors.sandbox`) whose only writable path is the session's own directory, at
+``/workspace``, and returns at once with an unguessable `processId`; `poll_process` reads
+the status and the output so far. The sandbox is the unit of process control: killing the
+one process the server started (a timeout, `kill_process`, the end of the session) ends
+everything the command started.
 
 One watcher thread per process drains its output (stdout and stderr together) into a bounded
 buffer that keeps the newest bytes, enforces the timeout, and reaps the child, so nothing is
 left a zombie even if nobody polls. While any watcher runs, the server reports itself busy
 and its actor is not reaped on TTL. `close()` (session end, reap, runtime close) kills every
-process group, joins the watchers and removes the working directory.
+sandbox, joins the watchers and removes the working directory.
 
 The directory is made on first use, per actor incarnation, with a random name under the
 root: a key retired while its close() still runs can't remove the next incarnation's
 directory.
+
+Registering the server (`Runtime(...)`) probes bubblewrap once and refuses to start
+(`SandboxUnavailableError`) when it can't sandbox, unless ``CTXACTORS_WORKSPACE_SANDBOX=none``,
+which logs a warning at start and on every command.
 
 Settings (class attributes; defaults from the environment when the module is imported):
 
@@ -23,11 +28,8 @@ Settings (class attributes; defaults from the environment when the module is imp
 - ``CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES``: output kept per process (default 256 KiB);
 - ``CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT``: seconds, when a call gives none (default 600);
 - ``CTXACTORS_WORKSPACE_MAX_TIMEOUT``: larger timeouts are clamped to this (default 3600);
-- ``CTXACTORS_WORKSPACE_MAX_RUNNING``: processes running at once per session (default 16).
-
-This isolates sessions' *tool state* (one session can't see or touch another's processes),
-not the operating system: commands run as the server's user. Sandbox the server itself
-(container, separate user) before exposing it to untrusted models.
+- ``CTXACTORS_WORKSPACE_MAX_RUNNING``: sandboxes running at once per session (default 16);
+- the sandbox's own (``sandbox``): see `ctxactors.sandbox`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from ctxactors import sandbox as sandboxes
 from ctxactors.context import ToolContext
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolError
@@ -152,7 +155,8 @@ class _Process:
     # -- called from the actor thread (and kill from the watcher on timeout) --------------
 
     def kill(self, reason: str) -> None:
-        """Kill the whole process group; the first reason given is the one reported."""
+        """Kill the sandbox (its PID namespace goes with its first process) or, unsandboxed,
+        the process group; the first reason given is the one reported."""
         with self._lock:
             if self.done.is_set():
                 return
@@ -196,8 +200,17 @@ class _Process:
         }
 
 
+def _warn_unsandboxed(log: Any, event: str, **fields: Any) -> None:
+    log.warning(
+        event,
+        warning="CTXACTORS_WORKSPACE_SANDBOX=none: commands run unsandboxed, as the server's "
+        "user, with its files, processes and network",
+        **fields,
+    )
+
+
 class Workspace(Server):
-    """Run shell commands in a session's own working directory and read their output."""
+    """Run shell commands in a session's own sandbox and read their output."""
 
     name = "workspace"
     scope = Scope.SESSION
@@ -209,6 +222,15 @@ class Workspace(Server):
     default_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT", 600.0)
     max_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_MAX_TIMEOUT", 3600.0)
     max_running: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_RUNNING", 16)
+    sandbox: ClassVar[sandboxes.SandboxSettings] = sandboxes.SandboxSettings.from_env()
+
+    @classmethod
+    def attach(cls, runtime: Any) -> None:
+        """Refuse to serve commands that can't be sandboxed (probed once, cached)."""
+        if cls.sandbox.enabled:
+            sandboxes.check(cls.sandbox, cls.root)
+        else:
+            _warn_unsandboxed(get_logger("ctxactors.workspace"), "workspace_unsandboxed")
 
     def __init__(self) -> None:
         self._procs: dict[str, _Process] = {}
@@ -224,8 +246,9 @@ class Workspace(Server):
 
     def _workdir(self, ctx: ToolContext) -> str:
         if self._dir is None:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            sandboxes.make_root(self.sandbox, self.root)
             self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
+            sandboxes.prepare_directory(self.sandbox, self._dir)
             self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
             self._log.info("workspace_created", directory=self._dir)
         return self._dir
@@ -260,8 +283,9 @@ class Workspace(Server):
     def execute_command(
         self, ctx: ToolContext, command: Command, timeout: Timeout | None = None
     ) -> dict[str, Any]:
-        """Start a shell command (/bin/sh -c) in this session's working directory without
-        waiting for it. Returns a processId to poll for status and output. The command and
+        """Start a shell command (/bin/sh -c) in this session's sandbox without waiting for
+        it; its working directory, /workspace, is the session's own and the only place it
+        can write. Returns a processId to poll for status and output. The command and
         everything it starts are killed after `timeout` seconds (a default applies when it
         is omitted; values above the server's maximum are lowered to it)."""
         running = sum(1 for p in self._procs.values() if not p.done.is_set())
@@ -274,15 +298,9 @@ class Workspace(Server):
         workdir = self._workdir(ctx)
         self._forget_old()
         process_id = "p_" + secrets.token_urlsafe(12)
-        popen = subprocess.Popen(
-            ["/bin/sh", "-c", command],
-            cwd=workdir,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-        )
+        if not self.sandbox.enabled:
+            _warn_unsandboxed(self._log, "command_unsandboxed", process_id=process_id)
+        popen = sandboxes.start(self.sandbox, workdir, command)
         proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, self._finished)
         with self._active_lock:
             self._active += 1

@@ -218,6 +218,10 @@ def create_app(
     async def session_context(request: Request) -> Response:
         session_id = _path_id(request, "session_id")
         arguments: dict[str, Any] = {"__sessionId": session_id}
+        # Only what this assistant and thread could see (none given: calls made without one).
+        for header, field in (("X-Assistant-Id", "__assistantId"), ("X-Thread-Id", "__threadId")):
+            if (value := _header_id(request, header)) is not None:
+                arguments[field] = value
         raw_limit = request.query_params.get("limit")
         if raw_limit is not None:
             try:

@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
+from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.tools import Server
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
@@ -85,12 +86,15 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
     extra = [load_server(s) for s in args.server]
-    return Runtime(
-        [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
-        ttl=args.ttl,
-        max_actors=args.max_actors,
-        tools=args.tools,
-    )
+    try:
+        return Runtime(
+            [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            tools=args.tools,
+        )
+    except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+        raise SystemExit(f"ctxactors serve: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

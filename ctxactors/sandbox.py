@@ -1,0 +1,368 @@
+"""The bubblewrap sandbox that every workspace command runs in.
+
+One command, one sandbox: ``bwrap`` gives it new user, PID, IPC, UTS, cgroup and network
+namespaces, no capabilities, a read-only root made of system directories, a private
+size-capped ``/tmp`` and ``/dev/shm``, a minimal ``/proc`` and ``/dev``, and the session's
+own directory as the only writable host path, at ``/workspace``. Nothing else of the host is there: no other session's directory, no
+workspace root, no project, no ``/root``, no ``/home``. ``/etc`` holds only the loader
+cache, ``alternatives``, the time zone and a generated ``passwd``/``group`` (plus the
+resolver files when the network is on).
+
+Under ``--unshare-pid`` the sandbox's init dies with the outer ``bwrap`` process
+(``--die-with-parent``), and the kernel kills every process of a PID namespace whose init
+is gone: killing the one process the server started ends everything the command started,
+backgrounded, daemonized or re-``setsid`` children included.
+
+Limits are set inside the sandbox with ``prlimit`` (util-linux) on the command's shell, so
+they are inherited by everything it starts and can't be raised (that needs
+``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). No limit sums memory
+over a sandbox's processes (no cgroup is assumed), so ``choom`` gives them the highest
+``oom_score_adj``: if memory runs out, the OOM killer ends a sandboxed process, not the
+server. ``RLIMIT_NPROC`` needs
+care, measured here (kernel 6.18):
+
+- the kernel counts it per (user namespace, real uid) since 5.14, so set *inside* the
+  sandbox's fresh user namespace it caps the processes (and threads) of that one sandbox;
+  set outside, it would count every process of the server's user, the server's own
+  threads included;
+- it is never enforced for real uid 0 (``copy_process`` exempts ``INIT_USER``): a server
+  running as root whose sandbox maps to root saw 200 of 200 forks succeed with
+  ``--nproc=30``. So a root server starts ``bwrap`` as an unprivileged user
+  (``CTXACTORS_WORKSPACE_SANDBOX_USER``, default ``65534:65534``, nobody); then 28 forks
+  succeed and the 29th gets ``EAGAIN``, in each of two sandboxes running at once.
+
+Settings (environment variables read at import; a bad value fails loudly, naming it):
+
+- ``CTXACTORS_WORKSPACE_SANDBOX``: ``bwrap`` (default) or ``none`` (no sandbox, loud warnings);
+- ``CTXACTORS_WORKSPACE_BWRAP``: the bwrap program (default: ``bwrap`` on ``PATH``);
+- ``CTXACTORS_WORKSPACE_NETWORK``: ``1``/``true``/``on`` shares the host network (default off);
+- ``CTXACTORS_WORKSPACE_ENV``: comma-separated names copied from the server's environment;
+- ``CTXACTORS_WORKSPACE_CPU_SECONDS`` (600), ``CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES``
+  (address space per process, 4 GiB), ``CTXACTORS_WORKSPACE_MAX_FILE_BYTES`` (1 GiB),
+  ``CTXACTORS_WORKSPACE_MAX_PROCESSES`` (256 per sandbox), ``CTXACTORS_WORKSPACE_TMP_BYTES``
+  (size of the private ``/tmp`` and of ``/dev/shm``, 256 MiB each);
+- ``CTXACTORS_WORKSPACE_SANDBOX_USER``: ``UID[:GID]`` that runs ``bwrap`` when the server
+  is root (default ``65534:65534``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ctxactors.settings import env_int
+
+WORKDIR = "/workspace"  # where the session's directory appears inside the sandbox
+PATH = "/usr/local/bin:/usr/bin:/bin"
+NOBODY = (65534, 65534)
+_PROBE_TIMEOUT = 30.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"", "0", "false", "no", "off"}
+# Always there; the resolver files only with the network on.
+_ETC = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
+_ETC_NET = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+)
+INSTALL_HINT = (
+    "install the Debian package `bubblewrap` (0.8 or later: apt-get install bubblewrap) on a "
+    "kernel that allows user namespaces, or set CTXACTORS_WORKSPACE_SANDBOX=none to run commands "
+    "unsandboxed (unsafe: they then see the server's files and processes)"
+)
+
+
+class SandboxUnavailableError(RuntimeError):
+    """bubblewrap is missing or can't create its namespaces here; the message says why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxSettings:
+    """How workspace commands are confined. `from_env` reads the documented variables."""
+
+    mode: str = "bwrap"  # or "none"
+    bwrap: str = "/usr/bin/bwrap"
+    network: bool = False
+    env: tuple[str, ...] = ()  # names copied from the server's environment
+    cpu_seconds: int = 600
+    memory_bytes: int = 4 << 30  # RLIMIT_AS, per process
+    file_bytes: int = 1 << 30  # RLIMIT_FSIZE, per file
+    processes: int = 256  # RLIMIT_NPROC, per sandbox (processes and threads)
+    tmp_bytes: int = 256 << 20
+    user: tuple[int, int] | None = None  # (uid, gid) that runs bwrap; None: ours
+
+    @classmethod
+    def from_env(cls) -> SandboxSettings:
+        mode = os.environ.get("CTXACTORS_WORKSPACE_SANDBOX", "bwrap").strip().lower() or "bwrap"
+        if mode not in ("bwrap", "none"):
+            raise ValueError(f"CTXACTORS_WORKSPACE_SANDBOX must be bwrap or none, got {mode!r}")
+        return cls(
+            mode=mode,
+            bwrap=os.environ.get("CTXACTORS_WORKSPACE_BWRAP")
+            or shutil.which("bwrap")
+            or "/usr/bin/bwrap",
+            network=_env_bool("CTXACTORS_WORKSPACE_NETWORK"),
+            env=_env_names("CTXACTORS_WORKSPACE_ENV"),
+            cpu_seconds=env_int("CTXACTORS_WORKSPACE_CPU_SECONDS", cls.cpu_seconds),
+            memory_bytes=env_int("CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES", cls.memory_bytes),
+            file_bytes=env_int("CTXACTORS_WORKSPACE_MAX_FILE_BYTES", cls.file_bytes),
+            processes=env_int("CTXACTORS_WORKSPACE_MAX_PROCESSES", cls.processes),
+            tmp_bytes=env_int("CTXACTORS_WORKSPACE_TMP_BYTES", cls.tmp_bytes),
+            user=_env_user("CTXACTORS_WORKSPACE_SANDBOX_USER"),
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def switch_user(self) -> bool:
+        """True when bwrap runs as another user than the server (so RLIMIT_NPROC holds)."""
+        return self.user is not None and self.user[0] != os.getuid()
+
+
+def _env_bool(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {raw!r}")
+
+
+def _env_names(name: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in os.environ.get(name, "").split(",") if n.strip())
+    bad = [n for n in names if not _ENV_NAME.match(n)]
+    if bad:
+        raise ValueError(f"{name}: not environment variable names: {', '.join(bad)}")
+    return names
+
+
+def _env_user(name: str) -> tuple[int, int] | None:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return NOBODY if os.getuid() == 0 else None
+    uid, _, gid = raw.partition(":")
+    try:
+        ids = (int(uid), int(gid or uid))
+    except ValueError:
+        raise ValueError(f"{name} must be UID or UID:GID (numbers), got {raw!r}") from None
+    if min(ids) < 0:
+        raise ValueError(f"{name} must not be negative, got {raw!r}")
+    return ids
+
+
+def clean_env(settings: SandboxSettings, home: str) -> dict[str, str]:
+    """The whole environment of a command: never the server's own variables."""
+    env = {"PATH": PATH, "HOME": home, "LANG": os.environ.get("LANG") or "C.UTF-8"}
+    for name in settings.env:
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env["HOME"] = home  # the workspace, whatever the operator listed
+    return env
+
+
+@functools.cache
+def _root_dirs() -> tuple[str, ...]:
+    """/bin, /lib...: symlinks into /usr on merged-/usr systems (Debian 12), else directories."""
+    out: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            out += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            out += ["--ro-bind", path, path]
+    return tuple(out)
+
+
+def bwrap_args(
+    settings: SandboxSettings, workdir_fd: int, passwd_fd: int, group_fd: int
+) -> list[str]:
+    """The bwrap command line up to and including ``--``: one sandbox around `workdir_fd`."""
+    args = [settings.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
+    if settings.network:
+        args.append("--share-net")
+    args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "workspace"]
+    args += ["--ro-bind", "/usr", "/usr", *_root_dirs()]
+    for path in _ETC + (_ETC_NET if settings.network else ()):
+        args += ["--ro-bind-try", path, path]
+    args += ["--ro-bind-data", str(passwd_fd), "/etc/passwd"]
+    args += ["--ro-bind-data", str(group_fd), "/etc/group"]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for tmpfs in ("/tmp", "/dev/shm"):
+        args += ["--size", str(settings.tmp_bytes), "--tmpfs", tmpfs]
+    args += ["--bind-fd", str(workdir_fd), WORKDIR, "--chdir", WORKDIR]
+    # bwrap builds / and /dev on tmpfs with no size cap: left writable, they would be memory
+    # no limit counts. Only /workspace, /tmp and /dev/shm stay writable.
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
+    return args
+
+
+def limit_args(settings: SandboxSettings) -> list[str]:
+    """prlimit inside the sandbox (soft = hard, so the command can't raise them back), and
+    choom: should memory run out anyway (many processes, each under its own address-space
+    limit), the kernel's OOM killer picks a sandboxed process before the server."""
+    return [
+        "/usr/bin/prlimit",
+        f"--cpu={settings.cpu_seconds}",
+        f"--as={settings.memory_bytes}",
+        f"--fsize={settings.file_bytes}",
+        f"--nproc={settings.processes}",
+        "--",
+        "/usr/bin/choom",
+        "-n",
+        "1000",
+        "--",
+    ]
+
+
+def _data_fd(data: bytes) -> int:
+    """A pipe's read end holding `data` (small: it fits the pipe buffer, no writer thread)."""
+    read, write = os.pipe()
+    try:
+        os.write(write, data)
+    finally:
+        os.close(write)
+    return read
+
+
+@contextmanager
+def _sandbox_fds(workdir: str, uid: int, gid: int) -> Iterator[tuple[int, int, int]]:
+    """The session directory (bound by descriptor: the directory this server made, whatever
+    its path points to later) and the generated passwd and group; closed once bwrap has
+    inherited them."""
+    fds: list[int] = []
+    try:
+        fds.append(os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+        fds.append(_data_fd(f"sandbox:x:{uid}:{gid}:sandbox:{WORKDIR}:/bin/sh\n".encode()))
+        fds.append(_data_fd(f"sandbox:x:{gid}:\n".encode()))
+        yield fds[0], fds[1], fds[2]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _ids(settings: SandboxSettings) -> tuple[int, int]:
+    return (
+        settings.user
+        if settings.user is not None and settings.switch_user
+        else (
+            os.getuid(),
+            os.getgid(),
+        )
+    )
+
+
+def start(settings: SandboxSettings, workdir: str, command: str) -> subprocess.Popen[bytes]:
+    """Start ``/bin/sh -c command`` (sandboxed unless the mode is ``none``) in its own
+    process group, stdout and stderr on one pipe."""
+    if not settings.enabled:
+        return subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            cwd=workdir,
+            env=clean_env(settings, workdir),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    uid, gid = _ids(settings)
+    switch = settings.switch_user
+    with _sandbox_fds(workdir, uid, gid) as fds:
+        argv = [*bwrap_args(settings, *fds), *limit_args(settings), "/bin/sh", "-c", command]
+        return subprocess.Popen(
+            argv,
+            cwd="/",
+            env=clean_env(settings, WORKDIR),  # bwrap passes its environment on, nothing else
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=fds,
+            # Switched in the child before exec, with no preexec_fn (unsafe with threads).
+            user=uid if switch else None,
+            group=gid if switch else None,
+            extra_groups=[] if switch else None,
+        )
+
+
+def make_root(settings: SandboxSettings, root: str) -> None:
+    """Create the workspace root. With another user running bwrap, that user must traverse
+    it (bwrap resolves the directory's path) but not list it: mode 711."""
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    if settings.enabled and settings.switch_user:
+        os.chmod(root, 0o711)
+
+
+def prepare_directory(settings: SandboxSettings, path: str) -> None:
+    """Hand a new session directory to the user that runs the sandbox."""
+    if settings.enabled and settings.switch_user:
+        uid, gid = _ids(settings)
+        os.chown(path, uid, gid)
+
+
+_probed: dict[tuple[SandboxSettings, str], str | None] = {}
+_probe_lock = threading.Lock()
+
+
+def check(settings: SandboxSettings, root: str) -> None:
+    """Raise `SandboxUnavailableError` unless a probe sandbox runs here, under `root`.
+
+    Probed once per settings and root, then cached: the answer doesn't change while the
+    process runs, and every runtime that registers the workspace asks.
+    """
+    key = (settings, root)
+    with _probe_lock:
+        if key not in _probed:
+            _probed[key] = _probe(settings, root)
+        problem = _probed[key]
+    if problem is not None:
+        raise SandboxUnavailableError(problem)
+
+
+def _probe(settings: SandboxSettings, root: str) -> str | None:
+    if not os.access(settings.bwrap, os.X_OK):
+        return (
+            f"the workspace sandbox needs bubblewrap, not found at {settings.bwrap!r} "
+            f"(CTXACTORS_WORKSPACE_BWRAP): {INSTALL_HINT}"
+        )
+    make_root(settings, root)
+    workdir = tempfile.mkdtemp(prefix="probe-", dir=root)
+    try:
+        prepare_directory(settings, workdir)
+        proc = start(settings, workdir, "exit 0")
+        try:
+            output, _ = proc.communicate(timeout=_PROBE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        detail = output.decode("utf-8", "replace").strip() or f"exit status {proc.returncode}"
+    except OSError as exc:
+        detail = str(exc)
+    else:
+        if proc.returncode == 0:
+            return None
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    message = f"bubblewrap ({settings.bwrap}) could not start a sandbox: {detail}"
+    if settings.switch_user:
+        uid, _ = _ids(settings)
+        message += (
+            f"; the sandbox user (uid {uid}, CTXACTORS_WORKSPACE_SANDBOX_USER) must be able "
+            f"to enter every parent directory of the workspace root {root}"
+        )
+    return f"{message}. Otherwise {INSTALL_HINT}"

@@ -1,0 +1,119 @@
+"""Helpers for the workspace tests (real processes, real bubblewrap).
+
+Every runtime `closed_runtime` makes is closed, and afterwards no child process (zombie or
+not) and no thread may be left over. Each test module wires these into three fixtures.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+import pytest
+from conftest import ctx_args
+
+from ctxactors import Runtime
+from ctxactors.servers.workspace import Workspace
+
+WAIT = 20.0  # generous: the machine is shared and loaded
+
+
+def temporary_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """For an autouse fixture: the workspace root of one test, removed after it."""
+    # Not under tmp_path: pytest makes its parents 0700, and a root server's sandbox runs
+    # as nobody, which must be able to enter the root's parents.
+    root = tempfile.mkdtemp(prefix="ctxactors-test-ws-")
+    monkeypatch.setattr(Workspace, "root", root)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def session_dirs(root: str) -> list[str]:
+    """The sessions' working directories on the host (the probe's are gone already)."""
+    return sorted(os.path.join(root, d) for d in os.listdir(root) if d.startswith("ws-"))
+
+
+class Leaks:
+    """Threads and child processes of this test process, before and after."""
+
+    def __init__(self) -> None:
+        self.me = psutil.Process()
+        self.threads = threading.active_count()
+        self.children = {p.pid for p in self.me.children(recursive=True)}
+
+    def assert_none(self) -> None:
+        deadline = time.monotonic() + WAIT
+        while time.monotonic() < deadline:
+            extra = self._extra_children()
+            if not extra and threading.active_count() <= self.threads:
+                break
+            time.sleep(0.05)
+        assert self._extra_children() == []
+        assert threading.active_count() <= self.threads, [t.name for t in threading.enumerate()]
+
+    def _extra_children(self) -> list[tuple[int, str]]:
+        out = []
+        for p in self.me.children(recursive=True):
+            if p.pid in self.children:
+                continue
+            try:
+                out.append((p.pid, p.status()))  # a zombie counts as a leak too
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+
+def descendant_names() -> list[str]:
+    names = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            names.append(p.name())
+        except psutil.NoSuchProcess:
+            pass
+    return names
+
+
+def closed_runtime(leaks: Leaks) -> Iterator[Runtime]:
+    """For the `rt` fixture: a workspace runtime, closed after the test, leaving nothing."""
+    runtime = Runtime(servers=[Workspace])
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        leaks.assert_none()
+
+
+def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:
+    result = rt.call(tool, ctx_args(session, **args))
+    assert not result.is_error, result.text
+    return result.structured
+
+
+def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
+    started = call(rt, session, "execute_command", command=command, **args)
+    assert started["status"] == "running" and started["processId"].startswith("p_")
+    return str(started["processId"])
+
+
+def wait_done(rt: Runtime, session: str, process_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        polled = call(rt, session, "poll_process", processId=process_id)
+        if polled["status"] != "running" or time.monotonic() > deadline:
+            return dict(polled)
+        time.sleep(0.02)
+
+
+def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT
+    while True:
+        polled = call(rt, session, "poll_process", processId=process_id)
+        if text in polled["output"] or time.monotonic() > deadline:
+            return dict(polled)
+        time.sleep(0.02)
