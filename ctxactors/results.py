@@ -25,9 +25,13 @@ class CtxActorsError(Exception):
 
 
 class UnknownToolError(CtxActorsError):
-    """No tool of that name is registered."""
+    """No tool of that name is registered.
 
-    code = -32601
+    -32602 (invalid params), as in the MCP specification's own example: -32601 would say the
+    method (``tools/call``) is unknown.
+    """
+
+    code = -32602
 
 
 class InvalidArgumentsError(CtxActorsError):

@@ -55,6 +55,16 @@ class Gate(Server):
         return {"opened": True}
 
     @tool
+    def wait_fifo(self, ctx: ToolContext, path: str) -> dict[str, Any]:
+        """Block until a writer opens the FIFO at `path` and closes it; return what it wrote.
+
+        The test that holds the writer decides when the call ends, and knows the call is
+        running once its own non-blocking open of the FIFO succeeds (`open_fifo_writer`).
+        """
+        with open(path) as fifo:
+            return {"read": fifo.read()}
+
+    @tool
     def slow(self, ctx: ToolContext, marker: str, seconds: float) -> dict[str, Any]:
         """Write the server's pid to `marker`, then sleep."""
         Path(marker).write_text(str(os.getpid()))
@@ -170,6 +180,24 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def open_fifo_writer(path: Path, timeout: float = 20.0) -> int:
+    """Open the FIFO at `path` for writing once a reader holds it (a `wait_fifo` call is
+    running); returns the fd. Closing it after a write ends that call."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:  # ENXIO: no reader yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def release_fifo(fd: int, text: str) -> None:
+    os.write(fd, text.encode())
+    os.close(fd)
 
 
 def pid_alive(pid: int) -> bool:

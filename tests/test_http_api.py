@@ -330,3 +330,113 @@ def test_schemathesis_finds_no_server_errors_or_schema_violations() -> None:
         timeout=50,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+
+NOT_UTF8 = [
+    (b'{"goal": "\xff"}', "invalid start byte at byte 10"),
+    (b'{"goal": "caf\xc3"}', "invalid continuation byte at byte 13"),
+    (b'{"goal": "\xed\xa0\x80"}', "invalid continuation byte at byte 10"),  # a surrogate
+    (b'{"\xfe": "x"}', "invalid start byte at byte 2"),
+]
+
+
+@pytest.mark.parametrize(("body", "where"), NOT_UTF8)
+def test_a_body_that_is_not_utf8_is_a_400_on_every_endpoint_that_reads_one(
+    rt: Runtime, body: bytes, where: str
+) -> None:
+    model = ScriptedModel([])  # never asked: the body is refused first
+    headers = {"X-Session-Id": "u8", "content-type": "application/json"}
+    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+        for path in ("/api/v1/tools/create_goal", "/api/v1/query"):
+            detail = error_of(http.post(path, content=body, headers=headers), 400)
+            assert detail == {
+                "code": "malformed_json",
+                "message": f"the request body is not valid UTF-8 ({where})",
+            }, path
+        ok = http.post("/api/v1/tools/create_goal", json={"goal": "fine"}, headers=headers)
+        assert ok.status_code == 200 and ok.json()["structuredContent"]["goal"] == "fine"
+    assert model.prompts == []
+
+
+@pytest.mark.parametrize(
+    ("session_id", "message"),
+    [
+        ("a\r\nX-Injected: 1", "session_id contains the character '\\r', which no header carries"),
+        ("nul\x00", "session_id contains the character '\\x00', which no header carries"),
+        ("tab\tin", "session_id contains the character '\\t', which no header carries"),
+        ("del\x7f", "session_id contains the character '\\x7f', which no header carries"),
+        ("nel\x85", "session_id contains the character '\\x85', which no header carries"),
+        (" lead", "session_id starts or ends with a space or tab"),
+        ("trail ", "session_id starts or ends with a space or tab"),
+    ],
+)
+def test_a_query_session_id_no_header_can_carry_is_refused_before_the_model_runs(
+    rt: Runtime, session_id: str, message: str
+) -> None:
+    model = ScriptedModel([Message.assistant("never sent")])
+    body = json.dumps({"query": "make a goal", "session_id": session_id}).encode()
+    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+        refused = http.post(
+            "/api/v1/query", content=body, headers={"content-type": "application/json"}
+        )
+        assert error_of(refused, 400) == {"code": "invalid_request", "message": message}
+        assert http.get("/healthz").status_code == 200
+    assert model.prompts == [] and rt.stats()["actors"] == 0
+
+
+def test_a_query_session_id_beyond_latin1_comes_back_intact_in_the_header(rt: Runtime) -> None:
+    session_id = "会话-Ω-café"
+    model = ScriptedModel(
+        [
+            Message.assistant(None, [ToolCall.new("create_goal", {"goal": "Ship it"})]),
+            Message.assistant("Created goal g1."),
+        ]
+    )
+    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+        r = http.post("/api/v1/query", json={"query": "make a goal", "session_id": session_id})
+        assert r.status_code == 200, r.text
+        assert r.json() == {"session_id": session_id, "answer": "Created goal g1."}
+        assert (
+            r.headers.raw[[k.lower() for k, _ in r.headers.raw].index(b"x-session-id")][1]
+            == session_id.encode()
+        )
+        again = http.post(
+            "/api/v1/tools/get_planning_state",
+            json={},
+            headers=[(b"X-Session-Id", session_id.encode())],
+        )
+        assert again.json()["structuredContent"]["goals"] == [{"id": "g1", "goal": "Ship it"}]
+
+
+def test_id_headers_are_utf8_and_refused_when_they_are_not_or_cannot_be_ids(
+    client: httpx.Client,
+) -> None:
+    session = [(b"X-Session-Id", "café".encode())]
+    created = client.post("/api/v1/tools/create_goal", json={"goal": "g"}, headers=session)
+    assert created.status_code == 200 and created.json()["session_id"] == "café"
+    assert created.headers["X-Session-Id"] == "café"  # sent back as UTF-8
+    state = client.post("/api/v1/tools/get_planning_state", json={}, headers=session).json()
+    assert state["structuredContent"]["goals"] == [{"id": "g1", "goal": "g"}]
+    assistant = [*session, (b"X-Assistant-Id", "ä".encode())]
+    other = client.post("/api/v1/tools/create_goal", json={"goal": "ä's"}, headers=assistant)
+    assert other.json()["structuredContent"] == {"id": "g1", "goal": "ä's"}  # its own planning
+    assert client.get("/api/v1/sessions/café/context").json()["count"] == 2
+    for header in (b"X-Session-Id", b"X-Assistant-Id", b"X-Thread-Id"):
+        bad = client.post("/api/v1/tools/list_content", json={}, headers=[(header, b"caf\xe9")])
+        assert error_of(bad, 400) == {
+            "code": "invalid_header",
+            "message": f"{header.decode()} is not valid UTF-8",
+        }
+    control = client.post(
+        "/api/v1/tools/list_content", json={}, headers=[(b"X-Session-Id", "a\x85b".encode())]
+    )
+    assert error_of(control, 400) == {
+        "code": "invalid_header",
+        "message": "X-Session-Id contains the character '\\x85', which no header carries",
+    }
+    assert rt_actors(client) == 3  # two planning keys and history; the refused started none
+
+
+def rt_actors(client: httpx.Client) -> int:
+    actors: int = client.get("/api/v1/stats").json()["actors"]
+    return actors

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import threading
@@ -19,7 +20,9 @@ from mcp_support import (
     SERVE,
     host_meta,
     http_server,
+    open_fifo_writer,
     pid_alive,
+    release_fifo,
     schema_keys,
     serve_env,
     spawn_sleeper,
@@ -160,7 +163,7 @@ def test_invalid_arguments_and_unknown_tool(url: str) -> None:
 
     bad, unknown = run(main)
     assert bad.is_error and "$.name" in bad.content[0].text
-    assert unknown.code == -32601 and "no_such_tool" in unknown.message
+    assert unknown.code == -32602 and "no_such_tool" in unknown.message
 
 
 def test_calls_on_one_connection_run_concurrently(url: str) -> None:
@@ -177,7 +180,10 @@ def test_calls_on_one_connection_run_concurrently(url: str) -> None:
 
 
 def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
-    marker = tmp_path / "pid"
+    """The call is running when SIGTERM comes and may end only once the server refuses new
+    calls (it is draining); its answer still arrives."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
     with http_server() as (address, proc):
 
         async def main() -> Any:
@@ -185,15 +191,20 @@ def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
                 # As hosts do (the client also re-lists to check results against schemas).
                 await client.list_tools()
                 child = await spawn_sleeper(client, "term-http")
-                call = asyncio.ensure_future(
-                    client.call_tool("slow", {"marker": str(marker), "seconds": 1.0})
-                )
-                await asyncio.to_thread(wait_until, marker.exists)
+                call = asyncio.ensure_future(client.call_tool("wait_fifo", {"path": str(fifo)}))
+                writer = await asyncio.to_thread(open_fifo_writer, fifo)
                 proc.send_signal(signal.SIGTERM)
+                while True:  # until the drain has begun
+                    try:
+                        await client.call_tool("list_content", {})
+                    except MCPError as refused:
+                        assert refused.message == "the server is shutting down; no new calls"
+                        break
+                release_fifo(writer, "answered")
                 return await call, child
 
         result, child = run(main)
-        assert result.structured_content == {"slept": 1.0}
+        assert result.structured_content == {"read": "answered"}
         assert proc.wait(20) == 0
         assert wait_until(lambda: not pid_alive(child)), f"workspace process {child} survived"
 
@@ -257,3 +268,132 @@ def test_model_options_are_checked_before_anything_starts(extra: list[str], mess
         [*SERVE, *extra], env=serve_env(), capture_output=True, text=True, timeout=30
     )
     assert proc.returncode != 0 and message in proc.stderr
+
+
+def rest(url: str, tool: str, session: str, body: Any = None) -> httpx.Response:
+    """A REST call on the server of `url`, with the session id as UTF-8 header bytes."""
+    return httpx.post(
+        f"{url.removesuffix('/mcp')}/api/v1/tools/{tool}",
+        json=body or {},
+        headers=[(b"X-Session-Id", session.encode())],
+    )
+
+
+def test_a_non_ascii_session_id_is_one_session_over_rest_and_mcp(url: str) -> None:
+    written = rest(url, "create_goal", "café", {"goal": "from REST"})
+    assert written.status_code == 200 and written.json()["session_id"] == "café"
+
+    async def main() -> tuple[set[str], set[str]]:
+        async with Client(url, mode="legacy") as client:
+            seen = goals(
+                await client.call_tool("get_planning_state", {}, meta=host_meta(session="café"))
+            )
+            await client.call_tool(
+                "create_goal", {"goal": "from MCP"}, meta=host_meta(session="naïve-Ω")
+            )
+            latin = goals(
+                await client.call_tool("get_planning_state", {}, meta=host_meta(session="cafÃ©"))
+            )
+            return seen, latin
+
+    seen, latin = run(main)
+    assert seen == {"from REST"}
+    assert latin == set()  # the latin-1 reading of the header bytes is another session
+    back = rest(url, "get_planning_state", "naïve-Ω").json()
+    assert back["session_id"] == "naïve-Ω"
+    assert [g["goal"] for g in back["structuredContent"]["goals"]] == ["from MCP"]
+
+
+def test_a_tools_list_cursor_is_invalid_params(url: str) -> None:
+    async def main() -> MCPError:
+        async with Client(url, mode="legacy") as client:
+            with pytest.raises(MCPError) as refused:
+                await client.list_tools(cursor="page-2", cache_mode="refresh")
+            assert (await client.list_tools(cache_mode="refresh")).next_cursor is None
+            return refused.value
+
+    refused = run(main)
+    assert refused.code == -32602
+    assert refused.message == (
+        "invalid cursor 'page-2': this server lists every tool in one page and issues no cursors"
+    )
+
+
+def test_deleting_an_mcp_session_ends_its_state() -> None:
+    with http_server("--server", "mcp_support:Whoami") as (url, _proc):
+        deleting_an_mcp_session_ends_its_state(url)
+
+
+def deleting_an_mcp_session_ends_its_state(url: str) -> None:
+    async def main() -> str:
+        async with Client(url, mode="legacy") as client:
+            whoami = await client.call_tool("whoami", {})
+            session: str = whoami.structured_content["session"]
+            await client.call_tool("create_goal", {"goal": "until DELETE"})
+            kept = await client.call_tool(
+                "create_goal", {"goal": "elsewhere"}, meta=host_meta(session="beside-delete")
+            )
+            assert not kept.is_error
+            state = rest(url, "get_planning_state", session).json()["structuredContent"]
+            assert state["goals"] == [{"id": "g1", "goal": "until DELETE"}]
+            return session  # leaving the block sends the client's DELETE
+
+    session = run(main)
+    base = url.removesuffix("/mcp")
+    gone = httpx.get(f"{base}/api/v1/sessions/{session}/context")
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "unknown_session"
+    assert rest(url, "get_planning_state", session).json()["structuredContent"]["goals"] == []
+    # Only that session: another one its client named in _meta stays.
+    other = rest(url, "get_planning_state", "beside-delete").json()["structuredContent"]
+    assert other["goals"] == [{"id": "g1", "goal": "elsewhere"}]
+
+
+def test_a_delete_the_sdk_refuses_ends_nothing(url: str) -> None:
+    """DELETE /mcp naming a ctxactors session that is no MCP session of this server is a
+    404 from the SDK, and that session's state stays."""
+    assert rest(url, "create_goal", "not-an-mcp-session", {"goal": "stays"}).status_code == 200
+    refused = httpx.delete(
+        url,
+        headers={
+            "Mcp-Session-Id": "not-an-mcp-session",
+            "Accept": "application/json, text/event-stream",
+        },
+    )
+    assert refused.status_code == 404
+    state = rest(url, "get_planning_state", "not-an-mcp-session").json()["structuredContent"]
+    assert state["goals"] == [{"id": "g1", "goal": "stays"}]
+
+
+def test_sigterm_lets_a_rest_call_in_flight_answer(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with http_server() as (address, proc):
+        answer: dict[str, Any] = {}
+
+        def call() -> None:
+            answer["response"] = httpx.post(
+                f"{address.removesuffix('/mcp')}/api/v1/tools/wait_fifo",
+                json={"path": str(fifo)},
+                headers={"X-Session-Id": "rest-drain"},
+                timeout=40,
+            )
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        writer = open_fifo_writer(fifo)  # the REST call is running
+        proc.send_signal(signal.SIGTERM)
+
+        def refusing() -> bool:  # draining: new calls get a 503 in the API's shape
+            try:
+                r = rest(address, "list_content", "late")
+            except httpx.TransportError:
+                return False
+            return r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+
+        assert wait_until(refusing)
+        release_fifo(writer, "answered")
+        caller.join(40)
+        response = answer["response"]
+        assert response.status_code == 200, response.text
+        assert response.json()["structuredContent"] == {"read": "answered"}
+        assert proc.wait(20) == 0

@@ -16,7 +16,9 @@ from mcp import Client, MCPError
 from mcp_support import (
     SERVE,
     host_meta,
+    open_fifo_writer,
     pid_alive,
+    release_fifo,
     schema_keys,
     serve_env,
     spawn_sleeper,
@@ -151,7 +153,7 @@ def test_invalid_arguments_and_unknown_tool() -> None:
     bad, unknown, refused = run(main)
     assert bad.is_error
     assert "Expected `str`, got `int`" in bad.content[0].text and "$.goal" in bad.content[0].text
-    assert unknown.code == -32601 and "no_such_tool" in unknown.message
+    assert unknown.code == -32602 and "no_such_tool" in unknown.message
     assert refused.is_error and "t9" in refused.content[0].text
 
 
@@ -183,25 +185,51 @@ def test_end_of_stdin_stops_actors_and_kills_their_processes() -> None:
 
 
 def test_sigterm_lets_the_call_in_flight_answer_then_stops(tmp_path: Path) -> None:
-    marker = tmp_path / "pid"
+    """Deterministic: the call is running (the FIFO has its reader) when SIGTERM comes, the
+    server is draining (it refuses a new call) before the call may end, and the answer must
+    still reach the client (issue 15: the drain counted a call done before its reply was
+    written, then closed the connection)."""
+    marker, fifo = tmp_path / "pid", tmp_path / "fifo"
+    os.mkfifo(fifo)
 
     async def main() -> tuple[Any, int, int]:
         async with Client(stdio_params()) as client:
             child = await spawn_sleeper(client, "term")
-            call = asyncio.ensure_future(
-                client.call_tool(
-                    "slow", {"marker": str(marker), "seconds": 1.0, "__sessionId": "t"}
-                )
-            )
-            await asyncio.to_thread(wait_until, marker.exists)
+            await client.call_tool("slow", {"marker": str(marker), "seconds": 0.0})
             server_pid = int(marker.read_text())
+            call = asyncio.ensure_future(
+                client.call_tool("wait_fifo", {"path": str(fifo), "__sessionId": "t"})
+            )
+            writer = await asyncio.to_thread(open_fifo_writer, fifo)
             os.kill(server_pid, signal.SIGTERM)
+            while True:  # until the drain has begun: new calls are refused
+                try:
+                    await client.call_tool("list_content", {"__sessionId": "late"})
+                except MCPError as refused:
+                    assert refused.message == "the server is shutting down; no new calls"
+                    break
+            release_fifo(writer, "answered")
             return await call, server_pid, child
 
     result, server_pid, child = run(main)
-    assert not result.is_error and result.structured_content == {"slept": 1.0}
+    assert not result.is_error and result.structured_content == {"read": "answered"}
     assert wait_until(lambda: not pid_alive(server_pid))
     assert wait_until(lambda: not pid_alive(child)), f"workspace process {child} survived"
+
+
+def test_a_tools_list_cursor_is_invalid_params() -> None:
+    async def main() -> MCPError:
+        async with Client(stdio_params()) as client:
+            with pytest.raises(MCPError) as refused:
+                await client.list_tools(cursor="x" * 500, cache_mode="refresh")
+            return refused.value
+
+    refused = run(main)
+    assert refused.code == -32602
+    assert refused.message == (
+        f"invalid cursor {'x' * 100!r}: this server lists every tool in one page and issues "
+        "no cursors"
+    )
 
 
 def test_stdout_carries_only_protocol_messages() -> None:

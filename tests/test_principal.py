@@ -15,18 +15,18 @@ import pytest
 from conftest import ManualClock, ctx_args
 from hypothesis import given
 from hypothesis import strategies as st
+from workspace_support import temporary_root
 
 from ctxactors import InvalidArgumentsError, Runtime, Scope, ToolContext
-from ctxactors.servers.workspace import Workspace
 
 WAIT = 20.0  # generous: the machine is shared and loaded
 
 
 @pytest.fixture
-def rt(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    monkeypatch.setattr(Workspace, "root", str(tmp_path / "workspaces"))
-    with Runtime(call_timeout=WAIT) as runtime:
-        yield runtime
+def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
+    for _root in temporary_root(monkeypatch):  # the sandbox user must reach it
+        with Runtime(call_timeout=WAIT) as runtime:
+            yield runtime
 
 
 def goals(rt: Runtime, principal: str | None, session: str = "s1", **kw: Any) -> list[str]:
@@ -94,7 +94,7 @@ def test_two_principals_with_the_same_session_share_no_state(rt: Runtime) -> Non
     assert rt.call("list_content", ctx_args("s1"), **b).structured == {"items": [], "count": 0}
     assert rt.call("read_content", ctx_args("s1", id=item.structured["id"]), **b).is_error
     assert rt.call("list_presets", ctx_args("s1", "a1"), **b).structured == {"presets": []}
-    bobs = rt.call("get_recent_context", ctx_args("s1", limit=50), **b).structured
+    bobs = rt.call("get_recent_context", ctx_args("s1", "a1", limit=50), **b).structured
     assert [op["tool"] for op in bobs["operations"]] == [  # bob's own calls only
         "list_presets",
         "read_content",
@@ -108,7 +108,7 @@ def test_two_principals_with_the_same_session_share_no_state(rt: Runtime) -> Non
 
     # Alice still sees all of hers, and her history lists her own calls only.
     assert goals(rt, "alice") == ["alice's goal"]
-    history = rt.call("get_recent_context", ctx_args("s1", limit=50), **a).structured
+    history = rt.call("get_recent_context", ctx_args("s1", "a1", limit=50), **a).structured
     assert [op["tool"] for op in history["operations"]] == [
         "get_planning_state",
         "save_preset",

@@ -172,7 +172,7 @@ def test_bad_input_raises_invalid_arguments_naming_the_problem(
 def test_unknown_tool(rt: Runtime) -> None:
     with pytest.raises(UnknownToolError, match="'nope'") as info:
         rt.call("nope", {})
-    assert info.value.code == -32601
+    assert info.value.code == -32602  # invalid params, as in the MCP spec
     assert not rt.call("bump", ctx_args("s")).is_error
 
 

@@ -9,15 +9,22 @@ Routes: ``GET /api/v1/tools``; ``POST /api/v1/tools/{name}`` (body: the argument
 ``GET /api/v1/sessions/{id}/context?limit=&tool_filter=``; ``DELETE /api/v1/sessions/{id}``;
 ``POST /api/v1/query``; ``GET /api/v1/stats``; ``GET /healthz``; ``GET /openapi.json``.
 
-Errors are ``{"error": {"code", "message"}}``: 400 for malformed JSON or invalid arguments
-(the message names the field), 404 for an unknown tool, session or route, 413 for a body
-over `max_body`, 503 when the runtime is closed or no model is configured, 504 on a call
+Errors are ``{"error": {"code", "message"}}``: 400 for malformed JSON (a body that is not
+UTF-8 included), invalid arguments (the message names the field) or an id that can't be a
+header, 404 for an unknown tool, session or route, 413 for a body over `max_body`, 503 when
+the runtime is closed, the server is shutting down or no model is configured, 504 on a call
 timeout. A tool's own failure is not an HTTP error: it is a 200 with ``isError: true``, as
 in MCP. Every shape is a msgspec type below, and `/openapi.json` is generated from them.
+
+Ids travel as UTF-8 in headers (``X-Session-Id: café`` is the session ``café`` that MCP's
+``_meta`` names too); an id with a control character, or with a space or tab at either end,
+can't be carried by a header and is refused with 400 before anything runs, wherever it
+comes from.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
@@ -44,10 +51,13 @@ from ctxactors.results import (
     UnknownToolError,
 )
 from ctxactors.servers.history import Operation
+from ctxactors.transports.inflight import InFlight
 
 MAX_ID = 256
 MAX_LIMIT = 1_000  # above what any history keeps: a bigger limit means "everything"
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
+# Control characters (C0, DEL, C1) and lone surrogates: no header value can carry them.
+_NO_HEADER_CARRIES = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 # -- the shapes on the wire (single source of truth for responses and /openapi.json) --------
@@ -144,12 +154,33 @@ def _from_runtime_error(exc: CtxActorsError) -> ApiError:
 
 
 def _header_id(request: Request, header: str) -> str | None:
-    value = request.headers.get(header)
-    if value is None:
+    raw = request.headers.get(header)
+    if raw is None:
         return None
+    try:  # Starlette decodes header bytes as latin-1; clients send UTF-8
+        value = raw.encode("latin-1").decode("utf-8")
+    except UnicodeDecodeError:
+        raise ApiError(400, "invalid_header", f"{header} is not valid UTF-8") from None
     if not 0 < len(value) <= MAX_ID:
         raise ApiError(400, "invalid_header", f"{header} must be 1 to {MAX_ID} characters")
+    return _header_safe(value, header, "invalid_header")
+
+
+def _header_safe(value: str, what: str, code: str) -> str:
+    """`value` if a header can carry it (it may be sent back in ``X-Session-Id``)."""
+    bad = _NO_HEADER_CARRIES.search(value)
+    if bad is not None:
+        raise ApiError(
+            400, code, f"{what} contains the character {bad[0]!r}, which no header carries"
+        )
+    if value != value.strip(" \t"):
+        raise ApiError(400, code, f"{what} starts or ends with a space or tab")
     return value
+
+
+def _as_header(value: str) -> str:
+    """A header value sent as UTF-8 (Starlette encodes header strings as latin-1)."""
+    return value.encode("utf-8").decode("latin-1")
 
 
 def _path_id(request: Request, name: str) -> str:
@@ -170,12 +201,24 @@ async def _body(request: Request) -> Any:
         raise ApiError(
             400, "malformed_json", f"the request body is not valid JSON: {exc}"
         ) from None
+    except UnicodeDecodeError:  # msgspec's offset is within the string: find the body's
+        raise ApiError(
+            400, "malformed_json", f"the request body is not valid UTF-8 ({_utf8_error(raw)})"
+        ) from None
     except RecursionError:
         raise ApiError(400, "malformed_json", "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         kind = "null" if body is None else type(body).__name__
         raise ApiError(400, "invalid_body", f"the request body must be a JSON object, got {kind}")
     return body
+
+
+def _utf8_error(raw: bytes) -> str:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"{exc.reason} at byte {exc.start}"
+    return "a string is not UTF-8"
 
 
 def create_app(
@@ -185,13 +228,15 @@ def create_app(
     routes: Sequence[BaseRoute] = (),
     lifespan: Any = None,
     model: Any = None,
+    in_flight: InFlight | None = None,
 ) -> Starlette:
     """The REST API of `runtime` as a Starlette app.
 
     `routes` join the same app (the MCP endpoint at ``/mcp``), `lifespan` runs around it
     (the MCP session manager), `max_body` caps every request body (413 above it). `model`
     (a `ctxactors.conversation.ChatModel`) enables ``/api/v1/query``; without one it
-    answers 503.
+    answers 503. With `in_flight`, every API request counts there until its response is
+    sent, and once it drains new ones get 503.
     """
     log = get_logger("ctxactors.http")
     openapi = _encode(build_openapi(runtime))
@@ -213,7 +258,7 @@ def create_app(
         response = ToolCallResponse(
             ctx.session_id, result.content, result.structured, result.is_error
         )
-        return _json(response, headers={"X-Session-Id": ctx.session_id})
+        return _json(response, headers={"X-Session-Id": _as_header(ctx.session_id)})
 
     async def session_context(request: Request) -> Response:
         session_id = _path_id(request, "session_id")
@@ -262,10 +307,14 @@ def create_app(
             req = msgspec.convert(await _body(request), QueryRequest, strict=True)
         except msgspec.ValidationError as exc:
             raise ApiError(400, "invalid_request", f"invalid query request: {exc}") from None
+        if req.session_id is not None:  # it goes back in a header once the model has run
+            _header_safe(req.session_id, "session_id", "invalid_request")
         header = _header_id(request, "X-Session-Id")  # checked even when the body names one
         session_id = req.session_id or header or uuid.uuid4().hex
         answer = await _ask(runtime, model, req.query, session_id, request)
-        return _json(QueryResponse(session_id, answer), headers={"X-Session-Id": session_id})
+        return _json(
+            QueryResponse(session_id, answer), headers={"X-Session-Id": _as_header(session_id)}
+        )
 
     async def stats(request: Request) -> Response:
         return _json(runtime.stats())
@@ -319,12 +368,39 @@ def create_app(
         HTTPException: http_error,
         Exception: unexpected,
     }
+    middleware = [Middleware(BodyLimit, max_body=max_body)]
+    if in_flight is not None:
+        middleware.insert(0, Middleware(CountCalls, in_flight=in_flight))
     return Starlette(
         routes=[*api, *routes],
-        middleware=[Middleware(BodyLimit, max_body=max_body)],
+        middleware=middleware,
         exception_handlers=handlers,
         lifespan=lifespan,
     )
+
+
+class CountCalls:
+    """Counts each ``/api/`` request in `in_flight` until its response has been sent, so a
+    shutdown lets REST calls in flight answer as it does MCP calls; once draining, new ones
+    get a 503 in the API's JSON shape."""
+
+    def __init__(self, app: ASGIApp, in_flight: InFlight) -> None:
+        self.app = app
+        self.in_flight = in_flight
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/api/"):
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight.draining:
+            refusal = _error(503, "shutting_down", "the server is shutting down; no new calls")
+            await refusal(scope, receive, send)
+            return
+        self.in_flight.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight.exit()
 
 
 class BodyLimit:
@@ -498,7 +574,7 @@ _STATUS_TEXT = {
     404: "Unknown tool or session",
     413: "Request body over the size limit",
     502: "The chat model failed",
-    503: "The runtime is closed or no model is configured",
+    503: "The runtime is closed, the server is shutting down or no model is configured",
     504: "The tool did not answer in time",
 }
 

@@ -14,9 +14,10 @@ to `Runtime.acall`, which reads the context (`ctxactors.context.read_context`):
    protocol 2026-07-28) none, and the call is refused with an error result saying how to
    pass one, so context-less clients never share a session.
 
-Errors follow MCP: an unknown tool (or a closed runtime) is a JSON-RPC error; arguments that
-don't fit the schema, a timeout and a tool's own failure are a result with ``isError: true``
-whose text tells the model what to fix.
+Errors follow MCP: an unknown tool (-32602, as in the specification) or a closed runtime is
+a JSON-RPC error, and so is a ``tools/list`` cursor (this server never issues one);
+arguments that don't fit the schema, a timeout and a tool's own failure are a result with
+``isError: true`` whose text tells the model what to fix.
 
 The SDK runs each request of a connection in its own task, and `Runtime.acall` only awaits a
 future, so calls on one connection run concurrently (calls to one key still queue in that
@@ -25,12 +26,9 @@ key's actor, by design).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib.metadata
-import os
 import signal
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -39,12 +37,13 @@ import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
-from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxactors.context import DEFAULT_SESSION
 from ctxactors.logs import get_logger
@@ -56,18 +55,20 @@ from ctxactors.results import (
     ToolResult,
 )
 from ctxactors.runtime import Runtime
+from ctxactors.transports.inflight import InFlight
+from ctxactors.transports.stdio import MAX_LINE, stdio_transport
 
 MCP_PATH = "/mcp"
-# One JSON-RPC line on stdin may be as large as the HTTP body cap allows, and then some.
-_STDIN_LINE_LIMIT = 64 * 1024 * 1024
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class McpFrontend:
-    """One `Runtime` served over MCP: the SDK server plus the count of calls in flight.
+    """One `Runtime` served over MCP: the SDK server plus the requests in flight.
 
-    The count is what lets a shutdown wait for calls already taken before it stops the
-    runtime (`drain`). Build one per runtime; it serves any number of connections.
+    `in_flight` counts what every transport of this server has taken and not yet answered
+    (REST included when the app is built with it); it is what lets a shutdown wait for
+    those answers before it stops the runtime (`drain`). Build one per runtime; it serves
+    any number of connections.
     """
 
     def __init__(self, runtime: Runtime, *, name: str = "ctxactors") -> None:
@@ -77,8 +78,7 @@ class McpFrontend:
         definitions = runtime.list_tools()
         self._tools = [types.Tool.model_validate(d) for d in definitions]
         self._schemas = {d["name"]: d["inputSchema"] for d in definitions}
-        self._in_flight = 0
-        self._draining = False
+        self.in_flight = InFlight()
         self.server: Server[Any] = Server(
             name,
             version=_version(),
@@ -96,15 +96,20 @@ class McpFrontend:
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        if params is not None and params.cursor is not None:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"invalid cursor {params.cursor[:100]!r}: this server lists every tool in one "
+                "page and issues no cursors",
+            )
         return types.ListToolsResult(tools=self._tools)
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        if self._draining:
+        if self.in_flight.draining:
             raise MCPError(RuntimeClosedError.code, "the server is shutting down; no new calls")
         fallback = session_fallback(ctx)
-        self._in_flight += 1
         try:
             result = await self.runtime.acall(
                 params.name, params.arguments, meta=params.meta, session_fallback=fallback
@@ -113,19 +118,16 @@ class McpFrontend:
             result = ToolResult.error(str(exc))
         except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors
             raise MCPError(exc.code, str(exc)) from None
-        finally:
-            self._in_flight -= 1
         return types.CallToolResult.model_validate(result.to_mcp())
 
     async def drain(self, timeout: float) -> bool:
-        """Refuse new calls and wait (up to `timeout` s) for those in flight to answer."""
-        self._draining = True
-        deadline = time.monotonic() + timeout
-        while self._in_flight and time.monotonic() < deadline:
-            await anyio.sleep(0.02)
-        if self._in_flight:
-            self._log.warning("drain_timeout", in_flight=self._in_flight, waited_s=timeout)
-        return self._in_flight == 0
+        """Refuse new calls and wait (up to `timeout` s) until those in flight have been
+        answered (their responses written)."""
+        self._log.info("draining", in_flight=self.in_flight.count)
+        if await self.in_flight.drain(timeout):
+            return True
+        self._log.warning("drain_timeout", in_flight=self.in_flight.count, waited_s=timeout)
+        return False
 
 
 def _version() -> str:
@@ -154,79 +156,33 @@ def session_fallback(ctx: ServerRequestContext[Any]) -> str | None:
 # -- stdio -------------------------------------------------------------------------------
 
 
-async def serve_stdio(frontend: McpFrontend, *, drain_timeout: float) -> None:
+async def serve_stdio(
+    frontend: McpFrontend, *, drain_timeout: float, max_line: int = MAX_LINE
+) -> None:
     """Serve one client on stdin/stdout until end of stdin, SIGTERM or SIGINT.
 
-    On a signal, calls in flight get their answers before the server stops. The caller
+    Either way, calls in flight get their answers before the server stops. The caller
     closes the runtime afterwards (which stops every actor and kills their processes).
+    A line over `max_line` bytes, or one that is not a JSON-RPC message, gets a JSON-RPC
+    error and the server reads on.
     """
-    async with contextlib.AsyncExitStack() as stack:
-        stdin = await stack.enter_async_context(_cancellable_stdin())
-        async with anyio.create_task_group() as tg:
+    async with anyio.create_task_group() as tg:
 
-            async def stop_on_signal() -> None:
-                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signum in signals:
-                        frontend._log.info("shutdown", signal=signal.Signals(signum).name)
-                        await frontend.drain(drain_timeout)
-                        tg.cancel_scope.cancel()
-                        return
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    frontend._log.info("shutdown", signal=signal.Signals(signum).name)
+                    await frontend.drain(drain_timeout)
+                    tg.cancel_scope.cancel()
+                    return
 
-            tg.start_soon(stop_on_signal)
-            async with stdio_server(stdin=stdin) as (read, write):  # type: ignore[arg-type]
-                await frontend.server.run(
-                    read, write, frontend.server.create_initialization_options()
-                )
-            frontend._log.info("shutdown", reason="end of stdin")
-            tg.cancel_scope.cancel()
-
-
-class _Lines:
-    """An async iterator of text lines over an asyncio stream reader."""
-
-    def __init__(self, reader: asyncio.StreamReader) -> None:
-        self._reader = reader
-
-    def __aiter__(self) -> _Lines:
-        return self
-
-    async def __anext__(self) -> str:
-        line = await self._reader.readline()
-        if not line:
-            raise StopAsyncIteration
-        return line.decode("utf-8", errors="replace")
-
-
-@contextlib.asynccontextmanager
-async def _cancellable_stdin() -> AsyncIterator[_Lines | None]:
-    """Stdin read by the event loop, so a SIGTERM can stop the server while the client
-    keeps stdin open (the SDK's default reads in a worker thread, which no cancel
-    interrupts). Fd 0 then points at the null device so nothing else reads the protocol.
-    Yields None (the SDK's own reader) when stdin is a regular file, which asyncio can't
-    watch.
-    """
-    loop = asyncio.get_running_loop()
-    private = os.dup(0)
-    reader = asyncio.StreamReader(limit=_STDIN_LINE_LIMIT)
-    pipe = os.fdopen(private, "rb", buffering=0)
-    try:
-        transport, _ = await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), pipe
-        )
-    except ValueError:  # a regular file
-        pipe.close()
-        yield None
-        return
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    saved = os.dup(0)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-    try:
-        yield _Lines(reader)
-    finally:
-        transport.close()
-        os.dup2(saved, 0)
-        os.close(saved)
+        tg.start_soon(stop_on_signal)
+        async with stdio_transport(
+            frontend.in_flight, on_eof=lambda: frontend.drain(drain_timeout), max_line=max_line
+        ) as (read, write):
+            await frontend.server.run(read, write, frontend.server.create_initialization_options())
+        frontend._log.info("shutdown", reason="end of stdin")
+        tg.cancel_scope.cancel()
 
 
 # -- streamable HTTP ---------------------------------------------------------------------
@@ -264,6 +220,7 @@ def mcp_parts(
     """
     manager = session_manager(frontend, host=host, max_body=max_body)
     drain = frontend.runtime.call_timeout
+    endpoint = _McpEndpoint(StreamableHTTPASGIApp(manager), frontend)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -273,4 +230,38 @@ def mcp_parts(
             finally:
                 await frontend.drain(drain)
 
-    return Route(MCP_PATH, endpoint=StreamableHTTPASGIApp(manager)), lifespan
+    return Route(MCP_PATH, endpoint=endpoint), lifespan
+
+
+class _McpEndpoint:
+    """``/mcp`` around the SDK's app: counts each POST until its response is sent (so a
+    drain waits for it), and when the SDK accepts a client's DELETE of its session, ends
+    the ctxactors session of that ``Mcp-Session-Id`` before the client hears back."""
+
+    def __init__(self, app: ASGIApp, frontend: McpFrontend) -> None:
+        self.app = app
+        self.frontend = frontend
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = scope.get("method")
+        if method == "DELETE":
+            await self.app(scope, receive, self._ending(scope, send))
+        elif method == "POST":  # a GET is a standing event stream, not a request to answer
+            self.frontend.in_flight.enter()
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                self.frontend.in_flight.exit()
+        else:
+            await self.app(scope, receive, send)
+
+    def _ending(self, scope: Scope, send: Send) -> Send:
+        session = Headers(scope=scope).get("mcp-session-id")
+
+        async def send_after_ending(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 200 and session:
+                stopped = await anyio.to_thread.run_sync(self.frontend.runtime.end_session, session)
+                self.frontend._log.info("mcp_session_deleted", session_id=session, actors=stopped)
+            await send(message)
+
+        return send_after_ending

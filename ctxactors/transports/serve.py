@@ -33,10 +33,10 @@ from ctxactors.transports.mcp import (
     mcp_parts,
     serve_stdio,
 )
+from ctxactors.transports.stdio import MAX_LINE
 
 # How long uvicorn keeps connections (say, idle SSE streams) open once calls have drained.
 _HTTP_GRACE_S = 3
-_MAX_BODY = 4 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +66,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
     )
     parser.add_argument("--model", help="the model name to ask at --model-url")
+    parser.add_argument(
+        "--max-body",
+        type=_positive,
+        default=MAX_LINE,
+        metavar="BYTES",
+        help="cap on one message: an HTTP request body (413 above it) or a stdio line "
+        "(a JSON-RPC error above it); default 4 MiB",
+    )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number of bytes, got {value}")
+    return value
 
 
 def load_server(spec: str) -> type[Server]:
@@ -105,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
         if args.transport == "stdio":
             frontend = McpFrontend(runtime)
             log.info("serving", tools=len(runtime.list_tools()))
-            anyio.run(lambda: serve_stdio(frontend, drain_timeout=runtime.call_timeout))
+            drain = runtime.call_timeout
+            anyio.run(lambda: serve_stdio(frontend, drain_timeout=drain, max_line=args.max_body))
         else:
             _serve_http(runtime, args, model, log)
     finally:
@@ -127,16 +143,26 @@ def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
     )
 
 
-def http_app(runtime: Runtime, *, host: str, model: Any = None) -> tuple[Starlette, McpFrontend]:
-    """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end."""
+def http_app(
+    runtime: Runtime, *, host: str, model: Any = None, max_body: int = MAX_LINE
+) -> tuple[Starlette, McpFrontend]:
+    """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end, whose drain
+    waits for REST and MCP calls alike."""
     frontend = McpFrontend(runtime)
-    route, lifespan = mcp_parts(frontend, host=host, max_body=_MAX_BODY)
-    app = create_app(runtime, max_body=_MAX_BODY, routes=[route], lifespan=lifespan, model=model)
+    route, lifespan = mcp_parts(frontend, host=host, max_body=max_body)
+    app = create_app(
+        runtime,
+        max_body=max_body,
+        routes=[route],
+        lifespan=lifespan,
+        model=model,
+        in_flight=frontend.in_flight,
+    )
     return app, frontend
 
 
 def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any) -> None:
-    app, frontend = http_app(runtime, host=args.host, model=model)
+    app, frontend = http_app(runtime, host=args.host, model=model, max_body=args.max_body)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -151,8 +177,8 @@ def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's server, but the first SIGTERM/SIGINT first lets MCP calls in flight answer
-    (their HTTP requests are still open), then starts uvicorn's own graceful shutdown; a
+    """uvicorn's server, but the first SIGTERM/SIGINT first lets REST and MCP calls in flight
+    answer (their HTTP requests are still open), then starts uvicorn's own graceful shutdown; a
     second signal forces the exit.
 
     The signal is not recorded as uvicorn's own handler would, because uvicorn re-raises
