@@ -201,8 +201,9 @@ class BatchRun:
         except queue.Empty:
             now = time.monotonic()
             for op_id, (_, op_deadline) in list(self.inflight.items()):
-                if op_deadline <= now:
-                    self._time_out(op_id, "the operation ran out of time")
+                if op_deadline <= now:  # its own limit, or the batch's when it had none
+                    whose = "batch" if op_deadline >= batch_deadline else "operation"
+                    self._time_out(op_id, f"the {whose} ran out of time")
             return
         self._complete(reply)
 

@@ -89,6 +89,8 @@ class Registry:
         self._inflight = 0
         self._peak = 0
         self._stop_reaper = threading.Event()
+        # Run after each background reaper pass (the runtime's store retention purge).
+        self.on_pass: Callable[[], None] | None = None
         self._reaper: threading.Thread | None = None
         if scan_interval is not None and scan_interval > 0:
             self._reaper = threading.Thread(
@@ -257,6 +259,8 @@ class Registry:
         while not self._stop_reaper.wait(interval):
             try:
                 self.reap()
+                if self.on_pass is not None:
+                    self.on_pass()
             except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad pass
                 self._log.error("reap_failed", error=f"{type(exc).__name__}: {exc}")
 

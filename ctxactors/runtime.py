@@ -32,9 +32,11 @@ from ctxactors.context import (
     parse_arguments,
     read_context,
 )
+from ctxactors.durable import Durability, is_durable
 from ctxactors.logs import get_logger
 from ctxactors.registry import Registry
 from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
+from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
 # An observer sees every call that reached a server: (ctx, spec, clean arguments, result).
@@ -45,7 +47,8 @@ class Runtime:
     """Routes tool calls to one pykka actor per key. Use as a context manager, or `close()`.
 
     `servers=None` registers the built-in servers. `ttl` is the idle time after which a
-    key's actor is reaped (its state is ephemeral); `max_actors` caps the live actors (the
+    key's actor is reaped (its state goes with it unless a `store` keeps it: see
+    `ctxactors.durable`); `max_actors` caps the live actors (the
     least recently used idle one is passivated to make room), `max_actors_per_principal`
     caps each principal's (passivating that principal's own least recently used idle key,
     never another's); `clock` is an injectable
@@ -66,6 +69,7 @@ class Runtime:
         call_timeout: float = 30.0,
         clock: Callable[[], float] | None = None,
         tools: str = "all",
+        store: StateStore | None = None,
     ) -> None:
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
@@ -100,10 +104,20 @@ class Runtime:
             scan_interval=scan_interval,
             log=self._log,
         )
+        # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
+        self._durable = Durability(store, save_timeout=call_timeout) if store is not None else None
+        if self._durable is not None:
+            self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
-        for server in self._servers:
-            server.attach(self)
+        try:
+            for server in self._servers:
+                server.attach(self)
+        except BaseException:
+            # A server that refuses to start (no sandbox, say) must not leave the reaper
+            # thread and the store's writer running behind a runtime nobody can close.
+            self.close()
+            raise
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -214,6 +228,9 @@ class Runtime:
         observers = self._observers if observe else ()
         early = self._early_observers if observe else ()
         body = fn or (lambda server: spec.invoke(server, ctx, validated))
+        key = spec.server.scope.key(spec.server.name, ctx)
+        if self._durable is not None and is_durable(spec.server):
+            body = self._durable.wrap(body, key, spec.read_only)
 
         def run(server: Server) -> ToolResult:
             result: ToolResult = body(server)
@@ -241,7 +258,6 @@ class Runtime:
                 except Exception as exc:  # noqa: BLE001 - recording never fails a call
                     log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
 
-        key = spec.server.scope.key(spec.server.name, ctx)
         self._registry.submit(key, self._factories[spec.server], Call(run, reply, after))
 
     def add_observer(self, observer: Observer, *, before_reply: bool = False) -> None:
@@ -275,17 +291,41 @@ class Runtime:
         finish); another principal's session of the same id is untouched.
 
         Waits for their cleanup (processes killed, directories removed); returns how many
-        actors were stopped.
+        actors were stopped. With a store, the session's stored state is deleted too (raises
+        `StoreUnavailableError` if the store can't be reached: the actors are stopped, the
+        stored state stays until its retention ends or a retry succeeds).
         """
-        return self._registry.end_session((principal, session_id), wait=self.call_timeout)
+        session = (principal, session_id)
+        stopped = self._registry.end_session(session, wait=self.call_timeout)
+        if self._durable is not None:
+            self._durable.delete_session(session)
+        return stopped
 
     def has_session(self, session_id: str, *, principal: str | None = None) -> bool:
         """Whether `principal`'s session has a live actor (so live state) now."""
         return self._registry.has_session((principal, session_id))
 
     def reap(self) -> int:
-        """One reaper pass now; returns how many idle actors it stopped."""
-        return self._registry.reap()
+        """One reaper pass now; returns how many idle actors it stopped. With a store, it
+        also forgets the sessions past their retention."""
+        reaped = self._registry.reap()
+        if self._durable is not None:
+            self._durable.purge(every=0.0)
+        return reaped
+
+    def _purge(self) -> None:
+        """The background reaper's store pass: retention is coarse, a few scans a period."""
+        assert self._durable is not None
+        self._durable.purge(every=min(self._durable.store.retention / 10, 60.0))
+
+    @property
+    def store(self) -> StateStore | None:
+        return None if self._durable is None else self._durable.store
+
+    @property
+    def durability(self) -> Durability | None:
+        """The store side of this runtime (None without a store)."""
+        return self._durable
 
     def stats(self) -> dict[str, int]:
         return self._registry.stats()
@@ -297,6 +337,8 @@ class Runtime:
     def close(self) -> None:
         """Refuse new calls, stop every actor and wait for their cleanup. Idempotent."""
         self._registry.close(timeout=self.call_timeout)
+        if self._durable is not None:
+            self._durable.close()  # after the actors: their last saves are written
 
     def __enter__(self) -> Runtime:
         return self

@@ -227,6 +227,9 @@ class Server:
     name: ClassVar[str]
     scope: ClassVar[Scope] = Scope.SESSION
     tools: ClassVar[dict[str, ToolSpec]] = {}
+    # The msgspec type `snapshot` returns and `restore` takes. Set it (with both methods)
+    # and the server is durable: with a store, its state outlives its actor.
+    State: ClassVar[type[Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -256,6 +259,14 @@ class Server:
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds. Runs in the actor thread when it stops."""
+
+    def snapshot(self) -> Any:
+        """The whole state of this key as a `State` value (durable servers only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not durable")
+
+    def restore(self, state: Any) -> None:
+        """Replace the whole state of this key with a `snapshot` (durable servers only)."""
+        raise NotImplementedError(f"{type(self).__name__} is not durable")
 
     def is_busy(self) -> bool:
         """True while the instance must not be reaped (e.g. it has running processes).

@@ -67,7 +67,14 @@ class Probe(Server):
     def meet(self, ctx: ToolContext, value: str) -> dict[str, Any]:
         """Wait at the shared barrier: only passes if the other party runs at the same time."""
         assert Probe.barrier is not None
-        Probe.barrier.wait()
+        with Probe.lock:
+            Probe.running += 1
+            Probe.peak = max(Probe.peak, Probe.running)
+        try:
+            Probe.barrier.wait()
+        finally:
+            with Probe.lock:
+                Probe.running -= 1
         self.items.append(value)
         return {"value": value}
 

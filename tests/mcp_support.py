@@ -14,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -93,6 +94,9 @@ def serve_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
     env.setdefault("CTXACTORS_LOG_LEVEL", "warning")
+    # `serve` keeps state in a SQLite file under the user's state directory: every server a
+    # test starts gets a fresh one, so no test sees another's (or an earlier run's) state.
+    env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="ctxactors-test-state-")
     return env
 
 

@@ -251,14 +251,14 @@ def test_parallel_keeps_order_on_one_key_and_respects_max_concurrency(rt: Runtim
     assert set(statuses(result).values()) == {"success"}
     assert state(rt, "items_now")["items"] == ["0", "1", "2", "3", "4"]
 
+    # Each operation waits at a barrier of two: it passes only when two run at once, so a
+    # sequential run fails; the cap keeps a third from ever joining them.
     Probe.peak = 0
-    spread = [
-        {"id": f"q{i}", "tool": f"put{i}", "arguments": {"value": "v", "sleep": 0.05}}
-        for i in range(6)
-    ]
+    Probe.barrier = threading.Barrier(2, timeout=WAIT)
+    spread = [{"id": f"q{i}", "tool": f"meet{i}", "arguments": {"value": str(i)}} for i in range(6)]
     result = batch(rt, spread, parallel=True, maxConcurrency=2)
-    assert set(statuses(result).values()) == {"success"}
-    assert 1 <= Probe.peak <= 2
+    assert statuses(result) == {f"q{i}": "success" for i in range(6)}
+    assert Probe.peak == 2
 
 
 def test_many_concurrent_parallel_batches_keep_every_session_exact(rt: Runtime) -> None:

@@ -17,6 +17,8 @@ from test_conversation_invariants import prompt_violations
 
 from ctxactors import Runtime, ToolContext, tool
 from ctxactors.conversation import (
+    LAST_USER_QUERY,
+    SHORTENED_MARK,
     BPETokenCounter,
     ChatSession,
     Message,
@@ -87,6 +89,16 @@ def agent_steps(calls: int) -> Iterator[object]:
     yield Message.assistant("Done: here are the open questions.")
 
 
+def carries(prompt: list[Message], request: str) -> bool:
+    """The request is in the prompt: the last user message, or restated (whole or its
+    head) in the system prompt. A second reading of what `prompt_violations` checks."""
+    users = [m.content for m in prompt if m.role == "user"]
+    if users:
+        return users[-1] == request
+    restated = prompt[0].text.split(LAST_USER_QUERY, 1)[-1].split(f"\n{SHORTENED_MARK}", 1)[0]
+    return LAST_USER_QUERY in prompt[0].text and bool(restated) and request.startswith(restated)
+
+
 @pytest.fixture(scope="module")
 def runtime() -> Iterator[Runtime]:
     with Runtime(servers=[*BUILTIN, Report]) as rt:
@@ -118,6 +130,9 @@ def test_every_prompt_carries_the_request(
     assert chat.send(second) == "Done: here are the open questions."
     assert model.remaining == 0
 
+    # One prompt per scripted reply: each tool-call step, then the answer, in both turns.
+    assert first_turn == len(list(agent_steps(calls)))
+    assert len(model.prompts) == first_turn + len(list(agent_steps(3)))
     carried = 0
     for i, prompt in enumerate(model.prompts):
         request = first if i < first_turn else second
@@ -129,8 +144,8 @@ def test_every_prompt_carries_the_request(
             request=request,
         )
         assert problems == [], (i, problems)
-        carried += 1
         assert count_prompt(prompt, COUNTER) <= max_tokens
+        carried += carries(prompt, request)
     assert carried == len(model.prompts)  # 100%, not 95%
 
     # The calls really ran, in this session only, with the model's own arguments.

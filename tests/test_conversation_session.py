@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -23,26 +23,53 @@ from ctxactors.conversation import (
 pytestmark = pytest.mark.timeout(20)
 
 
-class SlowRuntime:
-    """A stand-in runtime: every call takes `delay` seconds and is recorded."""
+WAIT = 10.0  # bound for waits that pass at once unless the code is broken
 
-    def __init__(self, delay: float = 0.0) -> None:
-        self.delay = delay
+
+class FakeRuntime:
+    """A stand-in runtime that records every call.
+
+    With ``meet=n`` each call waits at a barrier until `n` parties are there at once, so
+    calls only get through when they really run concurrently; `peak` is the most calls
+    seen inside together. `abarrier` is the asyncio barrier `acall` waits at (set it to let
+    the test itself be a party).
+    """
+
+    def __init__(self, meet: int = 0) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.peak = 0
+        self._inside = 0
         self._lock = threading.Lock()
+        self._barrier = threading.Barrier(meet, timeout=WAIT) if meet else None
+        self.abarrier: asyncio.Barrier | None = None
 
     def list_tools(self) -> list[dict[str, Any]]:
         return [{"name": "wait", "description": "Wait.", "inputSchema": {"type": "object"}}]
 
     def call(self, tool: str, arguments: Mapping[str, Any] | str | None = None) -> ToolResult:
-        time.sleep(self.delay)
+        with self._entered():
+            if self._barrier is not None:
+                self._barrier.wait()
         return self._record(tool, arguments)
 
     async def acall(
         self, tool: str, arguments: Mapping[str, Any] | str | None = None
     ) -> ToolResult:
-        await asyncio.sleep(self.delay)
+        with self._entered():
+            if self.abarrier is not None:
+                await asyncio.wait_for(self.abarrier.wait(), WAIT)
         return self._record(tool, arguments)
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        with self._lock:
+            self._inside += 1
+            self.peak = max(self.peak, self._inside)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._inside -= 1
 
     def _record(self, tool: str, arguments: Any) -> ToolResult:
         with self._lock:
@@ -72,12 +99,11 @@ def runtime() -> Iterator[Runtime]:
 
 
 def test_calls_of_one_reply_run_concurrently() -> None:
-    runtime = SlowRuntime(delay=0.3)
+    runtime = FakeRuntime(meet=3)  # each call passes only once all three are inside
     model = ScriptedModel([calls("wait", "wait", "wait"), Message.assistant("ok")])
     chat = session(runtime, model)
-    t0 = time.perf_counter()
     assert chat.send("go") == "ok"
-    assert time.perf_counter() - t0 < 0.75  # three 0.3 s calls, not 0.9 s
+    assert runtime.peak == 3 and len(runtime.calls) == 3
     step = chat.history[1]
     assert step.tool_calls is not None
     assert [m.tool_call_id for m in chat.history[2:5]] == [c.id for c in step.tool_calls]
@@ -88,26 +114,19 @@ def test_asend_runs_calls_concurrently_without_blocking_the_loop() -> None:
 
 
 async def asend_concurrently() -> None:
-    runtime = SlowRuntime(delay=0.3)
+    # Four parties: the three calls and this coroutine. It only reaches the barrier if the
+    # loop keeps running while the calls wait, and they only pass if all three wait at once.
+    runtime = FakeRuntime()
+    runtime.abarrier = asyncio.Barrier(4)
     model = ScriptedModel([calls("wait", "wait", "wait"), Message.assistant("ok")])
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    t0 = time.perf_counter()
-    assert await session(runtime, model).asend("go") == "ok"
-    elapsed = time.perf_counter() - t0
-    task.cancel()
-    assert elapsed < 0.75 and ticks >= 10
+    sending = asyncio.create_task(session(runtime, model).asend("go"))
+    await asyncio.wait_for(runtime.abarrier.wait(), WAIT)
+    assert await sending == "ok"
+    assert runtime.peak == 3 and len(runtime.calls) == 3
 
 
 def test_context_is_injected_and_spoofing_dropped() -> None:
-    runtime = SlowRuntime()
+    runtime = FakeRuntime()
     spoof = Message.assistant(
         None, [ToolCall.new("wait", {"x": 1, "__sessionId": "victim", "__assistantId": "root"})]
     )
@@ -119,7 +138,7 @@ def test_context_is_injected_and_spoofing_dropped() -> None:
 
 
 def test_model_sees_the_runtime_tools_and_the_prompt() -> None:
-    runtime = SlowRuntime()
+    runtime = FakeRuntime()
     model = ScriptedModel([Message.assistant("hello")])
     chat = session(runtime, model, system_prompt="Base.", extension="Be brief.")
     assert chat.send("hi") == "hello"
@@ -130,14 +149,14 @@ def test_model_sees_the_runtime_tools_and_the_prompt() -> None:
 
 def test_max_steps_stops_the_loop_and_says_so() -> None:
     model = ScriptedModel([calls("wait")] * 3)
-    chat = session(SlowRuntime(), model, max_steps=3)
+    chat = session(FakeRuntime(), model, max_steps=3)
     answer = chat.send("loop forever")
     assert answer.startswith("Stopped after 3 model calls")
     assert len(model.prompts) == 3 and model.remaining == 0
     assert chat.history[-1] == Message.assistant(answer)
     assert chat.history[-2].role == "tool"  # the last calls ran and were answered
     with pytest.raises(ValueError):
-        session(SlowRuntime(), model, max_steps=0)
+        session(FakeRuntime(), model, max_steps=0)
 
 
 def test_missing_and_duplicate_call_ids_are_filled_in() -> None:
@@ -149,7 +168,7 @@ def test_missing_and_duplicate_call_ids_are_filled_in() -> None:
             ToolCall(id="same", function=ToolCall.new("wait").function),
         ],
     )
-    chat = session(SlowRuntime(), ScriptedModel([reply, Message.assistant("ok")]))
+    chat = session(FakeRuntime(), ScriptedModel([reply, Message.assistant("ok")]))
     chat.send("go")
     step = chat.history[1]
     assert step.tool_calls is not None
@@ -159,14 +178,14 @@ def test_missing_and_duplicate_call_ids_are_filled_in() -> None:
 
 
 def test_a_reply_that_is_not_an_assistant_message_is_refused() -> None:
-    chat = session(SlowRuntime(), ScriptedModel([Message.user("I am the model")]))
+    chat = session(FakeRuntime(), ScriptedModel([Message.user("I am the model")]))
     with pytest.raises(ModelError, match="assistant message"):
         chat.send("go")
 
 
 def test_spent_script_raises() -> None:
     with pytest.raises(ModelError, match="only 0 steps"):
-        session(SlowRuntime(), ScriptedModel([])).send("go")
+        session(FakeRuntime(), ScriptedModel([])).send("go")
 
 
 def test_real_runtime_planning_tools_end_to_end(runtime: Runtime) -> None:
@@ -257,6 +276,6 @@ def test_a_closed_runtime_propagates_and_the_history_stays_sendable() -> None:
 def test_resume_from_a_saved_history() -> None:
     saved = [Message.user("first"), Message.assistant("first answer")]
     model = ScriptedModel([Message.assistant("second answer")])
-    chat = session(SlowRuntime(), model, history=saved)
+    chat = session(FakeRuntime(), model, history=saved)
     chat.send("second")
     assert model.prompts[0][1:] == [*saved, Message.user("second")]

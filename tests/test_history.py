@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 from conftest import ManualClock, ctx_args
+from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import InvalidArgumentsError, ToolError, ToolResult
+from ctxactors.results import InvalidArgumentsError, RuntimeClosedError, ToolError, ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.history import History, compact, generic_metadata, pick
 
@@ -358,12 +359,32 @@ def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
 def test_batch_operations_are_recorded_one_by_one(rt: Runtime) -> None:
     ops = [
         {"id": "g", "tool": "create_goal", "arguments": {"goal": "ship"}},
-        {"id": "t", "tool": "add_todo", "arguments": {"name": "test", "goal_id": "$g.id"}},
+        {"id": "t", "tool": "add_todo", "arguments": {"name": "test", "goal_id": "${g.id}"}},
     ]
     result = rt.call("batch", ctx_args("s1", operations=ops))
     assert not result.is_error, result.text
-    tools = [op["tool"] for op in recent(rt, "s1", limit=10)]
-    assert sorted(tools[1:]) == ["add_todo", "create_goal"] and tools[0] == "batch"
+    assert result.structured is not None
+    assert [r["status"] for r in result.structured["results"]] == ["success", "success"]
+    recorded = [
+        {k: v for k, v in op.items() if k != "timestamp"} for op in recent(rt, "s1", limit=10)
+    ]
+    # Newest first: the batch answers after its operations, each recorded with the
+    # arguments it really ran with (the reference resolved) and what it made.
+    assert recorded == [
+        {"tool": "batch", "arguments": {"operations": ops}, "is_error": False, "metadata": {}},
+        {
+            "tool": "add_todo",
+            "arguments": {"name": "test", "goal_id": "g1"},
+            "is_error": False,
+            "metadata": {"created_todo": "t2", "goal_id": "g1"},
+        },
+        {
+            "tool": "create_goal",
+            "arguments": {"goal": "ship"},
+            "is_error": False,
+            "metadata": {"created_goal": "g1"},
+        },
+    ]
 
 
 def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
@@ -408,11 +429,49 @@ def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
             assert {op["assistant_id"] for op in ops} == {f"a{n}"}
 
 
+class Held(Server):
+    """A call that stays in flight until the test lets it go."""
+
+    name = "held"
+    scope = Scope.SESSION
+    running = threading.Event()
+    release = threading.Event()
+
+    @tool
+    def held(self, ctx: ToolContext) -> dict[str, Any]:
+        """Signal that the call runs, then wait to be released."""
+        Held.running.set()
+        assert Held.release.wait(20)
+        return {"id": "h1"}
+
+
 def test_recording_after_close_is_dropped_quietly() -> None:
-    rt = Runtime(servers=SERVERS)
-    rt.call("create_goal", ctx_args("s1", goal="g"))
-    rt.close()
-    rt.close()
+    """A call still running when the runtime closes answers normally; its record has no
+    history left to go to and is dropped without an error (nothing logged as failed)."""
+    Held.running.clear()
+    Held.release.clear()
+    with capture_logs() as logs:
+        rt = Runtime(servers=[*SERVERS, Held])
+        assert not rt.call("create_goal", ctx_args("s1", goal="g")).is_error
+        answers: list[ToolResult] = []
+        caller = threading.Thread(target=lambda: answers.append(rt.call("held", ctx_args("s1"))))
+        caller.start()
+        assert Held.running.wait(20)
+        closer = threading.Thread(target=rt.close)
+        closer.start()
+        while not rt.registry.closed:
+            closer.join(0.005)  # until close() has retired every actor, the held one too
+        assert rt.stats()["actors"] == 0 and rt.registry.session_state("s1", "x", dict) is None
+        Held.release.set()
+        caller.join(20)
+        closer.join(20)
+        assert not closer.is_alive()
+        assert [a.structured for a in answers] == [{"id": "h1"}]
+        rt.close()  # idempotent
+    assert [e for e in logs if e["log_level"] in ("error", "warning")] == []
+    assert [e["tool"] for e in logs if e["event"] == "tool_call"] == ["create_goal", "held"]
+    with pytest.raises(RuntimeClosedError):
+        rt.call("get_recent_context", ctx_args("s1"))
 
 
 def test_generic_extractor_keeps_ids_counts_and_selection_lists() -> None:

@@ -48,8 +48,8 @@ def test_clean_run_passes_with_exact_counts(tmp_path: Path, argv: tuple[str, ...
     # one state read per unit, one playbook list per assistant, at most one probe per session
     lists = sessions * report["assistants"]
     assert units + lists <= report["verification_calls"] <= units + lists + sessions
-    # planning keys + playbook stores (servers that are always present may add their own)
-    assert report["actors"]["spawned"] >= units + sessions
+    # one planning key per unit and one playbook store per session, nothing else
+    assert report["actors"]["spawned"] == units + sessions
     assert report["actors"]["reaped"] == 0 and report["state_resets_seen"] == 0
     assert report["latency_ms"]["p50"] <= report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
     assert report["peak_rss_mb"] > 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import pytest
 from mcp import Client, MCPError
 from mcp_support import (
     SERVE,
+    Gate,
     host_meta,
     open_fifo_writer,
     pid_alive,
@@ -233,19 +236,20 @@ def test_a_tools_list_cursor_is_invalid_params() -> None:
 
 
 def test_stdout_carries_only_protocol_messages() -> None:
-    """Every stdout line is JSON-RPC, even with info logging and a tool that fails."""
+    """Every stdout line is JSON-RPC, even with debug logging and a tool that fails, and
+    every request gets its own answer: an empty or cut-short stdout fails."""
     env = serve_env() | {"CTXACTORS_LOG_LEVEL": "debug"}
-    messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-06-18",
-                "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "1"},
-            },
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
         },
+    }
+    requests = [
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
         {
@@ -261,12 +265,47 @@ def test_stdout_carries_only_protocol_messages() -> None:
             "params": {"name": "mark_todo", "arguments": {"todo_id": "nope"}},
         },
     ]
-    stdin = "".join(json.dumps(m) + "\n" for m in messages)
-    done = subprocess.run(
-        SERVE, input=stdin.encode(), env=env, capture_output=True, timeout=40, check=True
+    proc = subprocess.Popen(
+        SERVE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
     )
-    lines = done.stdout.decode().splitlines()
-    parsed = [json.loads(line) for line in lines]
-    assert all(m["jsonrpc"] == "2.0" for m in parsed)
-    assert {m["id"] for m in parsed} <= {1, 2, 3, 4}
-    assert b"tool_call" in done.stderr  # the logs went to stderr
+    stdin, stdout, stderr_pipe = proc.stdin, proc.stdout, proc.stderr
+    assert stdin is not None and stdout is not None and stderr_pipe is not None
+    stderr: list[bytes] = []
+    drain = threading.Thread(target=lambda: stderr.append(stderr_pipe.read()))
+    drain.start()
+    lines: queue.SimpleQueue[bytes] = queue.SimpleQueue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in stdout])
+    reader.start()
+
+    def send(message: dict[str, Any]) -> None:
+        stdin.write(json.dumps(message).encode() + b"\n")
+        stdin.flush()
+
+    def answer() -> dict[str, Any]:
+        message: dict[str, Any] = json.loads(lines.get(timeout=30))
+        assert message["jsonrpc"] == "2.0" and "result" in message, message
+        return message
+
+    try:
+        send(initialize)
+        assert answer()["id"] == 1
+        for message in requests:
+            send(message)
+        # The client keeps stdin open until it has its answers, as a real client does.
+        answers = {m["id"]: m["result"] for m in (answer(), answer(), answer())}
+    finally:
+        stdin.close()
+        proc.wait(30)
+        reader.join(30)
+        drain.join(30)
+    assert proc.returncode == 0
+    assert lines.empty()  # nothing else was written to stdout
+    with Runtime([*BUILTIN, Gate]) as rt:
+        expected_tools = [t["name"] for t in rt.list_tools()]
+    assert sorted(answers) == [2, 3, 4]
+    assert [t["name"] for t in answers[2]["tools"]] == expected_tools
+    assert answers[3]["isError"] is False
+    assert answers[3]["structuredContent"] == {"id": "g1", "goal": "x"}
+    assert answers[4]["isError"] is True
+    assert answers[4]["content"][0]["text"] == "todo 'nope' not found"
+    assert b"tool_call" in stderr[0]  # the logs went to stderr

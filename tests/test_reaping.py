@@ -19,6 +19,8 @@ class Gate(Server):
     name = "gate"
     scope = Scope.SESSION
     gates: dict[str, threading.Event] = {}
+    entered: dict[str, threading.Event] = {}  # set when a wait_gate call is running
+    threads: dict[str, threading.Thread] = {}  # the actor thread that ran it
     closed: list[str] = []
 
     def __init__(self) -> None:
@@ -27,6 +29,8 @@ class Gate(Server):
     @tool
     def wait_gate(self, ctx: ToolContext, gate: str) -> dict[str, Any]:
         """Block until the gate opens."""
+        Gate.threads[gate] = threading.current_thread()
+        Gate.entered.setdefault(gate, threading.Event()).set()
         assert Gate.gates[gate].wait(10)
         self.n += 1
         return {"n": self.n}
@@ -155,22 +159,35 @@ def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> N
 
 def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
     Gate.gates["end"] = threading.Event()
+    Gate.entered["end"] = threading.Event()
     with make(clock) as rt:
         results: list[Any] = []
         t = threading.Thread(
             target=lambda: results.append(rt.call("wait_gate", ctx_args("s", gate="end")))
         )
         t.start()
-        deadline = time.monotonic() + 5
-        while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        ender = threading.Thread(target=rt.end_session, args=("s",))
+        assert Gate.entered["end"].wait(10)
+        actor = Gate.threads["end"]
+        ended: list[int] = []
+        ender = threading.Thread(target=lambda: ended.append(rt.end_session("s")))
         ender.start()
-        time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while rt.stats()["ended"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)  # until end_session has retired the key
+        assert rt.registry.keys() == []
+        # It waits for the call in flight, which holds the actor (a join that can only
+        # return early if end_session does not wait).
+        ender.join(0.5)
+        assert ender.is_alive() and ended == [] and actor.is_alive()
         Gate.gates["end"].set()
-        t.join(5)
-        ender.join(5)
-        assert results and results[0].structured == {"n": 1}
+        t.join(10)
+        ender.join(10)
+        assert results[0].structured == {"n": 1}
+        assert ended == [1]
+        # It returned because the actor stopped, not because its wait (call_timeout) ran out.
+        assert not actor.is_alive()
+        assert rt.stats()["actors"] == 0 and rt.stats()["inflight"] == 0
+        assert rt.call("count", ctx_args("s")).structured == {"n": 1}  # a fresh incarnation
 
 
 @pytest.mark.parametrize("ttl", [0, -1])

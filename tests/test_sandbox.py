@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -268,8 +269,11 @@ def test_without_bubblewrap_the_workspace_refuses_to_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     configure(monkeypatch, bwrap="/nonexistent/bwrap")
+    before = set(threading.enumerate())
     with pytest.raises(SandboxUnavailableError) as refused:
-        Runtime(servers=[Workspace], scan_interval=0)
+        Runtime(servers=[Workspace], scan_interval=60)  # with its reaper thread
+    # The refused runtime closed itself: its reaper thread is gone, nothing is left behind.
+    assert [t for t in threading.enumerate() if t not in before and t.is_alive()] == []
     message = str(refused.value)
     assert "'/nonexistent/bwrap'" in message and "CTXACTORS_WORKSPACE_BWRAP" in message
     assert "Debian package `bubblewrap`" in message

@@ -122,11 +122,18 @@ class _Preset(msgspec.Struct):
     size: int  # bytes of JSON, for the per-assistant bound
 
 
+class PresetsState(msgspec.Struct):
+    """What an assistant's presets key saves: its presets in the order they were made."""
+
+    presets: list[_Preset]
+
+
 class Presets(Server):
     """Named, parameterised batches kept per assistant (``{{param}}`` placeholders)."""
 
     name = "presets"
     scope = Scope.ASSISTANT
+    State = PresetsState
     max_presets: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS", 100)
     max_preset_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESET_BYTES", 64 << 10)
     max_total_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS_BYTES", 1 << 20)
@@ -138,6 +145,12 @@ class Presets(Server):
     @classmethod
     def create(cls, runtime: Any) -> Presets:
         return cls(runtime)
+
+    def snapshot(self) -> PresetsState:
+        return PresetsState(list(self._presets.values()))
+
+    def restore(self, state: PresetsState) -> None:
+        self._presets = {p.name: p for p in state.presets}
 
     @tool(idempotent=True)
     def save_preset(

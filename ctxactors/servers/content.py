@@ -59,11 +59,21 @@ class _Item(msgspec.Struct):
     size: int  # UTF-8 bytes of the content
 
 
+class ContentState(msgspec.Struct):
+    """What a session's content key saves: its SQLite database as bytes
+    (`sqlite3.Connection.serialize`), the items in listing order, and the id counter."""
+
+    db: bytes
+    items: list[tuple[str, _Item]]
+    next: int
+
+
 class Content(Server):
     """A session's documents: add, read, list, delete, and ranked full-text search."""
 
     name = "content"
     scope = Scope.SESSION
+    State = ContentState
 
     max_item_bytes: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_ITEM_BYTES", 1 << 20)
     max_session_bytes: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_SESSION_BYTES", 64 << 20)
@@ -88,6 +98,16 @@ class Content(Server):
 
     def close(self) -> None:
         self._db.close()
+
+    def snapshot(self) -> ContentState:
+        return ContentState(self._db.serialize(), list(self._items.items()), self._next)
+
+    def restore(self, state: ContentState) -> None:
+        self._db.deserialize(state.db)
+        self._items = dict(state.items)
+        self._by_rowid = {item.rowid: cid for cid, item in state.items}
+        self._bytes = sum(item.size for _, item in state.items)
+        self._next = state.next
 
     def _get(self, content_id: str) -> _Item:
         item = self._items.get(content_id)

@@ -47,6 +47,7 @@ import structlog
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
+from ctxactors.history_store import HistorySaver, wall_to_clock
 from ctxactors.results import ToolResult
 from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
@@ -61,7 +62,9 @@ __all__ = [
     "pick",
 ]
 
-_log = structlog.get_logger("ctxactors.history").bind()
+# A lazy proxy, not bound at import: bound here it would keep structlog's default
+# configuration (printing to stdout, the stdio protocol channel) whatever is configured later.
+_log = structlog.get_logger("ctxactors.history")
 
 
 class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -123,11 +126,19 @@ _Record = tuple[float, float, Scope, Operation]
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
     """``(principal, session_id) -> its SessionHistory`` (None once the session is gone)."""
     registry = runtime.registry
+    durable = getattr(runtime, "durability", None)
+    if durable is None:
 
-    def new() -> SessionHistory:
-        return SessionHistory(_configs.get(runtime) or HistoryConfig())
+        def new() -> SessionHistory:
+            return SessionHistory(_configs.get(runtime) or HistoryConfig())
 
-    return lambda session: registry.session_state(session, "history", new)
+        return lambda session: registry.session_state(session, "history", new)
+
+    def stored(session: SessionKey) -> SessionHistory:
+        config = _configs.get(runtime) or HistoryConfig()
+        return SessionHistory(config, HistorySaver(durable, session))
+
+    return lambda session: registry.session_state(session, "history", lambda: stored(session))
 
 
 Limit = Annotated[int, msgspec.Meta(ge=1)]
@@ -142,19 +153,42 @@ class SessionHistory:
     lock; held by the registry as session state, so it goes with the session.
     """
 
-    def __init__(self, config: HistoryConfig) -> None:
+    def __init__(self, config: HistoryConfig, saver: HistorySaver | None = None) -> None:
         self.config = config
         self._lock = threading.Lock()
         self._ops: deque[_Record] = deque(maxlen=config.max_operations)
+        self._saver = saver  # with a state store: the history is kept there too
 
     def add(self, record: _Record) -> None:
         with self._lock:
+            if self._saver is not None:
+                self._merge_stored(self._saver)
             self._ops.append(record)
+            if self._saver is not None:
+                # The scope is stored beside the operation: it decides who may read it.
+                self._saver.save([(wall, [scope.value, op]) for _, wall, scope, op in self._ops])
+
+    def _merge_stored(self, saver: HistorySaver) -> None:
+        """Take in what the store holds (once, or again after a failed write); records
+        kept here that are newer than the stored ones stay after them (lock held)."""
+        stored = saver.load()
+        if stored is None:
+            return
+        now = self.config.clock()
+        newest = stored[-1][0] if stored else float("-inf")
+        ours = [r for r in self._ops if r[1] > newest]
+        self._ops.clear()
+        for wall, (scope, op) in stored:
+            record = msgspec.convert(op, Operation)
+            self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record))
+        self._ops.extend(ours)
 
     def current(self) -> list[_Record]:
         """The records within the TTL, oldest first (expired ones are dropped)."""
-        cutoff = self.config.clock() - self.config.ttl
         with self._lock:
+            if self._saver is not None:
+                self._merge_stored(self._saver)
+            cutoff = self.config.clock() - self.config.ttl
             while self._ops and self._ops[0][0] <= cutoff:
                 self._ops.popleft()
             return list(self._ops)
@@ -280,7 +314,7 @@ def extract_metadata(spec: ToolSpec, args: dict[str, Any], result: ToolResult) -
     try:
         found = extractor(args, result)
     except Exception as exc:  # noqa: BLE001 - a bad extractor costs metadata, not the record
-        _log.warning("extract_failed", tool=spec.name, error=f"{type(exc).__name__}: {exc}")
+        _log.warning("extract_failed", tool=spec.name, exc_info=exc)
         return generic_metadata(result.structured)
     return compact(dict(found or {}))
 

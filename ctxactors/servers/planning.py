@@ -28,11 +28,32 @@ def _todo_outcome(args: dict[str, Any], result: ToolResult) -> dict[str, Any]:
     return {("completed_todo" if todo.get("done") else "reopened_todo"): todo.get("id")}
 
 
+class Goal(msgspec.Struct):
+    id: str
+    goal: str
+
+
+class Todo(msgspec.Struct):
+    id: str
+    name: str
+    goal_id: str | None
+    done: bool
+
+
+class PlanningState(msgspec.Struct):
+    """What a planning key saves: its goals and todos in order, and the id counter."""
+
+    goals: list[Goal]
+    todos: list[Todo]
+    next: int
+
+
 class Planning(Server):
     """Goals and the todos under them. Ids are never reused within a key."""
 
     name = "planning"
     scope = Scope.THREAD
+    State = PlanningState
 
     max_goals: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_GOALS", 1000)
     max_todos: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_TODOS", 1000)
@@ -44,6 +65,18 @@ class Planning(Server):
         self.todos: dict[str, dict[str, Any]] = {}
         self._next = 0
         self._bytes = 0  # UTF-8 bytes of every goal and todo name kept
+
+    def snapshot(self) -> PlanningState:
+        return PlanningState(
+            [Goal(**g) for g in self.goals.values()],
+            [Todo(**t) for t in self.todos.values()],
+            self._next,
+        )
+
+    def restore(self, state: PlanningState) -> None:
+        self.goals = {g.id: msgspec.structs.asdict(g) for g in state.goals}
+        self.todos = {t.id: msgspec.structs.asdict(t) for t in state.todos}
+        self._next = state.next
 
     def _new_id(self, prefix: str) -> str:
         self._next += 1

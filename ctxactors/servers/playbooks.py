@@ -22,6 +22,22 @@ from ctxactors.tools import Scope, Server, pick, tool
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
 
+class Playbook(msgspec.Struct):
+    id: str
+    name: str
+    agent_id: str | None
+    steps: list[str]
+
+
+class PlaybooksState(msgspec.Struct):
+    """What a session's playbooks key saves: the playbooks in order, each assistant's
+    selection (as pairs: an assistant may be None), and the id counter."""
+
+    playbooks: list[Playbook]
+    selected: list[tuple[str | None, str]]
+    next: int
+
+
 class Playbooks(Server):
     """Each playbook belongs to the assistant that created it; only that one may use it.
 
@@ -32,6 +48,7 @@ class Playbooks(Server):
 
     name = "playbooks"
     scope = Scope.SESSION
+    State = PlaybooksState
 
     max_playbooks: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS", 1000)
     max_steps: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_STEPS", 200)
@@ -58,6 +75,18 @@ class Playbooks(Server):
                 self.max_bytes.exceeded(f"this session's playbooks would hold {total} bytes")
             )
         return size
+
+    def snapshot(self) -> PlaybooksState:
+        return PlaybooksState(
+            [Playbook(**p) for p in self.playbooks.values()],
+            list(self.selected.items()),
+            self._next,
+        )
+
+    def restore(self, state: PlaybooksState) -> None:
+        self.playbooks = {p.id: msgspec.structs.asdict(p) for p in state.playbooks}
+        self.selected = dict(state.selected)
+        self._next = state.next
 
     def _remove_playbook(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
         """Undo of create_playbook for transactional batches (the id is not reused)."""

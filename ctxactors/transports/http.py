@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
 import msgspec
@@ -51,6 +51,8 @@ from ctxactors.results import (
     UnknownToolError,
 )
 from ctxactors.servers.history import Operation
+from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
+from ctxactors.transports.auth import principal_of
 from ctxactors.transports.inflight import InFlight
 
 MAX_ID = 256
@@ -229,6 +231,7 @@ def create_app(
     lifespan: Any = None,
     model: Any = None,
     in_flight: InFlight | None = None,
+    security: HttpSecurity = LOOPBACK_ONLY,
 ) -> Starlette:
     """The REST API of `runtime` as a Starlette app.
 
@@ -236,7 +239,10 @@ def create_app(
     (the MCP session manager), `max_body` caps every request body (413 above it). `model`
     (a `ctxactors.conversation.ChatModel`) enables ``/api/v1/query``; without one it
     answers 503. With `in_flight`, every API request counts there until its response is
-    sent, and once it drains new ones get 503.
+    sent, and once it drains new ones get 503. `security` guards every route, ``/mcp``
+    included: by default loopback Host names only, no cross-origin request, JSON POSTs
+    only, and no authentication; with authentication, the caller's principal namespaces
+    every session.
     """
     log = get_logger("ctxactors.http")
     openapi = _encode(build_openapi(runtime))
@@ -254,7 +260,10 @@ def create_app(
             _header_id(request, "X-Thread-Id"),
         )
         body = await _body(request)
-        result: ToolResult = await runtime.acall(name, inject_context(body, ctx))
+        principal = principal_of(request.scope)
+        result: ToolResult = await runtime.acall(
+            name, inject_context(body, ctx), principal=principal
+        )
         response = ToolCallResponse(
             ctx.session_id, result.content, result.structured, result.is_error
         )
@@ -280,16 +289,20 @@ def create_app(
             arguments["tool_filter"] = filters
         if "get_recent_context" not in runtime.tools:
             raise ApiError(404, "not_found", "this runtime keeps no operation history")
-        if not runtime.has_session(session_id):
+        principal = principal_of(request.scope)
+        if not runtime.has_session(session_id, principal=principal):
             raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
-        result: ToolResult = await runtime.acall("get_recent_context", arguments)
+        result: ToolResult = await runtime.acall(
+            "get_recent_context", arguments, principal=principal
+        )
         if result.is_error or result.structured is None:
             raise ApiError(500, "history_failed", result.text)
         return _json(SessionContext(session_id, **_operations(result.structured)))
 
     async def end_session(request: Request) -> Response:
         session_id = _path_id(request, "session_id")
-        stopped = await run_in_threadpool(runtime.end_session, session_id)
+        principal = principal_of(request.scope)
+        stopped = await run_in_threadpool(runtime.end_session, session_id, principal=principal)
         if stopped == 0:
             raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
         log.info("session_ended_over_http", session_id=session_id, actors=stopped)
@@ -368,11 +381,12 @@ def create_app(
         HTTPException: http_error,
         Exception: unexpected,
     }
-    middleware = [Middleware(BodyLimit, max_body=max_body)]
+    # Refusals (a foreign page, no token) come first: they never count as calls.
+    middleware = [*security.middleware(), Middleware(BodyLimit, max_body=max_body)]
     if in_flight is not None:
-        middleware.insert(0, Middleware(CountCalls, in_flight=in_flight))
+        middleware.insert(-1, Middleware(CountCalls, in_flight=in_flight))
     return Starlette(
-        routes=[*api, *routes],
+        routes=[*api, *routes, *security.routes()],
         middleware=middleware,
         exception_handlers=handlers,
         lifespan=lifespan,
@@ -450,7 +464,7 @@ async def _ask(runtime: Any, model: Any, text: str, session_id: str, request: Re
     from ctxactors.conversation import ChatSession, ModelError
 
     chat = ChatSession(
-        runtime,
+        _AsPrincipal(runtime, principal_of(request.scope)),
         model,
         session_id=session_id,
         assistant_id=_header_id(request, "X-Assistant-Id"),
@@ -460,6 +474,28 @@ async def _ask(runtime: Any, model: Any, text: str, session_id: str, request: Re
         return await chat.asend(text)
     except ModelError as exc:
         raise ApiError(502, "model_error", f"the chat model failed: {exc}") from None
+
+
+class _AsPrincipal:
+    """`runtime` as one principal's chat session sees it: every call carries the principal."""
+
+    def __init__(self, runtime: Any, principal: str | None) -> None:
+        self._runtime = runtime
+        self._principal = principal
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = self._runtime.list_tools()
+        return tools
+
+    def call(self, tool: str, arguments: Mapping[str, Any] | str | None = None) -> ToolResult:
+        result: ToolResult = self._runtime.call(tool, arguments, principal=self._principal)
+        return result
+
+    async def acall(
+        self, tool: str, arguments: Mapping[str, Any] | str | None = None
+    ) -> ToolResult:
+        result: ToolResult = await self._runtime.acall(tool, arguments, principal=self._principal)
+        return result
 
 
 # -- /openapi.json ---------------------------------------------------------------------------
@@ -544,7 +580,7 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
                 "summary": "Run the agent loop once (needs a configured model)",
                 "parameters": _CONTEXT_HEADERS,
                 "requestBody": body(ref["QueryRequest"]),
-                "responses": answers(ref["QueryResponse"], 400, 413, 502, 503, headers=True),
+                "responses": answers(ref["QueryResponse"], 400, 413, 415, 502, 503, headers=True),
             }
         },
         "/api/v1/stats": {"get": {"operationId": "stats", "responses": answers(stats_schema)}},
@@ -558,7 +594,9 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
                 "description": spec.description,
                 "parameters": _CONTEXT_HEADERS,
                 "requestBody": body(schema, required=False),
-                "responses": answers(ref["ToolCallResponse"], 400, 413, 503, 504, headers=True),
+                "responses": answers(
+                    ref["ToolCallResponse"], 400, 413, 415, 503, 504, headers=True
+                ),
             }
         }
     return {
@@ -573,6 +611,7 @@ _STATUS_TEXT = {
     400: "Malformed JSON or invalid arguments (the message names the field)",
     404: "Unknown tool or session",
     413: "Request body over the size limit",
+    415: "A POST without Content-Type: application/json",
     502: "The chat model failed",
     503: "The runtime is closed, the server is shutting down or no model is configured",
     504: "The tool did not answer in time",

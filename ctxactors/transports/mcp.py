@@ -27,6 +27,7 @@ key's actor, by design).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -55,6 +56,8 @@ from ctxactors.results import (
     ToolResult,
 )
 from ctxactors.runtime import Runtime
+from ctxactors.transports.access import HttpSecurity
+from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of
 from ctxactors.transports.inflight import InFlight
 from ctxactors.transports.stdio import MAX_LINE, stdio_transport
 
@@ -112,7 +115,11 @@ class McpFrontend:
         fallback = session_fallback(ctx)
         try:
             result = await self.runtime.acall(
-                params.name, params.arguments, meta=params.meta, session_fallback=fallback
+                params.name,
+                params.arguments,
+                meta=params.meta,
+                session_fallback=fallback,
+                principal=_principal(ctx),
             )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
             result = ToolResult.error(str(exc))
@@ -151,6 +158,11 @@ def session_fallback(ctx: ServerRequestContext[Any]) -> str | None:
         return DEFAULT_SESSION
     value = headers.get("mcp-session-id")
     return value if isinstance(value, str) and value else None
+
+
+def _principal(ctx: ServerRequestContext[Any]) -> str | None:
+    """The authenticated principal of the HTTP request that carried this call, if any."""
+    return principal_of(getattr(ctx.request, "scope", None))
 
 
 # -- stdio -------------------------------------------------------------------------------
@@ -192,35 +204,49 @@ Lifespan = Callable[[Starlette], AbstractAsyncContextManager[None]]
 
 
 def session_manager(
-    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+    frontend: McpFrontend,
+    *,
+    host: str = "127.0.0.1",
+    max_body: int = 4 * 1024 * 1024,
+    security: HttpSecurity | None = None,
 ) -> StreamableHTTPSessionManager:
     """The SDK's streamable-HTTP session manager for `frontend` (stateful sessions).
 
-    Bound to a loopback address, it checks Host and Origin (DNS-rebinding protection), as
-    the SDK's own app does; bound elsewhere, the operator chose to expose it.
+    With `security`, it checks Host and Origin by the same rules as the app's `RequestGuard`
+    and caps each principal's open sessions. Without, bound to a loopback address, it
+    checks Host and Origin (DNS-rebinding protection), as the SDK's own app does.
     """
-    security = None
-    if host in _LOOPBACK:
-        security = TransportSecuritySettings(
+    settings = security.transport_security() if security is not None else None
+    if security is None and host in _LOOPBACK:
+        settings = TransportSecuritySettings(
             enable_dns_rebinding_protection=True,
             allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
-    return StreamableHTTPSessionManager(
-        app=frontend.server, security_settings=security, max_request_body_size=max_body
-    )
+    options: dict[str, Any] = {"security_settings": settings, "max_request_body_size": max_body}
+    cap = security.max_sessions_per_principal if security is not None else None
+    if cap is not None:
+        return PrincipalSessionManager(frontend.server, max_sessions_per_principal=cap, **options)
+    return StreamableHTTPSessionManager(frontend.server, **options)
 
 
 def mcp_parts(
-    frontend: McpFrontend, *, host: str = "127.0.0.1", max_body: int = 4 * 1024 * 1024
+    frontend: McpFrontend,
+    *,
+    host: str = "127.0.0.1",
+    max_body: int = 4 * 1024 * 1024,
+    security: HttpSecurity | None = None,
 ) -> tuple[Route, Lifespan]:
     """What an app needs to serve MCP: the ``/mcp`` route and the lifespan that runs its
     session manager. The route is a `Route` (a `Mount` would redirect ``/mcp`` to
     ``/mcp/``). On shutdown, calls in flight answer before the sessions close.
     """
-    manager = session_manager(frontend, host=host, max_body=max_body)
+    manager = session_manager(frontend, host=host, max_body=max_body, security=security)
     drain = frontend.runtime.call_timeout
-    endpoint = _McpEndpoint(StreamableHTTPASGIApp(manager), frontend)
+    sdk_app: ASGIApp = StreamableHTTPASGIApp(manager)
+    if security is not None and security.max_sessions_per_principal is not None:
+        sdk_app = SessionLimit(sdk_app, security.max_sessions_per_principal)
+    endpoint = _McpEndpoint(sdk_app, frontend)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -257,10 +283,11 @@ class _McpEndpoint:
 
     def _ending(self, scope: Scope, send: Send) -> Send:
         session = Headers(scope=scope).get("mcp-session-id")
+        end = functools.partial(self.frontend.runtime.end_session, principal=principal_of(scope))
 
         async def send_after_ending(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] == 200 and session:
-                stopped = await anyio.to_thread.run_sync(self.frontend.runtime.end_session, session)
+                stopped = await anyio.to_thread.run_sync(end, session)
                 self.frontend._log.info("mcp_session_deleted", session_id=session, actors=stopped)
             await send(message)
 

@@ -3,9 +3,11 @@
 With ``--transport http`` one Starlette app serves MCP at ``/mcp`` beside the REST API;
 ``--model-url`` and ``--model`` give ``/api/v1/query`` an OpenAI-compatible chat model (its
 key, if it needs one, comes from ``CTXACTORS_MODEL_API_KEY``, never the command line, where
-other users could read it). Either way, a shutdown (end of stdin, SIGTERM,
-Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every actor and
-kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
+other users could read it). Who may connect is `access.HttpSecurity`, built from the
+``--auth-*``/``--jwt-*``/``--allow-*`` options; without authentication only a loopback
+address is served (unless ``--insecure-no-auth``). Either way, a shutdown (end of stdin,
+SIGTERM, Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every
+actor and kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
 stdout, which is the stdio protocol channel.
 """
 
@@ -15,6 +17,8 @@ import argparse
 import asyncio
 import importlib
 import os
+import sys
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -26,7 +30,10 @@ from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.runtime import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
+from ctxactors.state import open_store
 from ctxactors.tools import Server
+from ctxactors.transports import access
+from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
     McpFrontend,
@@ -44,7 +51,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="HTTP bind address")
     parser.add_argument("--port", type=int, default=8765, help="HTTP port (0: any free one)")
     parser.add_argument(
-        "--ttl", type=float, default=3600.0, help="idle seconds before a key's state is dropped"
+        "--ttl",
+        type=float,
+        default=3600.0,
+        help="idle seconds before a key's actor leaves memory (its stored state stays)",
+    )
+    parser.add_argument(
+        "--store",
+        default="sqlite",
+        metavar="sqlite|memory|redis://...",
+        help="where key state is kept: a SQLite file under --data-dir (default), Redis, "
+        "or memory (ephemeral: gone with the actor or the process)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="directory of the SQLite store (default $XDG_STATE_HOME/ctxactors or "
+        "~/.local/state/ctxactors)",
+    )
+    parser.add_argument(
+        "--retention",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long the store keeps a session after its last change or load",
     )
     parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
     parser.add_argument(
@@ -74,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap on one message: an HTTP request body (413 above it) or a stdio line "
         "(a JSON-RPC error above it); default 4 MiB",
     )
+    access.add_arguments(parser)
 
 
 def _positive(text: str) -> int:
@@ -102,19 +134,32 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
     extra = [load_server(s) for s in args.server]
     try:
+        store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
+    except ValueError as exc:
+        raise SystemExit(f"--store: {exc}") from None
+    try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
             ttl=args.ttl,
             max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
             tools=args.tools,
+            store=store,
         )
     except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+        if store is not None:
+            store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     log = get_logger("ctxactors.serve", transport=args.transport)
     model = build_model(args)  # a usage error must come before anything starts
+    try:
+        security = access.security_from_args(args)
+    except access.AuthConfigError as exc:
+        print(f"ctxactors serve: {exc}", file=sys.stderr)
+        return 2
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -123,9 +168,11 @@ def run(args: argparse.Namespace) -> int:
             drain = runtime.call_timeout
             anyio.run(lambda: serve_stdio(frontend, drain_timeout=drain, max_line=args.max_body))
         else:
-            _serve_http(runtime, args, model, log)
+            _serve_http(runtime, args, model, security, log)
     finally:
         runtime.close()
+        if runtime.store is not None:
+            runtime.store.close()
         log.info("stopped")
     return 0
 
@@ -144,12 +191,16 @@ def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
 
 
 def http_app(
-    runtime: Runtime, *, host: str, model: Any = None, max_body: int = MAX_LINE
+    runtime: Runtime,
+    *,
+    security: access.HttpSecurity,
+    model: Any = None,
+    max_body: int = MAX_LINE,
 ) -> tuple[Starlette, McpFrontend]:
     """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end, whose drain
     waits for REST and MCP calls alike."""
     frontend = McpFrontend(runtime)
-    route, lifespan = mcp_parts(frontend, host=host, max_body=max_body)
+    route, lifespan = mcp_parts(frontend, max_body=max_body, security=security)
     app = create_app(
         runtime,
         max_body=max_body,
@@ -157,12 +208,17 @@ def http_app(
         lifespan=lifespan,
         model=model,
         in_flight=frontend.in_flight,
+        security=security,
     )
     return app, frontend
 
 
-def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any) -> None:
-    app, frontend = http_app(runtime, host=args.host, model=model, max_body=args.max_body)
+def _serve_http(
+    runtime: Runtime, args: argparse.Namespace, model: Any, security: access.HttpSecurity, log: Any
+) -> None:
+    app, frontend = http_app(runtime, security=security, model=model, max_body=args.max_body)
+    if security.verifier is None and not is_loopback(args.host):
+        log.warning("no_authentication", host=args.host, risk="anyone who connects runs every tool")
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -172,7 +228,13 @@ def _serve_http(runtime: Runtime, args: argparse.Namespace, model: Any, log: Any
         timeout_graceful_shutdown=_HTTP_GRACE_S,
     )
     server = _DrainingServer(config, frontend, runtime.call_timeout)
-    log.info("serving", host=args.host, port=args.port, path="/mcp")
+    log.info(
+        "serving",
+        host=args.host,
+        port=args.port,
+        path="/mcp",
+        auth=type(security.verifier).__name__ if security.verifier else "none",
+    )
     server.run()
 
 

@@ -1,0 +1,256 @@
+"""Key state beyond its actor: loaded on the key's first call, saved after every change.
+
+A server is durable when it declares ``State`` (a msgspec type) with ``snapshot()`` and
+``restore(state)``. With a store, the runtime wraps each call to a durable key
+(`Durability.wrap`):
+
+- before the first call of an incarnation the key's state is loaded from the store and the
+  revision remembered (a load that fails is retried on the next call, so recovery from a
+  store outage is automatic);
+- after a call to a tool not marked ``read_only``, the snapshot is encoded (msgpack) and,
+  if it changed, saved through the runtime's `GroupCommit` with a compare-and-set on that
+  revision; the caller gets its result only once the save is durable;
+- a save refused as stale (another process wrote the key) turns the call into an error
+  result and reloads the key from the store; a store that is down puts the in-memory state
+  back to the last saved snapshot, so nothing visible changes, and the call gets an error
+  result. Reads of live keys don't touch the store and keep working while it is down.
+
+The bookkeeping (revision, the bytes last saved) rides on the server instance, so it lives
+and dies with the actor that owns it; only that actor's thread touches it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import msgspec
+
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolResult
+from ctxactors.state import (
+    GroupCommit,
+    SessionRef,
+    StaleStateError,
+    StateKey,
+    StateStore,
+    StoreError,
+    StoreUnavailableError,
+    Write,
+)
+from ctxactors.tools import Server
+
+_SLOT = "_ctxactors_durable"
+_BARRIER: StateKey = ("",)  # never a server's name: deleting it is a no-op write
+_encode = msgspec.msgpack.Encoder().encode
+_decoders: dict[type[Server], msgspec.msgpack.Decoder[Any]] = {}
+
+
+def is_durable(server: type[Server]) -> bool:
+    return getattr(server, "State", None) is not None
+
+
+def state_key(key: tuple[Any, ...]) -> tuple[SessionRef, StateKey]:
+    """A runtime key ``(server, (principal, session), ...)`` as the store's two halves."""
+    return key[1], (key[0], *key[2:])
+
+
+def encode_state(server: Server) -> bytes:
+    return _encode(server.snapshot())
+
+
+def decode_state(server: type[Server], data: bytes) -> Any:
+    decoder = _decoders.get(server)
+    if decoder is None:
+        decoder = _decoders[server] = msgspec.msgpack.Decoder(server.State)
+    return decoder.decode(data)
+
+
+class _Follower(Protocol):
+    """Writes behind the calls of one session (its history)."""
+
+    def flush(self) -> None: ...
+
+    def drain(self, timeout: float) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class _Slot:
+    """What one incarnation of a key knows about its stored state."""
+
+    __slots__ = ("revision", "data", "empty", "loaded")
+
+    def __init__(self, empty: bytes) -> None:
+        self.revision = 0  # the stored revision `data` was loaded or saved as (0: none)
+        self.data = empty  # the snapshot the store holds, as bytes
+        self.empty = empty  # a fresh instance's snapshot: what "nothing stored" restores
+        self.loaded = False
+
+
+class Durability:
+    """The store side of a runtime: one group-commit writer, the load/save of every key."""
+
+    def __init__(
+        self, store: StateStore, *, save_timeout: float = 30.0, flush_delay: float = 0.05
+    ) -> None:
+        self.store = store
+        self.save_timeout = save_timeout
+        self.flush_delay = flush_delay
+        self.commit = GroupCommit(store)
+        self._log = get_logger("ctxactors.durable")
+        self._purged_at = time.monotonic()
+        # Per session, what writes behind the calls (the history): closed on delete.
+        self._followers: weakref.WeakValueDictionary[SessionRef, _Follower] = (
+            weakref.WeakValueDictionary()
+        )
+        # Followers with a write waiting, flushed by the flusher thread `flush_delay`
+        # seconds later: a busy session's history costs one write per delay, not per call
+        # (with a write per call, the history's bytes halved a SQLite store's throughput).
+        self._deferred: dict[SessionRef, _Follower] = {}
+        self._deferred_lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._flusher = threading.Thread(
+            target=self._flush_forever, name="ctxactors-flusher", daemon=True
+        )
+        self._flusher.start()
+
+    def wrap(
+        self, body: Callable[[Any], ToolResult], key: tuple[Any, ...], read_only: bool
+    ) -> Callable[[Any], ToolResult]:
+        """`body` with the key's state loaded before it and, unless `read_only`, saved after."""
+        session, skey = state_key(key)
+
+        def run(server: Server) -> ToolResult:
+            slot: _Slot | None = getattr(server, _SLOT, None)
+            if slot is None:
+                slot = _Slot(encode_state(server))
+                setattr(server, _SLOT, slot)
+            if not slot.loaded:
+                try:
+                    self._load(server, slot, session, skey)
+                except StoreError as exc:
+                    return _unavailable(exc)
+            result = body(server)
+            if read_only:
+                return result
+            return self._save(server, slot, session, skey, result)
+
+        return run
+
+    def _load(self, server: Server, slot: _Slot, session: SessionRef, skey: StateKey) -> None:
+        record = self.store.load(session, skey)
+        if record is None:
+            if slot.data != slot.empty:  # forgotten by the store (retention): start afresh
+                server.restore(decode_state(type(server), slot.empty))
+            slot.revision, slot.data = 0, slot.empty
+        else:
+            server.restore(decode_state(type(server), record.data))
+            slot.revision, slot.data = record.revision, record.data
+        slot.loaded = True
+
+    def _save(
+        self,
+        server: Server,
+        slot: _Slot,
+        session: SessionRef,
+        skey: StateKey,
+        result: ToolResult,
+    ) -> ToolResult:
+        data = encode_state(server)
+        if data == slot.data:
+            return result
+        try:
+            revision = self.commit.save(
+                Write(session, skey, data, slot.revision), timeout=self.save_timeout
+            )
+        except StaleStateError as exc:
+            self._log.warning("stale_state", session=list(session), key=list(skey), error=str(exc))
+            slot.loaded = False
+            try:
+                self._load(server, slot, session, skey)
+            except StoreError:
+                server.restore(decode_state(type(server), slot.data))  # reload on next call
+            return ToolResult.error(
+                f"not saved: {exc}. Another process changed this state; it has been "
+                "reloaded from the store, so check it and retry the call"
+            )
+        except (StoreUnavailableError, TimeoutError) as exc:
+            server.restore(decode_state(type(server), slot.data))
+            if isinstance(exc, TimeoutError):
+                slot.loaded = False  # the save may yet land: read back what the store has
+            return _unavailable(exc)
+        slot.revision, slot.data = revision, data
+        return result
+
+    def follow(self, session: SessionRef, follower: _Follower) -> _Follower | None:
+        """Close `follower` when the session is deleted (it writes behind the calls);
+        returns the one it replaces (a previous incarnation's, maybe still writing)."""
+        previous = self._followers.get(session)
+        self._followers[session] = follower
+        return previous
+
+    def delete_session(self, session: SessionRef) -> int:
+        """Forget the session's stored state, after every save already queued for it (a
+        history written behind its last call must not land after the delete)."""
+        follower = self._followers.pop(session, None)
+        if follower is not None:
+            follower.close()
+        try:
+            self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
+        except TimeoutError as exc:
+            raise StoreUnavailableError(f"the state store did not answer: {exc}") from None
+        return self.store.delete_session(session)
+
+    def purge(self, every: float) -> int:
+        """Forget sessions past their retention, at most once every `every` seconds."""
+        now = time.monotonic()
+        if now - self._purged_at < every:
+            return 0
+        self._purged_at = now
+        purged = self.store.purge()
+        if purged:
+            self._log.info("sessions_purged", sessions=purged)
+        return purged
+
+    def defer(self, session: SessionRef, follower: _Follower) -> None:
+        with self._deferred_lock:
+            self._deferred[session] = follower
+        self._wake.set()
+
+    def _flush_all(self) -> None:
+        with self._deferred_lock:
+            waiting = list(self._deferred.values())
+            self._deferred.clear()
+        for follower in waiting:
+            follower.flush()
+
+    def _flush_forever(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            self._closing.wait(self.flush_delay)  # let more records gather
+            self._flush_all()
+
+    def flush(self) -> None:
+        """Write what waits behind the calls (the histories) now, and wait for it."""
+        for follower in list(self._followers.values()):
+            follower.drain(self.save_timeout)
+
+    def close(self) -> None:
+        """Write what waits, then stop the writer (after the actors have stopped)."""
+        self._closing.set()
+        self._wake.set()
+        self._flusher.join()
+        self.flush()
+        self.commit.close()
+
+
+def _unavailable(exc: BaseException) -> ToolResult:
+    return ToolResult.error(
+        f"the state store is unavailable ({exc}); nothing was changed, retry the call later"
+    )

@@ -1,0 +1,118 @@
+"""What every state store is: saves guarded by a revision, sessions that expire.
+
+A key actor's state outlives the actor only in a store. Three rules make that safe:
+
+- one writer per key: a save names the revision its writer loaded and succeeds only if the
+  store still holds that revision (compare-and-set in one statement or one script), so a
+  stale incarnation (an old process, a second server on the same Redis) can never
+  overwrite newer state;
+- a session is the unit of retention and deletion: every key belongs to one
+  ``(principal, session)``, which the store forgets `retention` seconds after its last
+  write or load, or at once on `delete_session`;
+- a batch of saves is written together (one transaction or pipeline), each with its own
+  outcome, so group commit costs one round trip for many callers.
+
+Keys and sessions are tuples encoded as JSON arrays, never joined strings: ``("a::b",
+"c")`` and ``("a", "b::c")`` stay different.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+
+from ctxactors.results import CtxActorsError
+
+# (principal, session id): the principal is None when the transport authenticated nobody.
+SessionRef = tuple[str | None, str]
+# Which state inside the session, e.g. ("planning", assistant, thread).
+StateKey = tuple[str | None, ...]
+
+_encode = msgspec.json.Encoder().encode
+
+
+def encode_ref(value: SessionRef | StateKey) -> str:
+    """An unambiguous text form of a session or key tuple (a JSON array)."""
+    return _encode(value).decode()
+
+
+class StoreError(CtxActorsError):
+    """The state store could not do what was asked."""
+
+    code = -32010
+
+
+class StaleStateError(StoreError):
+    """A save named a revision the store no longer holds: another writer got there first.
+
+    The writer's state is out of date; it must reload before it may save again.
+    """
+
+    code = -32011
+
+    def __init__(self, key: StateKey, expected: int, current: int) -> None:
+        super().__init__(
+            f"state {list(key)} changed under this writer: it loaded revision {expected}, "
+            f"the store holds {current}; reload before saving"
+        )
+        self.key = key
+        self.expected = expected
+        self.current = current
+
+
+class StoreUnavailableError(StoreError):
+    """The store is down, full or unreachable; nothing of the failed batch was written."""
+
+    code = -32012
+
+
+class Record(msgspec.Struct, frozen=True):
+    """A stored state: its bytes and the revision that wrote them (1 for the first save)."""
+
+    revision: int
+    data: bytes
+
+
+class Write(msgspec.Struct, frozen=True):
+    """One save: `data` replaces the key's state (None deletes the key) if the store still
+    holds revision `expected` (0: the key must not exist)."""
+
+    session: SessionRef
+    key: StateKey
+    data: bytes | None
+    expected: int
+
+
+# What a store answers for each write of a batch: the new revision (0 after a delete), or
+# the error of that write alone.
+Outcome = int | StaleStateError
+
+
+class StateStore(Protocol):
+    """Where key state lives beyond its actor. Implementations are thread-safe."""
+
+    retention: float
+
+    def load(self, session: SessionRef, key: StateKey) -> Record | None:
+        """The key's stored state, or None; refreshes the session's retention."""
+        ...
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        """Apply every write in one transaction or pipeline; one outcome per write.
+
+        Raises `StoreUnavailableError` when the store can't be reached or written, in which
+        case no write of the batch is visible.
+        """
+        ...
+
+    def delete_session(self, session: SessionRef) -> int:
+        """Forget every key of the session now; returns how many keys were removed."""
+        ...
+
+    def purge(self) -> int:
+        """Forget sessions past their retention; returns how many sessions went."""
+        ...
+
+    def close(self) -> None: ...

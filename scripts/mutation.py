@@ -1,0 +1,328 @@
+"""Mutation testing of the core, the servers and the batch engine with mutmut (not run in CI).
+
+    python scripts/mutation.py                 # every group (resumes: results are kept)
+    python scripts/mutation.py --group core    # one group: core, servers, workspace, batch
+    python scripts/mutation.py --jobs 3        # workers (a hung mutant waits, using no CPU)
+    python scripts/mutation.py --report-only   # rewrite mutation/report.md from the results
+    python scripts/mutation.py --retry-survivors   # re-run survivors (after new tests)
+    python scripts/mutation.py --group core 'ctxactors.registry.*'   # matching mutants only
+
+Each group (`GROUPS`) is a set of modules and the test files relevant to them; mutmut's
+shared settings are ``[tool.mutmut]`` in pyproject.toml. Within a group mutmut runs the
+tests once to learn which of them reach which function, then runs each mutant against only
+those (``-x``), so the core is never run against the slow batch and workspace tests.
+
+Each group runs in its own staged copy (``build/mutation/<group>/``), for two reasons:
+
+- mutmut skips decorated functions, which would leave every ``@tool`` handler of the
+  servers unmutated. The staged copy moves ``@tool(...)`` below the method as
+  ``name = tool(...)(name)``, which builds the same tool, so the handlers are mutated too;
+- editing the tree while a run is going changes nothing in the run.
+
+`mutation/report.md` is generated: date, commit, per-module counts and score, the
+equivalent mutants listed by hand in `mutation/equivalent.txt` (``name  reason`` per line),
+and every mutant that survived and is not listed there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+import libcst as cst
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ROOT / "build" / "mutation"
+REPORT = ROOT / "mutation" / "report.md"
+EQUIVALENT = ROOT / "mutation" / "equivalent.txt"
+NOTES = ROOT / "mutation" / "notes.md"  # hand-written, included as it is
+COPIED = ["ctxactors", "tests"]
+
+# group -> (modules mutated, test files run); the core first: it matters most.
+GROUPS: dict[str, tuple[list[str], list[str]]] = {
+    "core": (
+        [f"ctxactors/{m}.py" for m in ("context", "tools", "registry", "actors", "runtime")],
+        [
+            f"tests/test_{t}.py"
+            for t in (
+                "context",
+                "runtime",
+                "reaping",
+                "acall",
+                "inflight_accounting",
+                "tool_declaration",
+                "lifecycle_logs",
+                "history",
+            )
+        ],
+    ),
+    "servers": (
+        [f"ctxactors/servers/{m}.py" for m in ("planning", "playbooks", "content", "history")],
+        [
+            f"tests/test_{t}.py"
+            for t in (
+                "runtime",
+                "playbook_ownership",
+                "content",
+                "content_sharing",
+                "content_snippets",
+                "history",
+                "server_details",
+            )
+        ],
+    ),
+    # Apart: its tests run real processes and are the slowest by far.
+    "workspace": (
+        ["ctxactors/servers/workspace.py"],
+        ["tests/test_workspace.py", "tests/test_workspace_ids.py", "tests/test_server_details.py"],
+    ),
+    "batch": (
+        ["ctxactors/batch_engine.py", "ctxactors/servers/batch.py"],
+        [
+            "tests/test_batch.py",
+            "tests/test_batch_rollback.py",
+            "tests/test_presets.py",
+            "tests/test_tool_declaration.py",
+        ],
+    ),
+}
+
+# Seconds a test may run: many core mutants make a call hang, and the core's tests are quick.
+# (Changing a group's pytest arguments discards its results: mutmut starts it over.)
+TEST_TIMEOUT = {"core": 12}
+
+# mutmut's exit codes (mutmut.stats.status_by_exit_code) folded into what the report shows.
+STATUS = {1: "killed", 3: "killed", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout"}
+STATUS |= {255: "timeout", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
+NOT_KILLED = ("survived", "no tests", "suspicious", "not run")
+
+
+class _UnwrapTool(cst.CSTTransformer):
+    """``@tool(...) def f`` -> ``def f`` followed by ``f = tool(...)(f)`` (same tool)."""
+
+    def leave_IndentedBlock(
+        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        body: list[cst.BaseStatement] = []
+        for stmt in updated.body:
+            if isinstance(stmt, cst.FunctionDef) and _only_tool(stmt):
+                deco = stmt.decorators[0].decorator
+                name = stmt.name
+                wrapped = cst.Call(deco, [cst.Arg(name)])
+                body.append(stmt.with_changes(decorators=[]))
+                body.append(
+                    cst.SimpleStatementLine(
+                        [cst.Assign([cst.AssignTarget(name)], wrapped)],
+                        leading_lines=[],
+                    )
+                )
+            else:
+                body.append(stmt)
+        return updated.with_changes(body=body)
+
+
+def _only_tool(fn: cst.FunctionDef) -> bool:
+    if len(fn.decorators) != 1:
+        return False
+    deco = fn.decorators[0].decorator
+    target = deco.func if isinstance(deco, cst.Call) else deco
+    return isinstance(target, cst.Name) and target.value == "tool"
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    # mutmut regenerates a module's mutants when its source is newer: keep mtimes stable.
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def stage(group: str) -> Path:
+    """Copy the tree into the group's stage (keeping its mutants/ cache); @tool unwrapped."""
+    where = STAGES / group
+    where.mkdir(parents=True, exist_ok=True)
+    for name in COPIED:
+        src, dst = ROOT / name, where / name
+        wanted = set()
+        for path in src.rglob("*"):
+            if "__pycache__" in path.parts or path.is_dir():
+                continue
+            rel = path.relative_to(ROOT)
+            wanted.add(rel)
+            text = path.read_text()
+            if rel.parts[:2] == ("ctxactors", "servers") and path.suffix == ".py":
+                text = cst.parse_module(text).visit(_UnwrapTool()).code
+            _write_if_changed(where / rel, text)
+        for path in list(dst.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                if path.relative_to(where) not in wanted:
+                    path.unlink()
+    _write_if_changed(where / "pyproject.toml", _group_config(group))
+    return where
+
+
+def _group_config(group: str) -> str:
+    """pyproject.toml's [tool.mutmut] plus the group's modules, tests and test time limit."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    modules, tests = GROUPS[group]
+    pytest_args = [
+        *config.get("pytest_add_cli_args", []),
+        f"--timeout={TEST_TIMEOUT.get(group, 30)}",
+    ]
+    config = {
+        **config,
+        "only_mutate": modules,
+        "pytest_add_cli_args": pytest_args,
+        "pytest_add_cli_args_test_selection": tests,
+    }
+    lines = ["[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]
+    return "\n".join(lines) + "\n"
+
+
+def run(where: Path, jobs: int, names: list[str]) -> int:
+    mutmut = Path(sys.executable).with_name("mutmut")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    cmd = [str(mutmut), "run", "--max-children", str(jobs), *names]
+    return subprocess.call(cmd, cwd=where, env=env)
+
+
+def _equivalent() -> dict[str, str]:
+    out: dict[str, str] = {}
+    if EQUIVALENT.exists():
+        for line in EQUIVALENT.read_text().splitlines():
+            if line.strip() and not line.startswith("#"):
+                name, _, reason = line.strip().partition(" ")
+                out[name] = reason.strip()
+    return out
+
+
+def _results(groups: list[str]) -> dict[str, dict[str, str]]:
+    """module path -> mutant name -> status, from mutmut's meta files."""
+    out: dict[str, dict[str, str]] = {}
+    for group in groups:
+        mutants = STAGES / group / "mutants"
+        for module in GROUPS[group][0]:
+            meta = mutants / f"{module}.meta"
+            if not meta.exists():
+                continue
+            codes = json.loads(meta.read_text())["exit_code_by_key"]
+            out[module] = {
+                k: STATUS.get(v, "suspicious" if v is not None else "not run")
+                for k, v in codes.items()
+            }
+    return out
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def report() -> str:
+    results = _results(list(GROUPS))
+    equivalent = _equivalent()
+    commit = _git("rev-parse", "--short", "HEAD")
+    dirty = (
+        " (with uncommitted changes)" if _git("status", "--porcelain", "ctxactors", "tests") else ""
+    )
+    lines = [
+        "# Mutation testing report",
+        "",
+        f"Generated by `python scripts/mutation.py` on "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC at commit `{commit}`{dirty}, "
+        "with mutmut "
+        f"{_mutmut_version()}, then `--retry-survivors` after new tests. "
+        "Score = (killed + timeout) / (mutants - equivalent - skipped); "
+        "'timeout' is a mutant that made a test hang, so a test failed on it.",
+        "",
+        "| module | mutants | killed | timeout | survived | no tests | not run yet | equivalent "
+        "| score |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    survivors: list[str] = []
+    totals: Counter[str] = Counter()
+    for module, statuses in results.items():
+        counts: Counter[str] = Counter()
+        for name, status in statuses.items():
+            if status in NOT_KILLED and name in equivalent:
+                status = "equivalent"
+            counts[status] += 1
+            if status in NOT_KILLED:
+                survivors.append(f"- `{name}`: {status}")
+        counts["mutants"] = len(statuses)
+        totals.update(counts)
+        lines.append(_row(module, counts))
+    lines.append(_row("**all**", totals))
+    if NOTES.exists():
+        lines += ["", NOTES.read_text().strip()]
+    lines += ["", "## Groups (each mutant runs only the tests of its group that reach it)", ""]
+    for group, (modules, tests) in GROUPS.items():
+        lines.append(f"- {group}: {', '.join(modules)}; tests: {', '.join(tests)}")
+    lines += ["", "## Equivalent mutants (listed by hand in `mutation/equivalent.txt`)", ""]
+    listed = {n for s in results.values() for n in s}
+    lines += [f"- `{n}`: {r}" for n, r in sorted(equivalent.items()) if n in listed] or ["none"]
+    lines += ["", "## Surviving mutants not known to be equivalent", ""]
+    lines += survivors or ["none"]
+    return "\n".join(lines) + "\n"
+
+
+def _row(module: str, c: Counter[str]) -> str:
+    judged = c["mutants"] - c["equivalent"] - c["skipped"]
+    score = f"{100 * (c['killed'] + c['timeout']) / judged:.1f}%" if judged else "-"
+    return (
+        f"| {module} | {c['mutants']} | {c['killed']} | {c['timeout']} "
+        f"| {c['survived'] + c['suspicious']} | {c['no tests']} | {c['not run']} "
+        f"| {c['equivalent']} | {score} |"
+    )
+
+
+def _mutmut_version() -> str:
+    from importlib.metadata import version
+
+    return version("mutmut")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="mutant name globs to (re)run")
+    parser.add_argument("--group", action="append", choices=list(GROUPS), help="default: all")
+    parser.add_argument("--jobs", type=int, default=1, help="mutmut workers (default 1)")
+    parser.add_argument("--report-only", action="store_true", help="only write the report")
+    parser.add_argument(
+        "--retry-survivors", action="store_true", help="re-run the mutants not killed yet"
+    )
+    opts = parser.parse_args()
+    for group in [] if opts.report_only else opts.group or list(GROUPS):
+        names = list(opts.names)
+        if opts.retry_survivors:
+            names += _survivors(group)
+            if not names:
+                continue
+        code = run(stage(group), opts.jobs, names)
+        if code != 0:
+            print(f"mutmut exited with {code} for {group}", file=sys.stderr)
+    REPORT.parent.mkdir(exist_ok=True)
+    REPORT.write_text(report())
+    print(f"wrote {REPORT.relative_to(ROOT)}")
+    return 0
+
+
+def _survivors(group: str) -> list[str]:
+    # mutmut looks up the tests of an exact name and fails on a function that had none
+    # (a glob is looked up leniently): glob those.
+    equivalent = _equivalent()
+    return [
+        name if status == "survived" else f"{name}*"
+        for statuses in _results([group]).values()
+        for name, status in statuses.items()
+        if status in NOT_KILLED and name not in equivalent
+    ]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

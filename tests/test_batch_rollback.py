@@ -1,0 +1,279 @@
+"""Transactional batches whose undo fails, and duplicate reads that fail: exact results."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ctx_args
+
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.results import ToolError
+
+
+class Ledger(Server):
+    """Entries with an undo that refuses one value; reads that count how often they ran."""
+
+    name = "ledger"
+    scope = Scope.SESSION
+
+    stalled = threading.Event()
+    release = threading.Event()
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+        self.reads = 0
+
+    def _undo_add(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        if result["value"] == "stuck":
+            raise RuntimeError(f"cannot remove {result['value']!r} for {ctx.assistant_id}")
+        self.entries.remove(result["value"])
+
+    @tool(compensate=_undo_add)
+    def add(self, ctx: ToolContext, value: str) -> dict[str, Any]:
+        """Add an entry."""
+        self.entries.append(value)
+        return {"value": value}
+
+    @tool(read_only=True)
+    def look(self, ctx: ToolContext) -> dict[str, Any]:
+        """The entries."""
+        self.reads += 1
+        return {"entries": list(self.entries), "reads": self.reads}
+
+    @tool
+    def nap(self, ctx: ToolContext, value: str) -> dict[str, Any]:
+        """Take at least 50 ms, then add an entry."""
+        threading.Event().wait(0.05)
+        self.entries.append(value)
+        return {"value": value}
+
+    @tool(read_only=True)
+    def stall(self, ctx: ToolContext) -> dict[str, Any]:
+        """Wait until the test releases it."""
+        Ledger.stalled.set()
+        Ledger.release.wait(20)
+        return {"stalled": True}
+
+    @tool(read_only=True)
+    def broken(self, ctx: ToolContext) -> dict[str, Any]:
+        """A read that fails."""
+        self.reads += 1
+        raise ToolError(f"broken read {self.reads}")
+
+
+@pytest.fixture
+def rt() -> Iterator[Runtime]:
+    with Runtime([Ledger], call_timeout=20) as runtime:
+        yield runtime
+
+
+def run(rt: Runtime, ops: list[dict[str, Any]], **options: Any) -> list[dict[str, Any]]:
+    result = rt.call("batch", ctx_args("s", "a1", operations=ops, options=options))
+    assert result.structured is not None, result.text
+    return [
+        {k: v for k, v in r.items() if k not in ("duration", "metadata")}
+        for r in result.structured["results"]
+    ]
+
+
+def test_an_undo_that_fails_is_reported_on_its_operation_and_the_rest_is_undone(
+    rt: Runtime,
+) -> None:
+    ops = [
+        {"id": "a", "tool": "add", "arguments": {"value": "one"}},
+        {"id": "b", "tool": "add", "arguments": {"value": "stuck"}},
+        {"id": "r", "tool": "look", "arguments": {}},
+        {"id": "c", "tool": "add", "arguments": {"value": "two"}},
+        {"id": "x", "tool": "broken", "arguments": {}},
+    ]
+    assert run(rt, ops, transactional=True) == [
+        {"id": "a", "tool": "add", "status": "rolled_back", "data": {"value": "one"}},
+        {
+            "id": "b",
+            "tool": "add",
+            "status": "success",  # still there: its undo failed
+            "data": {"value": "stuck"},
+            "error": {
+                "code": "compensation_failed",
+                "message": "RuntimeError: cannot remove 'stuck' for a1",
+            },
+        },
+        {
+            "id": "r",
+            "tool": "look",
+            "status": "rolled_back",  # a read in an undone transaction is void too
+            "data": {"entries": ["one", "stuck"], "reads": 1},
+        },
+        {"id": "c", "tool": "add", "status": "rolled_back", "data": {"value": "two"}},
+        {
+            "id": "x",
+            "tool": "broken",
+            "status": "failed",
+            "error": {"code": "tool_error", "message": "broken read 2"},
+        },
+    ]
+    assert rt.call("look", ctx_args("s")).structured == {"entries": ["stuck"], "reads": 3}
+
+
+def test_a_duplicate_read_that_failed_copies_the_failure_without_running_again(
+    rt: Runtime,
+) -> None:
+    ops = [
+        {"id": "x1", "tool": "broken", "arguments": {}},
+        {"id": "x2", "tool": "broken", "arguments": {}},
+        {"id": "r1", "tool": "look", "arguments": {}},
+        {"id": "r2", "tool": "look", "arguments": {}},
+        {"id": "use", "tool": "add", "arguments": {"value": "n=${r2.reads}"}},
+    ]
+    failed = {"code": "tool_error", "message": "broken read 1"}
+    assert run(rt, ops) == [
+        {"id": "x1", "tool": "broken", "status": "failed", "error": failed},
+        {"id": "x2", "tool": "broken", "status": "failed", "error": failed},
+        {"id": "r1", "tool": "look", "status": "success", "data": {"entries": [], "reads": 2}},
+        {"id": "r2", "tool": "look", "status": "success", "data": {"entries": [], "reads": 2}},
+        # the copy's data can be referenced like the original's
+        {"id": "use", "tool": "add", "status": "success", "data": {"value": "n=2"}},
+    ]
+
+
+def test_parallel_duplicates_wait_for_the_first_and_share_its_outcome(rt: Runtime) -> None:
+    ops = [
+        {"id": "r1", "tool": "look", "arguments": {}},
+        {"id": "r2", "tool": "look", "arguments": {}},
+        {"id": "use", "tool": "add", "arguments": {"value": "n=${r2.reads}"}},
+    ]
+    result = rt.call("batch", ctx_args("s", "a1", operations=ops, options={"parallel": True}))
+    assert result.structured is not None
+    by_id = {r["id"]: r for r in result.structured["results"]}
+    assert by_id["r1"]["data"] == by_id["r2"]["data"] == {"entries": [], "reads": 1}
+    assert by_id["use"]["status"] == "success" and by_id["use"]["data"] == {"value": "n=1"}
+    broken = [{"id": f"x{i}", "tool": "broken", "arguments": {}} for i in (1, 2)]
+    result = rt.call("batch", ctx_args("s", "a1", operations=broken, options={"parallel": True}))
+    assert result.structured is not None
+    assert [(r["status"], r["error"]) for r in result.structured["results"]] == [
+        ("failed", {"code": "tool_error", "message": "broken read 2"})
+    ] * 2
+
+
+def test_skips_say_which_condition_or_dependency_stopped_them(rt: Runtime) -> None:
+    ops = [
+        {"id": "zz", "tool": "broken", "arguments": {}},
+        {"id": "a", "tool": "add", "arguments": {"value": "x"}},
+        {"id": "bb", "tool": "broken", "arguments": {}},
+        {"id": "c", "tool": "add", "arguments": {"value": "c"}, "condition": {"ifSuccess": "bb"}},
+        {"id": "d", "tool": "add", "arguments": {"value": "d"}, "condition": {"ifFailed": "a"}},
+        {"id": "e", "tool": "add", "arguments": {"value": "e"}, "condition": {"ifFailed": "bb"}},
+        {"id": "f", "tool": "add", "arguments": {"value": "f"}, "dependsOn": ["bb", "a", "zz"]},
+        {"id": "g", "tool": "add", "arguments": {"value": "g"}, "dependsOn": ["c"]},
+    ]
+
+    def skipped(op: str, code: str, message: str) -> dict[str, Any]:
+        error = {"code": code, "message": message}
+        return {"id": op, "tool": "add", "status": "skipped", "error": error}
+
+    def failed(op: str, n: int) -> dict[str, Any]:
+        error = {"code": "tool_error", "message": f"broken read {n}"}
+        return {"id": op, "tool": "broken", "status": "failed", "error": error}
+
+    assert run(rt, ops) == [
+        failed("zz", 1),
+        {"id": "a", "tool": "add", "status": "success", "data": {"value": "x"}},
+        failed("bb", 2),  # a write in between: the read runs again
+        skipped("c", "condition_not_met", "'bb' did not succeed"),
+        skipped("d", "condition_not_met", "'a' did not fail"),
+        {"id": "e", "tool": "add", "status": "success", "data": {"value": "e"}},
+        # the first failed dependency in the batch's order, not by name
+        skipped("f", "dependency_failed", "dependency 'zz' failed"),
+        skipped("g", "dependency_skipped", "dependency 'c' skipped"),
+    ]
+
+
+def test_a_batch_out_of_time_fails_what_runs_and_skips_the_rest(rt: Runtime) -> None:
+    Ledger.stalled.clear()
+    Ledger.release.clear()
+    ops = [
+        {"id": "s", "tool": "stall", "arguments": {}},
+        {"id": "after", "tool": "add", "arguments": {"value": "late"}},
+    ]
+    try:
+        result = rt.call("batch", ctx_args("s", "a1", operations=ops, options={"timeout": 100}))
+    finally:
+        Ledger.release.set()
+    assert result.structured is not None
+    assert result.structured["results"] == [
+        {
+            "id": "s",
+            "tool": "stall",
+            "status": "failed",
+            "error": {"code": "timeout", "message": "the batch ran out of time"},
+        },
+        {
+            "id": "after",
+            "tool": "add",
+            "status": "skipped",
+            "error": {"code": "batch_timeout", "message": "the batch ran out of its 0.1 s"},
+        },
+    ]
+    summary = {k: v for k, v in result.structured["summary"].items() if k != "executionTime"}
+    assert summary == {"total": 2, "successful": 0, "failed": 1, "skipped": 1, "rolledBack": 0}
+    assert result.structured["summary"]["executionTime"] >= 100
+
+
+def test_metadata_times_each_operation_from_the_batch_start(rt: Runtime) -> None:
+    ops = [
+        {"id": "n1", "tool": "nap", "arguments": {"value": "a"}},
+        {"id": "n2", "tool": "nap", "arguments": {"value": "b"}},
+        {"id": "r1", "tool": "look", "arguments": {}},
+        {"id": "r2", "tool": "look", "arguments": {}},
+    ]
+    began = time.perf_counter()
+    result = rt.call(
+        "batch", ctx_args("s", "a1", operations=ops, options={"includeMetadata": True})
+    )
+    wall_ms = (time.perf_counter() - began) * 1000
+    assert result.structured is not None
+    meta = {r["id"]: r["metadata"] for r in result.structured["results"]}
+    assert [meta[i]["deduplicated"] for i in ("n1", "n2", "r1", "r2")] == [
+        False,
+        False,
+        False,
+        True,
+    ]
+    for m in meta.values():
+        assert m["startedMs"] >= 0 and m["durationMs"] >= 0
+        assert round(m["startedMs"], 3) == m["startedMs"]
+        assert round(m["durationMs"], 3) == m["durationMs"]
+    assert meta["n1"]["durationMs"] >= 45 and meta["n2"]["durationMs"] >= 45  # naps of 50 ms
+    # One after the other: n2 starts once n1 is done.
+    assert meta["n2"]["startedMs"] >= meta["n1"]["startedMs"] + meta["n1"]["durationMs"] - 0.01
+    total = result.structured["summary"]["executionTime"]
+    assert meta["n2"]["startedMs"] + meta["n2"]["durationMs"] <= total + 0.01
+    assert isinstance(total, float) and round(total, 3) == total and total <= wall_ms
+
+
+def test_a_rolled_back_batch_is_an_error_whose_text_is_its_result(rt: Runtime) -> None:
+    ops = [{"id": "a", "tool": "add", "arguments": {"value": "x"}}, {"id": "x", "tool": "broken"}]
+    result = rt.call("batch", ctx_args("s", "a1", operations=ops, options={"transactional": True}))
+    assert result.is_error and result.structured is not None
+    assert result.text.startswith("batch rolled back: ")
+    assert json.loads(result.text.removeprefix("batch rolled back: ")) == result.structured
+    assert [r["status"] for r in result.structured["results"]] == ["rolled_back", "failed"]
+
+
+def test_a_timed_out_operation_is_timed_from_its_own_start(rt: Runtime) -> None:
+    Ledger.stalled.clear()
+    Ledger.release.clear()
+    ops = [{"id": "s", "tool": "stall", "arguments": {}}]
+    options = {"timeout": 100, "includeMetadata": True}
+    try:
+        result = rt.call("batch", ctx_args("s", "a1", operations=ops, options=options))
+    finally:
+        Ledger.release.set()
+    assert result.structured is not None
+    (only,) = result.structured["results"]
+    assert only["status"] == "failed" and only["metadata"]["durationMs"] >= 50  # of ~100

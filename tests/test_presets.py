@@ -1,0 +1,98 @@
+"""Presets: exact refusals, the per-assistant cap, and options kept with the preset."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import ctx_args
+
+from ctxactors import Runtime
+from ctxactors.servers.batch import Presets
+
+
+@pytest.fixture
+def rt() -> Iterator[Runtime]:
+    with Runtime(call_timeout=20) as runtime:
+        yield runtime
+
+
+def call(rt: Runtime, tool: str, **args: Any) -> Any:
+    return rt.call(tool, ctx_args("s", "a1", **args))
+
+
+GOAL = {"tool": "create_goal", "arguments": {"goal": "{{topic}}"}}
+FAIL = {"tool": "mark_todo", "arguments": {"todo_id": "missing"}}
+
+
+def test_undeclared_and_unknown_params_are_named(rt: Runtime) -> None:
+    ops = [GOAL, {"tool": "add_todo", "arguments": {"name": "{{a}} {{b}}"}}]
+    refused = call(rt, "save_preset", name="p", operations=ops, params=["topic"])
+    assert refused.text == "preset 'p' uses undeclared params: a, b"
+    saved = call(rt, "save_preset", name="p", operations=[GOAL], params=["topic", "topic"])
+    assert saved.structured == {"name": "p", "params": ["topic"], "replaced": False}
+    wrong = call(rt, "run_preset", name="p", params={"topic": "x", "extra": 1})
+    assert wrong.text == "preset 'p' takes params ['topic']; missing [], unknown ['extra']"
+    missing = call(rt, "run_preset", name="p")
+    assert missing.text == "preset 'p' takes params ['topic']; missing ['topic'], unknown []"
+
+
+def test_placeholders_inside_nested_and_empty_values_are_found(rt: Runtime) -> None:
+    ops = [
+        {"tool": "create_playbook", "arguments": {"name": "{{n}}", "steps": []}},
+        {"tool": "create_playbook", "arguments": {"name": "x", "steps": ["a {{step}}"]}},
+        {"tool": "get_planning_state", "arguments": {}},
+    ]
+    refused = call(rt, "save_preset", name="p", operations=ops)
+    assert refused.text == "preset 'p' uses undeclared params: n, step"
+
+
+def test_the_cap_counts_new_names_only(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(Presets, "max_presets", 2)
+    for name in ("one", "two"):
+        assert not call(rt, "save_preset", name=name, operations=[GOAL], params=["topic"]).is_error
+    again = call(rt, "save_preset", name="two", operations=[GOAL], params=["topic"])
+    assert again.structured == {"name": "two", "params": ["topic"], "replaced": True}
+    over = call(rt, "save_preset", name="three", operations=[GOAL], params=["topic"])
+    assert over.text == "at most 2 presets per assistant; none saved"
+    assert [p["name"] for p in call(rt, "list_presets").structured["presets"]] == ["one", "two"]
+
+
+def test_a_transactional_preset_stays_transactional(rt: Runtime) -> None:
+    # Saved with the transaction option: a failing last step undoes the goal.
+    saved = call(
+        rt,
+        "save_preset",
+        name="tx",
+        operations=[GOAL, FAIL],
+        params=["topic"],
+        options={"transactional": True},
+    )
+    assert not saved.is_error, saved.text
+    ran = call(rt, "run_preset", name="tx", params={"topic": "Rust"}).structured
+    assert [r["status"] for r in ran["results"]] == ["rolled_back", "failed"]
+    assert call(rt, "get_planning_state").structured["goals"] == []
+
+
+def test_a_preset_without_params_has_its_arguments_checked_when_saved(rt: Runtime) -> None:
+    bad = [{"tool": "create_goal", "arguments": {"goal": 3}}]
+    refused = call(rt, "save_preset", name="bad", operations=bad)
+    assert refused.is_error and "Expected `str`, got `int`" in refused.text
+    # With params the arguments are only known when it runs: checked then.
+    ops = [{"tool": "create_goal", "arguments": {"goal": "{{g}}"}}]
+    assert not call(rt, "save_preset", name="later", operations=ops, params=["g"]).is_error
+    ran = call(rt, "run_preset", name="later", params={"g": 3})
+    assert ran.is_error and ran.text == (
+        "operation 0: invalid arguments for 'create_goal': Expected `str`, got `int` - at `$.goal`"
+    )
+
+
+def test_a_transactional_preset_refuses_an_operation_that_cannot_be_undone(rt: Runtime) -> None:
+    select = [{"tool": "select_playbook", "arguments": {"id": "pb1"}}]
+    refused = call(rt, "save_preset", name="tx", operations=select, options={"transactional": True})
+    assert refused.text == (
+        "operation 0: 'select_playbook' has no compensation, so it can't run in a "
+        "transactional batch"
+    )
+    assert not call(rt, "save_preset", name="plain", operations=select).is_error

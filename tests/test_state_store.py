@@ -1,0 +1,243 @@
+"""The store contract, the same for memory, a real SQLite file and a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from state_support import RedisServer, redis_server
+
+from ctxactors.state import (
+    GroupCommit,
+    MemoryStore,
+    RedisStore,
+    SQLiteStore,
+    StaleStateError,
+    StateStore,
+    StoreUnavailableError,
+    Write,
+)
+
+S1 = (None, "s1")
+PLAN = ("planning", "a1", None)
+
+
+@pytest.fixture(scope="module")
+def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    with redis_server(tmp_path_factory.mktemp("redis")) as server:
+        yield server
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StateStore]:
+    made: StateStore
+    if request.param == "memory":
+        made = MemoryStore()
+    elif request.param == "sqlite":
+        made = SQLiteStore(tmp_path / "state.db")
+    else:
+        server: RedisServer = request.getfixturevalue("redis")
+        made = RedisStore(server.url, prefix=f"t{os.urandom(4).hex()}")
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_a_save_creates_then_advances_the_revision(store: StateStore) -> None:
+    assert store.load(S1, PLAN) is None
+    assert store.write([Write(S1, PLAN, b"one", 0)]) == [1]
+    assert store.write([Write(S1, PLAN, b"two", 1)]) == [2]
+    record = store.load(S1, PLAN)
+    assert record is not None and (record.revision, record.data) == (2, b"two")
+
+
+def test_a_stale_writer_is_refused_and_the_newer_state_stays(store: StateStore) -> None:
+    store.write([Write(S1, PLAN, b"v1", 0)])
+    assert store.write([Write(S1, PLAN, b"fresh", 1)]) == [2]
+    (outcome,) = store.write([Write(S1, PLAN, b"stale", 1)])  # loaded rev 1, store has 2
+    assert isinstance(outcome, StaleStateError)
+    assert (outcome.expected, outcome.current) == (1, 2)
+    (created_twice,) = store.write([Write(S1, PLAN, b"again", 0)])
+    assert isinstance(created_twice, StaleStateError) and created_twice.current == 2
+    record = store.load(S1, PLAN)
+    assert record is not None and record.data == b"fresh"
+
+
+def test_each_write_of_a_batch_has_its_own_outcome(store: StateStore) -> None:
+    other = ("playbooks",)
+    outcomes = store.write(
+        [Write(S1, PLAN, b"a", 0), Write(S1, other, b"b", 5), Write(S1, PLAN, b"c", 1)]
+    )
+    assert outcomes[0] == 1 and outcomes[2] == 2
+    assert isinstance(outcomes[1], StaleStateError)
+    assert store.load(S1, other) is None
+
+
+def test_keys_and_sessions_are_tuples_not_joined_strings(store: StateStore) -> None:
+    store.write([Write((None, "a::b"), ("c",), b"x", 0)])
+    assert store.load((None, "a"), ("b::c",)) is None
+    assert store.load(("p", "a::b"), ("c",)) is None  # another principal's session
+    assert store.load((None, "a::b"), ("c",)) is not None
+
+
+def test_delete_session_forgets_only_that_session(store: StateStore) -> None:
+    s2 = ("principal-b", "s1")
+    store.write([Write(S1, PLAN, b"a", 0), Write(S1, ("content",), b"b", 0)])
+    store.write([Write(s2, PLAN, b"other", 0)])
+    assert store.delete_session(S1) == 2
+    assert store.load(S1, PLAN) is None and store.load(S1, ("content",)) is None
+    kept = store.load(s2, PLAN)
+    assert kept is not None and kept.data == b"other"
+
+
+def test_a_delete_write_removes_one_key(store: StateStore) -> None:
+    store.write([Write(S1, PLAN, b"a", 0)])
+    assert store.write([Write(S1, PLAN, None, 1)]) == [0]
+    assert store.load(S1, PLAN) is None
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_retention_forgets_a_session_after_its_last_use(kind: str, tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    store: StateStore = (
+        MemoryStore(retention=60, clock=lambda: now[0])
+        if kind == "memory"
+        else SQLiteStore(tmp_path / "r.db", retention=60, clock=lambda: now[0])
+    )
+    store.write([Write(S1, PLAN, b"a", 0), Write((None, "s2"), PLAN, b"b", 0)])
+    now[0] += 45
+    assert store.load(S1, PLAN) is not None  # a load is a use: s1 starts a new hour
+    now[0] += 30
+    assert store.purge() == 1  # s2 was last used 75 s ago
+    assert store.load((None, "s2"), PLAN) is None
+    assert store.load(S1, PLAN) is not None
+    now[0] += 61
+    assert store.load(S1, PLAN) is None
+    store.close()
+
+
+def test_redis_expires_a_session_itself(redis: RedisServer) -> None:
+    import redis as redis_lib
+
+    store = RedisStore(redis.url, retention=30, prefix="ttl")
+    store.write([Write(S1, PLAN, b"a", 0)])
+    ttl = redis_lib.Redis.from_url(redis.url).pttl('ttl:[null,"s1"]')
+    assert 0 < ttl <= 30_000
+    store.close()
+
+
+def test_group_commit_writes_concurrent_saves_together(store: StateStore) -> None:
+    commit = GroupCommit(store)
+    threads, per_thread = 16, 40
+    barrier = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        key = ("k", str(n))
+        barrier.wait()
+        try:
+            for revision in range(per_thread):
+                data = f"{n}:{revision + 1}".encode()
+                assert commit.save(Write(S1, key, data, revision)) == revision + 1
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    workers = [threading.Thread(target=writer, args=(n,)) for n in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    commit.close()
+    assert errors == []
+    assert commit.saves == threads * per_thread
+    for n in range(threads):
+        record = store.load(S1, ("k", str(n)))
+        assert record is not None and record.data == f"{n}:{per_thread}".encode()
+
+
+def test_group_commit_answers_every_save_of_a_failed_batch(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "x.db")
+    commit = GroupCommit(store)
+    store.close()  # every transaction now fails: a store that is down
+    with pytest.raises(StoreUnavailableError):
+        commit.save(Write(S1, PLAN, b"a", 0), timeout=10)
+    commit.close()
+    with pytest.raises(StoreUnavailableError, match="closed"):
+        commit.save(Write(S1, PLAN, b"a", 0), timeout=10)
+
+
+def test_redis_down_is_a_clear_error_and_recovery_is_automatic(tmp_path: Path) -> None:
+    with redis_server(tmp_path) as server:
+        store = RedisStore(server.url, timeout=2)
+        store.write([Write(S1, PLAN, b"before", 0)])
+        server.stop()
+        with pytest.raises(StoreUnavailableError, match="Redis store unavailable"):
+            store.write([Write(S1, PLAN, b"during", 1)])
+        server.start()
+        assert store.write([Write(S1, PLAN, b"after", 1)]) == [2]
+        record = store.load(S1, PLAN)
+        assert record is not None and record.data == b"after"
+        store.close()
+
+
+def test_redis_restart_keeps_every_acknowledged_save(tmp_path: Path) -> None:
+    with redis_server(tmp_path) as server:
+        store = RedisStore(server.url)
+        commit = GroupCommit(store)
+        for n in range(50):
+            commit.save(Write(S1, ("k", str(n)), str(n).encode(), 0))
+        server.stop(kill=True)  # SIGKILL: only what appendfsync always wrote survives
+        server.start()
+        for n in range(50):
+            record = store.load(S1, ("k", str(n)))
+            assert record is not None and record.data == str(n).encode()
+        commit.close()
+        store.close()
+
+
+_WRITER = """
+import sys
+from ctxactors.state import GroupCommit, SQLiteStore, Write
+store = SQLiteStore(sys.argv[1])
+commit = GroupCommit(store)
+import threading
+out = threading.Lock()
+def run(n):
+    rev = 0
+    while True:
+        rev = commit.save(Write((None, "s"), ("k", str(n)), str(rev + 1).encode(), rev))
+        with out:
+            print(n, rev, flush=True)
+for n in range(8):
+    threading.Thread(target=run, args=(n,), daemon=True).start()
+threading.Event().wait()
+"""
+
+
+def test_sqlite_keeps_every_acknowledged_save_across_kill_9(tmp_path: Path) -> None:
+    db = tmp_path / "crash.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(db)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    acked: dict[str, int] = {}
+    for _ in range(2000):  # read acknowledgements, then kill mid-stream
+        n, rev = proc.stdout.readline().split()
+        acked[n] = int(rev)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store = SQLiteStore(db)
+    for n, rev in acked.items():
+        record = store.load((None, "s"), ("k", n))
+        assert record is not None
+        # Everything acknowledged is there (later saves may have landed unacknowledged).
+        assert record.revision >= rev
+        assert record.data == str(record.revision).encode()
+    store.close()

@@ -1,0 +1,419 @@
+"""Declaring a server: the published definitions, validation and the refusals, exactly.
+
+The servers here are declared inside the tests (not at import), so the declaration code
+runs while each test runs; that is what lets mutation testing reach it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+import pytest
+from conftest import ctx_args
+
+from ctxactors import InvalidArgumentsError, Runtime, Scope, Server, ToolContext, tool
+from ctxactors.results import ToolResult, UnknownToolError
+from ctxactors.tools import collect_tools, input_schema, pick, refuse_context_fields
+
+
+class Child(msgspec.Struct):
+    label: str
+    weight: float = 1.0
+
+
+def declare() -> type[Server]:
+    class Kit(Server):
+        """A server with one tool of each shape."""
+
+        scope = Scope.ASSISTANT
+
+        @tool
+        def plain(
+            self,
+            ctx: ToolContext,
+            text: str,
+            count: int = 2,
+            tags: list[str] = [],  # noqa: B006 - msgspec copies defaults
+            note: str | None = None,
+        ) -> dict[str, Any]:
+            """Say it.
+
+            Twice."""
+            return {
+                "text": text,
+                "count": count,
+                "tags": tags,
+                "note": note,
+                "who": ctx.assistant_id,
+            }
+
+        @tool(name="renamed", title="Nice", read_only=True, open_world=True)
+        def ro(self, ctx: ToolContext) -> dict[str, Any]:
+            return {}
+
+        @tool(destructive=True, idempotent=True)
+        def wipe(
+            self,
+            ctx: ToolContext,
+            *,
+            depth: Annotated[int, msgspec.Meta(ge=1, le=5)],
+            child: Child | None = None,
+        ) -> dict[str, Any]:
+            """Wipe."""
+            return {"depth": depth, "child": None if child is None else child.label}
+
+    return Kit
+
+
+WRITE_HINTS = {"destructiveHint": False, "idempotentHint": False, "openWorldHint": False}
+
+
+def test_definitions_are_exact() -> None:
+    kit = declare()
+    assert kit.name == "kit"  # the class name, lower-cased, when none is given
+    assert list(kit.tools) == ["plain", "renamed", "wipe"]
+    assert [s.definition() for s in kit.tools.values()] == [
+        {
+            "name": "plain",
+            "description": "Say it.\n\nTwice.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "text": {"type": "string"},
+                    "count": {"type": "integer", "default": 2},
+                    "tags": {"type": "array", "items": {"type": "string"}, "default": []},
+                    "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
+                },
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+            "annotations": {"readOnlyHint": False, **WRITE_HINTS},
+        },
+        {
+            "name": "renamed",
+            "description": "renamed",  # no docstring: the name
+            "inputSchema": {
+                "type": "object",
+                "properties": {},
+                "required": [],
+                "additionalProperties": False,
+            },
+            "annotations": {"readOnlyHint": True, "openWorldHint": True, "title": "Nice"},
+        },
+        {
+            "name": "wipe",
+            "description": "Wipe.",
+            "inputSchema": {
+                "type": "object",
+                "properties": {
+                    "depth": {"type": "integer", "minimum": 1, "maximum": 5},
+                    "child": {
+                        "anyOf": [{"$ref": "#/$defs/Child"}, {"type": "null"}],
+                        "default": None,
+                    },
+                },
+                "required": ["depth"],
+                "additionalProperties": False,
+                "$defs": {
+                    "Child": {
+                        "title": "Child",
+                        "type": "object",
+                        "properties": {
+                            "label": {"type": "string"},
+                            "weight": {"type": "number", "default": 1.0},
+                        },
+                        "required": ["label"],
+                    }
+                },
+            },
+            "annotations": {
+                "readOnlyHint": False,
+                "destructiveHint": True,
+                "idempotentHint": True,
+                "openWorldHint": False,
+            },
+        },
+    ]
+    specs = kit.tools
+    assert [s.read_only for s in specs.values()] == [False, True, False]
+    assert specs["plain"].field_names == ("text", "count", "tags", "note")
+    assert specs["plain"].server is kit and repr(specs["wipe"]) == "<ToolSpec kit.wipe>"
+    assert specs["plain"].args_type.__name__ == "Kit_plain_args"
+    # Each definition is a copy: changing one changes nothing published.
+    specs["renamed"].definition()["annotations"]["title"] = "changed"
+    assert specs["renamed"].definition()["annotations"]["title"] == "Nice"
+
+
+def test_calls_validate_strictly_and_run_with_the_defaults() -> None:
+    kit = declare()
+    with Runtime([kit]) as rt:
+        done = rt.call("plain", ctx_args("s", "a1", text="hi"))
+        assert done.structured == {"text": "hi", "count": 2, "tags": [], "note": None, "who": "a1"}
+        assert rt.call("wipe", ctx_args("s", "a1", depth=5, child={"label": "x"})).structured == {
+            "depth": 5,
+            "child": "x",
+        }
+        assert rt.call("renamed", ctx_args("s")).structured == {}
+        with pytest.raises(UnknownToolError, match="unknown tool 'ro'"):
+            rt.call("ro", ctx_args("s"))
+        assert rt.tool_spec("wipe") is kit.tools["wipe"]
+        with pytest.raises(UnknownToolError, match="unknown tool 'nope'"):
+            rt.tool_spec("nope")
+    spec = kit.tools["plain"]
+    refusals = {
+        "invalid arguments for 'plain': Expected `int`, got `str` - at `$.count`": {
+            "text": "x",
+            "count": "2",  # strict: no coercion
+        },
+        "invalid arguments for 'plain': Object missing required field `text`": {},
+        "invalid arguments for 'plain': Object contains unknown field `extra`": {
+            "text": "x",
+            "extra": 1,
+        },
+    }
+    for message, arguments in refusals.items():
+        with pytest.raises(InvalidArgumentsError) as caught:
+            spec.validate(arguments)
+        assert str(caught.value) == message
+    with pytest.raises(InvalidArgumentsError, match=r"Expected `int` >= 1 - at `\$.depth`"):
+        kit.tools["wipe"].validate({"depth": 0})
+
+
+def test_a_handler_that_raises_gives_an_error_result_and_the_state_stays() -> None:
+    class Fragile(Server):
+        name = "fragile"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        @tool
+        def bump(self, ctx: ToolContext, fail: bool = False) -> dict[str, Any]:
+            """Count, then maybe fail."""
+            self.n += 1
+            if fail:
+                raise KeyboardInterrupt  # a BaseException too
+            return {"n": self.n}
+
+    spec = Fragile.tools["bump"]
+    server = Fragile()
+    result = spec.invoke(server, ToolContext("s"), spec.validate({"fail": True}))
+    assert isinstance(result, ToolResult) and result.is_error
+    assert spec.invoke(server, ToolContext("s"), spec.validate({})).structured == {"n": 2}
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ("session_id: str", "session_id"),
+        ("sessionId: str", "sessionId"),
+        ("assistant_id: str", "assistant_id"),
+        ("Thread_ID: str", "Thread_ID"),
+        ("ASSISTANTID: str", "ASSISTANTID"),
+        ("inner: Nested", "thread_id"),
+        ("many: list[Nested]", "thread_id"),
+        ("renamed: Dunder", "__x"),
+    ],
+)
+def test_a_field_that_could_carry_the_context_is_refused(params: str, field: str) -> None:
+    source = f'''
+class Bad(Server):
+    @tool
+    def leak(self, ctx: ToolContext, {params}) -> dict[str, Any]:
+        """Leak."""
+        return {{}}
+'''
+    with pytest.raises(TypeError) as caught:
+        exec(source, {**globals(), "Nested": Nested, "Dunder": Dunder})
+    assert str(caught.value) == (
+        f"Bad.leak: property {field!r} is reserved for the call context; "
+        "take the context from the handler's ctx parameter instead"
+    )
+
+
+class Nested(msgspec.Struct):
+    thread_id: str
+
+
+class Dunder(msgspec.Struct):
+    x: str = msgspec.field(name="__x")
+
+
+def test_context_names_are_refused_anywhere_in_a_schema_and_nowhere_else() -> None:
+    refuse_context_fields({"properties": {"session": {}, "assistant": {}, "ids": {}}}, "ok")
+    refuse_context_fields([{"properties": {"threads": {}}}, "x", 1], "ok")
+    deep = {"anyOf": [{"type": "null"}, {"items": [{"properties": {"threadId": {}}}]}]}
+    with pytest.raises(TypeError, match=r"^deep: property 'threadId' is reserved"):
+        refuse_context_fields(deep, "deep")
+
+
+def test_bad_handler_signatures_are_refused_clearly() -> None:
+    with pytest.raises(TypeError) as caught:
+
+        class NoCtx(Server):
+            @tool
+            def f(self) -> dict[str, Any]:
+                return {}
+
+    assert str(caught.value) == "tool 'f' of NoCtx must take (self, ctx, ...arguments)"
+    with pytest.raises(TypeError) as caught:
+
+        class NotSelf(Server):
+            @tool
+            def f(me, ctx: ToolContext) -> dict[str, Any]:  # noqa: N805
+                return {}
+
+    assert str(caught.value) == "tool 'f' of NotSelf must take (self, ctx, ...arguments)"
+    with pytest.raises(TypeError) as caught:
+
+        class Star(Server):
+            @tool
+            def f(self, ctx: ToolContext, *rest: str) -> dict[str, Any]:
+                return {}
+
+    assert str(caught.value) == "tool 'f': parameter 'rest' must be a named one"
+
+
+def test_subclasses_inherit_and_override_tools() -> None:
+    base = declare()
+
+    class More(base):  # type: ignore[valid-type, misc]
+        name = "more"
+
+        @tool(read_only=True)
+        def plain(self, ctx: ToolContext) -> dict[str, Any]:
+            """Replaced."""
+            return {}
+
+    assert list(More.tools) == ["plain", "renamed", "wipe"]
+    assert More.tools["plain"].description == "Replaced."
+    assert More.tools["plain"].server is More and More.tools["wipe"].server is More
+    assert base.tools["plain"].description == "Say it.\n\nTwice."
+
+
+def test_collect_tools_refuses_duplicates_and_non_servers() -> None:
+    kit = declare()
+    other = declare()
+    assert list(collect_tools([kit])) == ["plain", "renamed", "wipe"]
+    with pytest.raises(ValueError) as caught:
+        collect_tools([kit, other])
+    assert str(caught.value) == "duplicate tool name 'plain': declared by both Kit and Kit"
+    with pytest.raises(TypeError, match=r"^<class 'int'> is not a Server subclass$"):
+        collect_tools([int])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="is not a Server subclass"):
+        collect_tools([kit.tools["plain"]])  # type: ignore[list-item]
+
+
+def test_pick_copies_present_fields_under_new_names() -> None:
+    extract = pick(made="id", count="n", gone="missing", empty="none")
+    result = ToolResult.ok({"id": "g1", "n": 0, "none": None})
+    assert extract({}, result) == {"made": "g1", "count": 0}
+    assert extract({}, ToolResult.error("failed")) == {}
+
+
+def test_input_schema_of_a_struct_inlines_its_reference() -> None:
+    assert input_schema(Child) == {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "weight": {"type": "number", "default": 1.0}},
+        "required": ["label"],
+    }
+
+
+def test_the_unified_listing_names_every_action_with_its_arguments() -> None:
+    class Extra(Server):
+        @tool
+        def mix(
+            self,
+            ctx: ToolContext,
+            anything: Any,
+            rows: list[Child] = [],  # noqa: B006 - msgspec copies defaults
+            grid: list[list[int]] | None = None,
+            bag: list[Any] = [],  # noqa: B006 - msgspec copies defaults
+        ) -> dict[str, Any]:
+            """First line
+            goes on.
+
+            Not in the summary."""
+            return {}
+
+    with Runtime([declare(), Extra], tools="unified") as rt:
+        listed = rt.list_tools()
+        assert rt.call("mix", ctx_args("s", anything=1)).structured == {}  # still callable
+    assert [t["name"] for t in listed] == ["batch", "save_preset", "list_presets", "run_preset"]
+    assert listed[0]["description"].startswith("Run many tool calls in one call.")
+    catalog = listed[0]["description"].split(
+        "\n\nCategories and actions (category: action{arguments}, ? = optional):\n", 1
+    )[1]
+    assert catalog.splitlines()[:2] == [
+        "- kit: plain{text: string, count?: integer, tags?: string[], note?: string|null} "
+        "(Say it.); renamed{} (renamed); wipe{depth: integer, child?: object|null} (Wipe.)",
+        "- extra: mix{anything: any, rows?: object[], grid?: integer[][]|null, bag?: any[]} "
+        "(First line goes on.)",
+    ]
+    assert catalog.splitlines()[2].startswith("- history: get_recent_context{limit?: integer, ")
+    assert len(catalog.splitlines()) == 3  # the batch and preset tools are not listed
+
+
+def test_an_explicit_name_is_kept_and_extract_and_compensate_are_carried() -> None:
+    def undo(self: Any, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        """Nothing to undo."""
+
+    extract = pick(made="id")
+
+    class Named(Server):
+        name = "explicit-name"
+
+        @tool(extract=extract, compensate=undo)
+        def make(self, ctx: ToolContext) -> dict[str, Any]:
+            """Make."""
+            return {"id": "m1"}
+
+    assert Named.name == "explicit-name"
+    spec = Named.tools["make"]
+    assert spec.extract is extract and spec.compensate is undo
+    assert declare().tools["plain"].extract is None
+    assert declare().tools["plain"].compensate is None
+    with Runtime([Named]) as rt:
+        rt.call("make", ctx_args("s"))
+        (op,) = rt.call("get_recent_context", ctx_args("s")).structured["operations"]
+        assert op["metadata"] == {"made": "m1"}
+        assert rt.registry.keys()[0][0] == "explicit-name"
+
+
+def test_unannotated_keyword_only_and_module_details_of_the_args_type() -> None:
+    class Loose(Server):
+        @tool
+        def take(self, ctx: ToolContext, anything, first: int = 1, *, last: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]  # noqa: ANN001
+            """An unannotated argument takes any value; a required one may follow an optional."""
+            return {"anything": anything, "first": first, "last": last}
+
+    spec = Loose.tools["take"]
+    assert spec.args_type.__module__ == __name__
+    assert spec.input_schema["properties"]["anything"] == {}
+    assert spec.input_schema["required"] == ["anything", "last"]
+    with Runtime([Loose]) as rt:
+        done = rt.call("take", ctx_args("s", anything=[1, {"a": None}], last="z"))
+    assert done.structured == {"anything": [1, {"a": None}], "first": 1, "last": "z"}
+
+
+def test_a_spoofed_context_field_is_dropped_with_a_warning_naming_it() -> None:
+    from structlog.testing import capture_logs
+
+    from ctxactors import inject_context
+
+    with capture_logs() as logs:
+        out = inject_context(
+            {"goal": "x", "__sessionId": "victim", "__other": 1}, ToolContext("s1", "a1", "t1")
+        )
+    assert out == {"goal": "x", "__sessionId": "s1", "__assistantId": "a1", "__threadId": "t1"}
+    assert logs == [
+        {
+            "logger": "ctxactors.context",
+            "event": "spoofed_context_dropped",
+            "log_level": "warning",
+            "fields": ["__other", "__sessionId"],
+            "session_id": "s1",
+            "assistant_id": "a1",
+            "thread_id": "t1",
+        }
+    ]
