@@ -251,6 +251,14 @@ def test_a_log_line_with_a_lone_surrogate_is_escaped_instead_of_failing_the_call
     assert result.structured == {"goals": [], "todos": []}
 
 
+@pytest.mark.parametrize("arguments", ["\ud800", '{"goal": "x\udfff"}'])
+def test_arguments_text_with_a_lone_surrogate_is_invalid_arguments(
+    embedded: Runtime, arguments: str
+) -> None:
+    with pytest.raises(InvalidArgumentsError, match="not valid text: surrogates not allowed"):
+        embedded.call("create_goal", arguments)
+
+
 # -- REST ----------------------------------------------------------------------------------
 
 INVALID_UTF8 = [b"\xff", b"\xc3", b"\xed\xa0\x80", b"\xc0\xaf", b"\x80abc", b"\xf4\x90\x80\x80"]
