@@ -99,6 +99,10 @@ def parse_arguments(arguments: Mapping[str, Any] | str | bytes | None) -> dict[s
             raise InvalidArgumentsError(f"arguments are not valid JSON: {exc}") from None
         except RecursionError:  # msgspec's answer to nesting deeper than the stack allows
             raise InvalidArgumentsError("arguments are nested too deeply to decode") from None
+        except UnicodeEncodeError as exc:  # a str with a lone surrogate has no UTF-8 form
+            raise InvalidArgumentsError(
+                f"arguments are not valid text: {exc.reason} at character {exc.start}"
+            ) from None
     if isinstance(arguments, dict):
         return arguments
     if isinstance(arguments, Mapping):
