@@ -19,6 +19,7 @@ Precedence (`read_context`), strongest first:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -141,6 +142,27 @@ def read_context(
     return ToolContext(session, assistant, thread, principal), spoofed, False
 
 
+MAX_ID = 256
+# What no id may hold: control characters (C0, DEL, C1) and lone surrogates. Such an id
+# could not travel in an HTTP header or be stored as text, so it would name a session that
+# exists on one surface only.
+_NOT_IN_IDS = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_id(value: str, what: str) -> str:
+    """`value` if it can be a session, assistant or thread id on every surface, else
+    `InvalidArgumentsError` naming `what` and the reason."""
+    if not 0 < len(value) <= MAX_ID:
+        raise InvalidArgumentsError(f"{what} must be 1 to {MAX_ID} characters")
+    if not value.isascii() or not value.isprintable():  # fast path: printable ASCII
+        bad = _NOT_IN_IDS.search(value)
+        if bad is not None:
+            raise InvalidArgumentsError(f"{what} contains the character {bad[0]!r}")
+    if value != value.strip(" \t"):
+        raise InvalidArgumentsError(f"{what} starts or ends with a space or tab")
+    return value
+
+
 def _argument(arguments: Mapping[str, Any], camel: str, snake: str) -> str | None:
     """A context argument, camelCase first; a non-string value is refused naming it."""
     if camel in arguments:
@@ -151,7 +173,7 @@ def _argument(arguments: Mapping[str, Any], camel: str, snake: str) -> str | Non
         return None
     value = arguments[name]
     if isinstance(value, str):
-        return value
+        return check_id(value, f"reserved field {name!r}")
     raise InvalidArgumentsError(
         f"reserved field {name!r} must be a string, got {type(value).__name__}"
     )
@@ -165,8 +187,10 @@ def _from_meta(meta: Mapping[str, Any]) -> tuple[str | None, str | None, str | N
 
 def _meta_value(meta: Mapping[str, Any], key: str) -> str | None:
     value = meta.get(key)
-    if value is None or isinstance(value, str):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return check_id(value, f"_meta field {key!r}")
     raise InvalidArgumentsError(f"_meta field {key!r} must be a string, got {type(value).__name__}")
 
 

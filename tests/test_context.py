@@ -6,12 +6,20 @@ import json
 import string
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ctxactors import InvalidArgumentsError, Scope, ToolContext, clean_args, inject_context
+from ctxactors import (
+    InvalidArgumentsError,
+    Runtime,
+    Scope,
+    ToolContext,
+    clean_args,
+    inject_context,
+)
 
 ctx_a1 = ToolContext("s1", "a1", "t1")
 
@@ -118,12 +126,11 @@ json_values = st.recursive(
     max_leaves=10,
 )
 llm_keys = st.text(min_size=1, max_size=12).filter(lambda k: not k.startswith("__"))
-contexts = st.builds(
-    ToolContext,
-    st.text(min_size=1, max_size=8),
-    st.none() | st.text(max_size=8),
-    st.none() | st.text(max_size=8),
+# Ids every surface can carry: no control characters or lone surrogates, no edge blanks.
+ids = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=8).filter(
+    lambda s: s == s.strip(" \t")
 )
+contexts = st.builds(ToolContext, ids, st.none() | ids, st.none() | ids)
 
 
 @given(st.dictionaries(llm_keys, json_values, max_size=6), contexts)
@@ -155,3 +162,28 @@ def test_keys_do_not_collide_on_separator_tricks() -> None:
     a = ToolContext("a::b", "c")
     b = ToolContext("a", "b::c")
     assert Scope.ASSISTANT.key("p", a) != Scope.ASSISTANT.key("p", b)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["\ud800", "s\x00", "s\r\nX-Evil: 1", "\x85", "x" * 257, "", " s", "s\t"],
+)
+@pytest.mark.parametrize("via", ["arguments", "meta"])
+def test_an_id_no_surface_can_carry_is_refused_before_anything_runs(bad: str, via: str) -> None:
+    with Runtime() as rt:
+        for field in ("session", "assistant", "thread"):
+            if via == "arguments":
+                args: dict[str, Any] = {"goal": "g", f"__{field}Id": bad}
+                meta = None
+            else:
+                args, meta = {"goal": "g"}, {f"ctxactors/{field}Id": bad}
+            with pytest.raises(InvalidArgumentsError):
+                rt.call("create_goal", args, meta=meta)
+        assert rt.stats()["spawned"] == 0
+
+
+def test_ids_beyond_ascii_are_fine_and_are_one_session() -> None:
+    with Runtime() as rt:
+        rt.call("create_goal", {"goal": "g", "__sessionId": "café-세션"})
+        state = rt.call("get_planning_state", {}, meta={"ctxactors/sessionId": "café-세션"})
+        assert [g["goal"] for g in state.structured["goals"]] == ["g"]  # type: ignore[index]

@@ -24,7 +24,6 @@ comes from.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
@@ -40,7 +39,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ctxactors.context import ToolContext, inject_context
+from ctxactors.context import MAX_ID, ToolContext, check_id, inject_context
 from ctxactors.logs import get_logger
 from ctxactors.results import (
     CallTimeoutError,
@@ -55,11 +54,9 @@ from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
 from ctxactors.transports.auth import principal_of
 from ctxactors.transports.inflight import InFlight
 
-MAX_ID = 256
 MAX_LIMIT = 1_000  # above what any history keeps: a bigger limit means "everything"
 Id = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID)]
 # Control characters (C0, DEL, C1) and lone surrogates: no header value can carry them.
-_NO_HEADER_CARRIES = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 # -- the shapes on the wire (single source of truth for responses and /openapi.json) --------
@@ -169,15 +166,11 @@ def _header_id(request: Request, header: str) -> str | None:
 
 
 def _header_safe(value: str, what: str, code: str) -> str:
-    """`value` if a header can carry it (it may be sent back in ``X-Session-Id``)."""
-    bad = _NO_HEADER_CARRIES.search(value)
-    if bad is not None:
-        raise ApiError(
-            400, code, f"{what} contains the character {bad[0]!r}, which no header carries"
-        )
-    if value != value.strip(" \t"):
-        raise ApiError(400, code, f"{what} starts or ends with a space or tab")
-    return value
+    """`value` if it is an id every surface (and a response header) can carry."""
+    try:
+        return check_id(value, what)
+    except InvalidArgumentsError as exc:
+        raise ApiError(400, code, str(exc)) from None
 
 
 def _as_header(value: str) -> str:
