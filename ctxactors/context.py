@@ -157,7 +157,9 @@ def check_id(value: str, what: str) -> str:
     if not value.isascii() or not value.isprintable():  # fast path: printable ASCII
         bad = _NOT_IN_IDS.search(value)
         if bad is not None:
-            raise InvalidArgumentsError(f"{what} contains the character {bad[0]!r}")
+            raise InvalidArgumentsError(
+                f"{what} contains the character {bad[0]!r}, which no header carries"
+            )
     if value != value.strip(" \t"):
         raise InvalidArgumentsError(f"{what} starts or ends with a space or tab")
     return value

@@ -143,7 +143,8 @@ def test_the_cases_the_issue_names(
 
 # -- embedded runtime ----------------------------------------------------------------------
 
-_values = st.none() | st.text(max_size=2) | st.integers(0, 2) | st.booleans()
+# Valid ids only: the id rule itself (check_id) is tested in test_context.py.
+_values = st.none() | st.text("ab", min_size=1, max_size=2) | st.integers(0, 2) | st.booleans()
 _argument_names = st.sampled_from(
     [*(name for names in SPELLINGS.values() for name in names), "__principal", "__x", "goal"]
 )

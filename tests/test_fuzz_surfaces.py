@@ -48,7 +48,7 @@ from served_support import (
 )
 
 from ctxactors import CallTimeoutError, CtxActorsError, InvalidArgumentsError, Runtime, ToolResult
-from ctxactors.context import META_KEYS
+from ctxactors.context import META_KEYS, check_id
 from ctxactors.logs import _serialize
 from ctxactors.servers import Content, Planning, Playbooks
 
@@ -212,7 +212,10 @@ def read_back(rt: Runtime, arguments: Any, meta: Any) -> None:
     sessions = {"f1"}
     for source, key in ((arguments, "__sessionId"), (meta, META_KEYS["session_id"])):
         if isinstance(source, dict) and isinstance(source.get(key), str):
-            sessions.add(source[key])
+            try:  # an id no surface can carry was refused: it named no session
+                sessions.add(check_id(source[key], key))
+            except InvalidArgumentsError:
+                pass
     for session in sessions:
         for tool in READS:
             result = rt.call(tool, {"__sessionId": session})
