@@ -9,9 +9,11 @@ Everything that decides an actor's life happens under one lock, in one place:
   calls already sent to it and stops when its in-flight count reaches zero. There is no
   window in which a call can reach a stopping actor, so no call is ever lost.
 - The table is an `OrderedDict` in least-recently-used order, which makes both the TTL pass
-  (stop at the first fresh entry) and the LRU cap (first idle entry) cheap. With a
-  per-principal cap, each principal also has its own LRU table, so a flood of sessions from
-  one principal passivates that principal's keys and never another's.
+  (stop at the first fresh entry) and the LRU caps (first idle entry) cheap. Each principal
+  also has its own LRU table: over its own cap, or over the global cap while it holds more
+  than its fair share of it (the cap divided by the principals with live keys), a principal
+  gives up its own least recently used idle key. So a flood of sessions from one principal
+  passivates that principal's keys, not another's.
 - A key is ``(server, (principal, session_id), ...)``: its second item names the session,
   which groups the actors that `end_session` stops and the state they share.
 
@@ -82,7 +84,7 @@ class Registry:
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
         self._by_session: dict[SessionKey, set[Key]] = {}
         self._session_state: dict[SessionKey, dict[str, Any]] = {}
-        # principal -> its live entries in LRU order; kept only when there is a cap.
+        # principal -> its live entries in LRU order (the caps evict a principal's own first).
         self._by_principal: dict[str | None, OrderedDict[Key, Entry]] = {}
         self._closed = False
         self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0, "calls": 0}
@@ -112,15 +114,20 @@ class Registry:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._spawn(key, factory)
+                own = self._by_principal[key[1][0]]
                 cap = self.max_actors_per_principal
-                if cap is not None and len(own := self._by_principal[key[1][0]]) > cap:
+                if cap is not None and len(own) > cap:
                     victims = self._evict_lru(own, entry, "max_actors_per_principal")
                 if len(self._entries) > self.max_actors:
-                    victims += self._evict_lru(self._entries, entry, "max_actors")
+                    # A principal holding more than its fair share of the cap pays with its
+                    # own keys: a flood of sessions from one principal passivates its own,
+                    # not another's. Otherwise the global least recently used key goes.
+                    share = self.max_actors / len(self._by_principal)
+                    mine = self._evict_lru(own, entry, "max_actors") if len(own) > share else []
+                    victims += mine or self._evict_lru(self._entries, entry, "max_actors")
             else:
                 self._entries.move_to_end(key)
-                if self.max_actors_per_principal is not None:
-                    self._by_principal[key[1][0]].move_to_end(key)
+                self._by_principal[key[1][0]].move_to_end(key)
             entry.inflight += 1
             entry.last_used = self._clock()
             self._inflight += 1
@@ -156,8 +163,7 @@ class Registry:
         entry.actor = KeyActor.launch(factory, entry, lambda: self._finished(entry))
         self._entries[key] = entry
         self._by_session.setdefault(key[1], set()).add(key)
-        if self.max_actors_per_principal is not None:
-            self._by_principal.setdefault(key[1][0], OrderedDict())[key] = entry
+        self._by_principal.setdefault(key[1][0], OrderedDict())[key] = entry
         self._counts["spawned"] += 1
         self._peak = max(self._peak, len(self._entries))
         self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
@@ -171,8 +177,7 @@ class Registry:
             entry.last_used = self._clock()
             if not entry.retiring:
                 self._entries.move_to_end(entry.key)
-                if self.max_actors_per_principal is not None:
-                    self._by_principal[entry.key[1][0]].move_to_end(entry.key)
+                self._by_principal[entry.key[1][0]].move_to_end(entry.key)
                 return
             stop_now = entry.inflight == 0
         if stop_now:
@@ -190,11 +195,10 @@ class Registry:
             if not keys:
                 del self._by_session[key[1]]
                 self._session_state.pop(key[1], None)
-        if self.max_actors_per_principal is not None:
-            own = self._by_principal[key[1][0]]
-            del own[key]
-            if not own:
-                del self._by_principal[key[1][0]]
+        own = self._by_principal[key[1][0]]
+        del own[key]
+        if not own:
+            del self._by_principal[key[1][0]]
         entry.retiring = True
         return entry.inflight == 0
 

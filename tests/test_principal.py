@@ -291,3 +291,25 @@ def test_the_global_cap_still_holds_beside_the_per_principal_one(clock: ManualCl
 def test_a_per_principal_cap_below_one_is_refused(bad: int) -> None:
     with pytest.raises(ValueError, match="max_actors_per_principal"):
         Runtime(max_actors_per_principal=bad)
+
+
+def test_the_global_cap_passivates_the_flooding_principals_own_keys_first(
+    clock: ManualClock,
+) -> None:
+    from ctxactors.servers import Content
+
+    with Runtime(servers=[Content], clock=clock, max_actors=3) as rt:
+        alice = rt.call(
+            "add_content", ctx_args("s1", filename="n", content="alice's"), principal="alice"
+        )
+        assert not alice.is_error
+        clock.advance(1)
+        for i in range(6):  # bob floods: his own older keys make room, alice's stays
+            rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
+            clock.advance(1)
+        keys = rt.registry.keys()
+        assert ("content", ("alice", "s1")) in keys
+        assert sorted(k[1] for k in keys if k[1][0] == "bob") == [("bob", "b4"), ("bob", "b5")]
+        listed = rt.call("list_content", ctx_args("s1"), principal="alice").structured
+        assert listed is not None and listed["count"] == 1
+        assert rt.stats()["evicted"] == 4
