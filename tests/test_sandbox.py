@@ -212,7 +212,9 @@ def test_a_fork_bomb_ends_that_command_only(monkeypatch: pytest.MonkeyPatch, lea
         other = start(rt, "s2", "echo calm; sleep 30")
         bomb = start(rt, "s1", "bomb() { bomb | bomb & }; bomb; exec sleep 30", timeout=3)
         done = wait_done(rt, "s1", bomb)
-        assert (done["status"], done["exitCode"]) == ("timeout", -9)
+        # Contained either way: the timeout kills the sandbox, or the shell itself finds no
+        # process left under the limit and exits with sh's "can't fork" status.
+        assert (done["status"], done["exitCode"]) in {("timeout", -9), ("exited", 2)}
         # The server still serves, that session and the others.
         assert run(rt, "s1", "echo alive")["output"] == "alive\n"
         assert call(rt, "s2", "poll_process", processId=other)["status"] == "running"
