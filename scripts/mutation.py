@@ -48,11 +48,15 @@ COPIED = ["ctxactors", "tests"]
 # group -> (modules mutated, test files run); the core first: it matters most.
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "core": (
-        [f"ctxactors/{m}.py" for m in ("context", "tools", "registry", "actors", "runtime")],
+        [
+            f"ctxactors/{m}.py"
+            for m in ("context", "tools", "registry", "actors", "runtime", "encodable")
+        ],
         [
             f"tests/test_{t}.py"
             for t in (
                 "context",
+                "context_precedence",
                 "runtime",
                 "reaping",
                 "acall",
@@ -60,6 +64,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "tool_declaration",
                 "lifecycle_logs",
                 "history",
+                "hostile_input",
             )
         ],
     ),
@@ -78,19 +83,19 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             )
         ],
     ),
-    # Apart: its tests run real processes and are the slowest by far.
+    # Apart: its tests run real bubblewrap sandboxes and are the slowest by far.
     "workspace": (
-        ["ctxactors/servers/workspace.py"],
-        ["tests/test_workspace.py", "tests/test_workspace_ids.py", "tests/test_server_details.py"],
-    ),
-    "batch": (
-        ["ctxactors/batch_engine.py", "ctxactors/servers/batch.py"],
+        ["ctxactors/servers/workspace.py", "ctxactors/sandbox.py"],
         [
-            "tests/test_batch.py",
-            "tests/test_batch_rollback.py",
-            "tests/test_presets.py",
-            "tests/test_tool_declaration.py",
+            "tests/test_workspace.py",
+            "tests/test_workspace_ids.py",
+            "tests/test_sandbox.py",
         ],
+    ),
+    # tests/batch_support.py is staged with the tests; it is a helper, not a test file.
+    "batch": (
+        [f"ctxactors/{m}.py" for m in ("batch_engine", "batch_plan", "batch_template")],
+        ["tests/test_batch.py", "tests/test_batch_rollback.py", "tests/test_batch_safety.py"],
     ),
 }
 
