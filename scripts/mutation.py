@@ -89,13 +89,15 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         [
             "tests/test_workspace.py",
             "tests/test_workspace_ids.py",
+            "tests/test_workspace_details.py",
             "tests/test_sandbox.py",
+            "tests/test_sandbox_settings.py",
         ],
     ),
     # tests/batch_support.py is staged with the tests; it is a helper, not a test file.
     "batch": (
         [f"ctxactors/{m}.py" for m in ("batch_engine", "batch_plan", "batch_template")],
-        ["tests/test_batch.py", "tests/test_batch_rollback.py", "tests/test_batch_safety.py"],
+        [f"tests/test_batch{t}.py" for t in ("", "_rollback", "_safety", "_template", "_exact")],
     ),
 }
 

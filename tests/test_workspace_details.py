@@ -1,0 +1,53 @@
+"""Workspace details pinned to exact values with real bubblewrap sandboxes: what
+list_processes and kill_process report, and what the sandbox holds besides /workspace."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from workspace_support import Leaks, call, closed_runtime, start, temporary_root, wait_done
+
+from ctxactors import Runtime
+
+
+@pytest.fixture(autouse=True)
+def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    yield from temporary_root(monkeypatch)
+
+
+@pytest.fixture
+def leaks() -> Leaks:
+    return Leaks()
+
+
+@pytest.fixture
+def rt(leaks: Leaks) -> Iterator[Runtime]:
+    yield from closed_runtime(leaks)
+
+
+def test_list_processes_reports_each_with_its_status_and_exit_code(rt: Runtime) -> None:
+    first = start(rt, "s1", "exit 3")
+    assert wait_done(rt, "s1", first)["exitCode"] == 3
+    second = start(rt, "s1", "echo hi")
+    wait_done(rt, "s1", second)
+    assert call(rt, "s1", "list_processes") == {
+        "processes": [
+            {"processId": first, "command": "exit 3", "status": "exited", "exitCode": 3},
+            {"processId": second, "command": "echo hi", "status": "exited", "exitCode": 0},
+        ],
+        "count": 2,
+    }
+    assert call(rt, "s2", "list_processes") == {"processes": [], "count": 0}
+
+
+def test_the_sandbox_holds_its_generated_identity_files(rt: Runtime) -> None:
+    pid = start(
+        rt, "s1", "hostname; cat /etc/group; test -e /etc/localtime && echo tz; id -un; pwd"
+    )
+    polled = wait_done(rt, "s1", pid)
+    lines = polled["output"].splitlines()
+    assert lines[0] == "workspace"
+    assert lines[1].startswith("sandbox:x:") and lines[1].endswith(":")
+    assert lines[2:] == ["tz", "sandbox", "/workspace"]
+    assert polled["exitCode"] == 0
