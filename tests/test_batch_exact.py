@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from ctxactors.batch_engine import _margin
 from ctxactors.batch_plan import BadReference, lookup, references, resolve
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}
@@ -38,3 +39,10 @@ def test_resolve_and_references() -> None:
     assert resolve(value, RESULTS) == {"whole": {"id": "x"}, "text": "id=x;n=0", "k": [1]}
     assert references(value) == {"a"}
     assert references(["${b}", "${c.d}", "${}", 3]) == {"b", "c"}
+
+
+@pytest.mark.parametrize(
+    ("remaining", "margin"), [(100.0, 1.0), (10.0, 1.0), (5.0, 0.5), (0.05, 0.01), (-1.0, 0.01)]
+)
+def test_the_margin_kept_to_hand_the_result_back(remaining: float, margin: float) -> None:
+    assert _margin(remaining) == pytest.approx(margin)

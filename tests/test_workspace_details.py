@@ -3,12 +3,24 @@ list_processes and kill_process report, and what the sandbox holds besides /work
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import pytest
-from workspace_support import Leaks, call, closed_runtime, start, temporary_root, wait_done
+from conftest import ctx_args
+from structlog.testing import capture_logs
+from workspace_support import (
+    Leaks,
+    call,
+    closed_runtime,
+    descendant_names,
+    start,
+    temporary_root,
+    wait_done,
+)
 
 from ctxactors import Runtime
+from ctxactors.servers.workspace import Workspace
 
 
 @pytest.fixture(autouse=True)
@@ -51,3 +63,39 @@ def test_the_sandbox_holds_its_generated_identity_files(rt: Runtime) -> None:
     assert lines[1].startswith("sandbox:x:") and lines[1].endswith(":")
     assert lines[2:] == ["tz", "sandbox", "/workspace"]
     assert polled["exitCode"] == 0
+
+
+def test_a_rolled_back_batch_kills_its_command_and_forgets_it(rt: Runtime) -> None:
+    ops = [
+        {"id": "run", "tool": "execute_command", "arguments": {"command": "exec sleep 30"}},
+        {"id": "bad", "tool": "poll_process", "arguments": {"processId": "p_none"}},
+    ]
+    result = rt.call(
+        "batch", ctx_args("s1", operations=ops, options={"transactional": True})
+    ).structured
+    assert result is not None
+    assert [(r["id"], r["status"]) for r in result["results"]] == [
+        ("run", "rolled_back"),
+        ("bad", "failed"),
+    ]
+    assert call(rt, "s1", "list_processes") == {"processes": [], "count": 0}
+    assert "sleep" not in descendant_names()
+
+
+def test_the_none_mode_says_what_it_gives_away(
+    monkeypatch: pytest.MonkeyPatch, leaks: Leaks
+) -> None:
+    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, mode="none"))
+    warning = (
+        "CTXACTORS_WORKSPACE_SANDBOX=none: commands run unsandboxed, as the server's user, "
+        "with its files, processes and network"
+    )
+    with capture_logs() as logs, Runtime(servers=[Workspace]) as rt:
+        pid = start(rt, "s1", "true")
+        wait_done(rt, "s1", pid)
+    warnings = [e for e in logs if e["log_level"] == "warning"]
+    assert [(e["event"], e["warning"], e.get("process_id")) for e in warnings] == [
+        ("workspace_unsandboxed", warning, None),
+        ("command_unsandboxed", warning, pid),
+    ]
+    leaks.assert_none()
