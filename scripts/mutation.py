@@ -105,6 +105,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
 # (Changing a group's pytest arguments discards its results: mutmut starts it over.)
 TEST_TIMEOUT = {"core": 12}
 
+# Environment of a group's run. mutmut runs each mutant's tests under a hard RLIMIT_CPU of
+# at least 31 s (it is how it times them out); every process inherits it, so the sandbox's
+# `prlimit --cpu=600` (the default) fails with EPERM and every sandboxed command fails:
+# each workspace mutant would count as killed whatever it changed. 30 s fits under it.
+GROUP_ENV = {"workspace": {"CTXACTORS_WORKSPACE_CPU_SECONDS": "30"}}
+
 # mutmut's exit codes (mutmut.stats.status_by_exit_code) folded into what the report shows.
 STATUS = {1: "killed", 3: "killed", 36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout"}
 STATUS |= {255: "timeout", 0: "survived", 5: "no tests", 33: "no tests", 34: "skipped"}
@@ -192,9 +198,10 @@ def _group_config(group: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(where: Path, jobs: int, names: list[str]) -> int:
+def run(group: str, jobs: int, names: list[str]) -> int:
+    where = stage(group)
     mutmut = Path(sys.executable).with_name("mutmut")
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **GROUP_ENV.get(group, {}))
     cmd = [str(mutmut), "run", "--max-children", str(jobs), *names]
     return subprocess.call(cmd, cwd=where, env=env)
 
@@ -310,7 +317,7 @@ def main() -> int:
             names += _survivors(group)
             if not names:
                 continue
-        code = run(stage(group), opts.jobs, names)
+        code = run(group, opts.jobs, names)
         if code != 0:
             print(f"mutmut exited with {code} for {group}", file=sys.stderr)
     REPORT.parent.mkdir(exist_ok=True)
