@@ -3,10 +3,20 @@ unasserted): reference lookup, its error text, and what plans and results carry.
 
 from __future__ import annotations
 
-import pytest
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar, cast
 
-from ctxactors.batch_engine import _margin
+import pytest
+from batch_support import WAIT, Probe, batch, by_id
+
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.batch_engine import _margin, _OpReply
 from ctxactors.batch_plan import BadReference, lookup, references, resolve
+from ctxactors.results import ToolError, ToolResult
+from ctxactors.servers import BUILTIN, Batch
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}
 
@@ -46,3 +56,121 @@ def test_resolve_and_references() -> None:
 )
 def test_the_margin_kept_to_hand_the_result_back(remaining: float, margin: float) -> None:
     assert _margin(remaining) == pytest.approx(margin)
+
+
+class Extra(Server):
+    """Tools whose results the batch engine handles in ways the Probe's don't."""
+
+    name = "extra"
+    scope = Scope.THREAD
+    gate: ClassVar[threading.Event] = threading.Event()
+
+    @tool(read_only=True)
+    def say(self, ctx: ToolContext, text: str) -> str:
+        """Plain text, no structured result."""
+        return text
+
+    @tool(read_only=True)
+    def slow_fail(self, ctx: ToolContext, ms: int) -> dict[str, Any]:
+        """Fail after `ms` milliseconds (a duration to measure, not a synchronisation)."""
+        time.sleep(ms / 1000)
+        raise ToolError("late failure")
+
+    @tool(read_only=True)
+    def held(self, ctx: ToolContext) -> dict[str, Any]:
+        """Wait until the test opens the gate."""
+        Extra.gate.wait(3 * WAIT)
+        return {}
+
+    @tool(read_only=True)
+    def quad(self, ctx: ToolContext, a: int, b: int, c: int, ref: str) -> dict[str, Any]:
+        """Four required arguments."""
+        return {}
+
+
+@pytest.fixture
+def rt() -> Iterator[Runtime]:
+    Extra.gate = threading.Event()
+    runtime = Runtime(servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT)
+    try:
+        yield runtime
+    finally:
+        Extra.gate.set()
+        runtime.close()
+
+
+def test_a_text_result_is_the_operations_data_and_can_be_referenced(rt: Runtime) -> None:
+    ops = [
+        {"id": "s", "tool": "say", "arguments": {"text": "hello"}},
+        {"id": "t", "tool": "say", "arguments": {"text": "${s}, world"}},
+    ]
+    results = by_id(batch(rt, ops))
+    assert (results["s"]["data"], results["t"]["data"]) == ("hello", "hello, world")
+
+
+def test_a_failed_operation_reports_how_long_it_ran(rt: Runtime) -> None:
+    ops = [{"id": "f", "tool": "slow_fail", "arguments": {"ms": 200}}]
+    result = by_id(batch(rt, ops, includeMetadata=True))["f"]
+    assert result["status"] == "failed"
+    assert result["error"] == {"code": "tool_error", "message": "late failure"}
+    assert result["metadata"]["durationMs"] >= 200
+
+
+def test_a_duplicate_read_waiting_on_one_that_times_out_fails_with_it(rt: Runtime) -> None:
+    ops = [
+        {"id": "a", "tool": "held", "arguments": {}, "timeout": 300},
+        {"id": "b", "tool": "held", "arguments": {}},
+    ]
+    result = batch(rt, ops, call_timeout=WAIT, parallel=True, includeMetadata=True)
+    Extra.gate.set()
+    results = by_id(result)
+    timeout = {"code": "timeout", "message": "the operation ran out of time"}
+    assert (results["a"]["status"], results["a"]["error"]) == ("failed", timeout)
+    assert (results["b"]["status"], results["b"]["error"]) == ("failed", timeout)
+    assert results["b"]["metadata"]["deduplicated"] is True
+    assert results["a"]["metadata"]["deduplicated"] is False
+
+
+def test_arguments_filled_later_are_checked_by_name_and_the_rest_strictly(rt: Runtime) -> None:
+    ops = [
+        {"id": "x", "tool": "say", "arguments": {"text": "v"}},
+        {"id": "q", "tool": "quad", "arguments": {"a": "5", "ref": "${x}", "zz": 1, "yy": 2}},
+    ]
+    result = batch(rt, ops)
+    assert result.is_error
+    assert result.text == (
+        "operation 1 ('q'): invalid arguments for 'quad': unknown yy, zz; missing b, c; "
+        "Expected `int`, got `str` - in `a`"
+    )
+
+
+def test_the_expansion_bound_is_inclusive_and_a_bad_reference_counts_nothing(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Batch, "max_expanded_bytes", 10)
+    ops = [
+        {"id": "r", "tool": "say", "arguments": {"text": "x" * 10}},
+        {"id": "e", "tool": "say", "arguments": {"text": "${r}"}},  # exactly 10 bytes
+        {"id": "f", "tool": "say", "arguments": {"text": "${r.nope}"}},  # nothing to build
+    ]
+    results = by_id(batch(rt, ops))
+    assert (results["e"]["status"], results["e"]["data"]) == ("success", "x" * 10)
+    assert results["f"]["status"] == "failed"
+    assert results["f"]["error"]["code"] == "invalid_arguments"
+
+
+def test_a_reply_that_arrived_is_not_abandoned() -> None:
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    reply = _OpReply(cast(Any, None), inbox, 0.0)
+    late: list[Any] = []
+    reply.set(ToolResult.ok({"v": 1}))
+    assert reply.abandon(late.append) is False
+    assert inbox.get_nowait() is reply and late == []
+    # Abandoned before its answer: the answer goes to on_late, not to the batch.
+    other = _OpReply(cast(Any, None), inbox, 0.0)
+    assert other.abandon(late.append) is True
+    assert other.begin() is False
+    other.set(ToolResult.ok({"v": 2}))
+    assert late == [other] and inbox.empty()
+    fresh = _OpReply(cast(Any, None), inbox, 0.0)
+    assert fresh.begin() is True
