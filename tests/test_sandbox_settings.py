@@ -263,3 +263,17 @@ def test_the_generated_passwd_and_group(tmp_path: os.PathLike[str]) -> None:
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)
+
+
+def test_bwrap_is_found_on_path_else_at_its_debian_place(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    elsewhere = os.path.join(tmp_path, "bin")
+    os.mkdir(elsewhere)
+    os.symlink("/usr/bin/bwrap", os.path.join(elsewhere, "bwrap"))
+    monkeypatch.setenv("PATH", elsewhere)
+    assert SandboxSettings.from_env().bwrap == os.path.join(elsewhere, "bwrap")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap there
+    assert SandboxSettings.from_env().bwrap == "/usr/bin/bwrap"
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_BWRAP", "/opt/b")
+    assert SandboxSettings.from_env().bwrap == "/opt/b"

@@ -99,3 +99,12 @@ def test_the_none_mode_says_what_it_gives_away(
         ("command_unsandboxed", warning, pid),
     ]
     leaks.assert_none()
+
+
+def test_closing_waits_for_each_watcher_and_reports_none_stuck(leaks: Leaks) -> None:
+    with capture_logs() as logs, Runtime(servers=[Workspace]) as rt:
+        start(rt, "s1", "exec sleep 30")
+        start(rt, "s1", "echo out; exec sleep 30")
+    removed = [e for e in logs if e["event"] == "workspace_removed"]
+    assert [(e["processes"], e["stuck"]) for e in removed] == [(2, [])]
+    leaks.assert_none()
