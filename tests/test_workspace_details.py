@@ -4,6 +4,8 @@ list_processes and kill_process report, and what the sandbox holds besides /work
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +16,7 @@ from workspace_support import (
     call,
     closed_runtime,
     descendant_names,
+    session_dirs,
     start,
     temporary_root,
     wait_done,
@@ -105,6 +108,21 @@ def test_closing_waits_for_each_watcher_and_reports_none_stuck(leaks: Leaks) -> 
     with capture_logs() as logs, Runtime(servers=[Workspace]) as rt:
         start(rt, "s1", "exec sleep 30")
         start(rt, "s1", "echo out; exec sleep 30")
+    created = [e["directory"] for e in logs if e["event"] == "workspace_created"]
     removed = [e for e in logs if e["event"] == "workspace_removed"]
-    assert [(e["processes"], e["stuck"]) for e in removed] == [(2, [])]
+    assert [(e["directory"], e["processes"], e["stuck"]) for e in removed] == [(created[0], 2, [])]
+    assert not os.path.exists(created[0])
+    leaks.assert_none()
+
+
+def test_a_directory_removed_behind_the_servers_back_still_closes_cleanly(
+    workspace_root: str, leaks: Leaks
+) -> None:
+    with capture_logs() as logs, Runtime(servers=[Workspace]) as rt:
+        wait_done(rt, "s1", start(rt, "s1", "true"))
+        (directory,) = session_dirs(workspace_root)
+        shutil.rmtree(directory)
+        assert rt.end_session("s1") == 1
+    removed = [(e["directory"], e["processes"]) for e in logs if e["event"] == "workspace_removed"]
+    assert removed == [(directory, 1)]
     leaks.assert_none()
