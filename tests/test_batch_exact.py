@@ -13,8 +13,9 @@ import pytest
 from batch_support import WAIT, Probe, batch, by_id
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.batch_engine import _margin, _OpReply
-from ctxactors.batch_plan import BadReference, lookup, references, resolve
+from ctxactors.actors import caller_deadline
+from ctxactors.batch_engine import BatchRun, _margin, _OpReply
+from ctxactors.batch_plan import BadReference, BatchOptions, lookup, references, resolve
 from ctxactors.results import ToolError, ToolResult
 from ctxactors.servers import BUILTIN, Batch
 
@@ -81,6 +82,12 @@ class Extra(Server):
         """Wait until the test opens the gate."""
         Extra.gate.wait(3 * WAIT)
         return {}
+
+    @tool(read_only=True)
+    def left(self, ctx: ToolContext) -> dict[str, Any]:
+        """Seconds until this call's caller stops waiting (None: no deadline known)."""
+        deadline = caller_deadline()
+        return {"left": None if deadline is None else deadline - time.monotonic()}
 
     @tool(read_only=True)
     def quad(self, ctx: ToolContext, a: int, b: int, c: int, ref: str) -> dict[str, Any]:
@@ -174,3 +181,16 @@ def test_a_reply_that_arrived_is_not_abandoned() -> None:
     assert late == [other] and inbox.empty()
     fresh = _OpReply(cast(Any, None), inbox, 0.0)
     assert fresh.begin() is True
+
+
+def test_an_operation_sees_its_own_deadline(rt: Runtime) -> None:
+    ops = [{"id": "d", "tool": "left", "arguments": {}, "timeout": 5000}]
+    left = by_id(batch(rt, ops))["d"]["data"]["left"]
+    assert 0 < left <= 5
+
+
+def test_without_a_caller_deadline_a_batch_has_the_runtimes_call_timeout(rt: Runtime) -> None:
+    before = time.monotonic()
+    run = BatchRun(rt, [], BatchOptions(), caller_deadline=None, max_expanded=1, max_result=1)
+    assert before + WAIT <= run.caller <= time.monotonic() + WAIT
+    assert run.expanded == 0
