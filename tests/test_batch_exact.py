@@ -11,6 +11,7 @@ from typing import Any, ClassVar, cast
 
 import pytest
 from batch_support import WAIT, Probe, batch, by_id
+from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.actors import caller_deadline
@@ -65,6 +66,21 @@ class Extra(Server):
     name = "extra"
     scope = Scope.THREAD
     gate: ClassVar[threading.Event] = threading.Event()
+    undone: ClassVar[list[str]] = []
+
+    def _undo(self, ctx: ToolContext, args: Any, result: dict[str, Any] | None) -> None:
+        Extra.undone.append(repr(result))
+
+    @tool(compensate=_undo)
+    def slow_bad_write(self, ctx: ToolContext, ms: int) -> dict[str, Any]:
+        """A write that fails after `ms` milliseconds (so after its batch timeout)."""
+        time.sleep(ms / 1000)
+        raise ToolError("the write failed late")
+
+    @tool(read_only=True)
+    def undone_now(self, ctx: ToolContext) -> dict[str, Any]:
+        """What was undone so far."""
+        return {"undone": list(Extra.undone)}
 
     @tool(read_only=True)
     def say(self, ctx: ToolContext, text: str) -> str:
@@ -98,6 +114,7 @@ class Extra(Server):
 @pytest.fixture
 def rt() -> Iterator[Runtime]:
     Extra.gate = threading.Event()
+    Extra.undone = []
     runtime = Runtime(servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT)
     try:
         yield runtime
@@ -194,3 +211,17 @@ def test_without_a_caller_deadline_a_batch_has_the_runtimes_call_timeout(rt: Run
     run = BatchRun(rt, [], BatchOptions(), caller_deadline=None, max_expanded=1, max_result=1)
     assert before + WAIT <= run.caller <= time.monotonic() + WAIT
     assert run.expanded == 0
+
+
+def test_a_timed_out_write_that_fails_later_is_not_undone(rt: Runtime) -> None:
+    ops = [{"id": "w", "tool": "slow_bad_write", "arguments": {"ms": 300}, "timeout": 50}]
+    result = batch(rt, ops, transactional=True)
+    assert result.is_error
+    assert by_id(result)["w"]["error"] == {
+        "code": "timeout",
+        "message": "the operation ran out of time",
+    }
+    # Same key: the first call queues behind the write, the second behind any undo that
+    # the write's late failure would have queued.
+    rt.call("undone_now", ctx_args("s1"))
+    assert rt.call("undone_now", ctx_args("s1")).structured == {"undone": []}
