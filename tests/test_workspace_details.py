@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -23,7 +24,7 @@ from workspace_support import (
 )
 
 from ctxactors import Runtime
-from ctxactors.servers.workspace import Workspace
+from ctxactors.servers.workspace import Workspace, _Process
 
 
 @pytest.fixture(autouse=True)
@@ -126,3 +127,33 @@ def test_a_directory_removed_behind_the_servers_back_still_closes_cleanly(
     removed = [(e["directory"], e["processes"]) for e in logs if e["event"] == "workspace_removed"]
     assert removed == [(directory, 1)]
     leaks.assert_none()
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        # Under the cap: as it came, invalid UTF-8 replaced, never an error.
+        ([b"ok\xff", b"!"], "ok\ufffd!"),
+        ([b"12345678"], "12345678"),  # exactly the cap: nothing dropped
+        # Over it: the newest 8 bytes, not starting inside a character.
+        (
+            [b"x\xe2\x82\xac", b"\xe2\x82\xac\xe2\x82\xac"],
+            "[... 4 bytes of earlier output dropped ...]\n€€",
+        ),
+        ([b"a", b"\xe2\x82\xac" * 2 + b"zz"], "[... 1 bytes of earlier output dropped ...]\n€€zz"),
+        ([b"123456789"], "[... 1 bytes of earlier output dropped ...]\n23456789"),
+        ([b"ab\xc3\x80" + b"1234567"], "[... 4 bytes of earlier output dropped ...]\n1234567"),
+        ([b"ab\xc2\xbf" + b"1234567"], "[... 4 bytes of earlier output dropped ...]\n1234567"),
+        # At most 3 bytes are skipped, even of bytes that are not UTF-8.
+        ([b"1\x80\x80\x80\x80abcd"], "[... 4 bytes of earlier output dropped ...]\n\ufffdabcd"),
+        ([b"12\xc0abcdefg"], "[... 2 bytes of earlier output dropped ...]\n\ufffdabcdefg"),
+    ],
+)
+def test_output_keeps_the_newest_bytes_from_a_character_boundary(
+    chunks: list[bytes], expected: str
+) -> None:
+    with subprocess.Popen(["true"], stdout=subprocess.PIPE) as child:
+        proc = _Process("p_x", "true", child, 60.0, 8, lambda: None)
+        for chunk in chunks:
+            proc._append(chunk)
+        assert proc.output() == expected
