@@ -16,7 +16,16 @@ from conftest import ctx_args
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.actors import caller_deadline
 from ctxactors.batch_engine import BatchRun, _margin, _OpReply
-from ctxactors.batch_plan import BadReference, BatchOptions, lookup, references, resolve
+from ctxactors.batch_plan import (
+    BadReference,
+    BatchOptions,
+    Operation,
+    OpError,
+    lookup,
+    make_plan,
+    references,
+    resolve,
+)
 from ctxactors.results import ToolError, ToolResult
 from ctxactors.servers import BUILTIN, Batch
 
@@ -225,3 +234,23 @@ def test_a_timed_out_write_that_fails_later_is_not_undone(rt: Runtime) -> None:
     # the write's late failure would have queued.
     rt.call("undone_now", ctx_args("s1"))
     assert rt.call("undone_now", ctx_args("s1")).structured == {"undone": []}
+
+
+def test_a_batch_whose_caller_gave_up_runs_nothing(rt: Runtime) -> None:
+    ops = [Operation(tool="say", id=f"s{i}", arguments={"text": "x"}) for i in range(2)]
+    steps = make_plan(ops, rt.tools, ToolContext("s1"), excluded=frozenset(), max_operations=9)
+    run = BatchRun(
+        rt,
+        steps,
+        BatchOptions(),
+        caller_deadline=time.monotonic() - 1,
+        max_expanded=1000,
+        max_result=1000,
+    )
+    result, rolled_back = run.execute()
+    gave_up = OpError("caller_timeout", "the caller stopped waiting before it ran")
+    assert [(r.id, r.status, r.error) for r in result.results] == [
+        ("s0", "skipped", gave_up),
+        ("s1", "skipped", gave_up),
+    ]
+    assert rolled_back is False
