@@ -46,7 +46,12 @@ def test_list_processes_reports_each_with_its_status_and_exit_code(rt: Runtime) 
     first = start(rt, "s1", "exit 3")
     assert wait_done(rt, "s1", first)["exitCode"] == 3
     second = start(rt, "s1", "echo hi")
-    wait_done(rt, "s1", second)
+    assert wait_done(rt, "s1", second) == {
+        "processId": second,
+        "status": "exited",
+        "exitCode": 0,
+        "output": "hi\n",
+    }
     assert call(rt, "s1", "list_processes") == {
         "processes": [
             {"processId": first, "command": "exit 3", "status": "exited", "exitCode": 3},
