@@ -254,3 +254,44 @@ def test_a_batch_whose_caller_gave_up_runs_nothing(rt: Runtime) -> None:
         ("s1", "skipped", gave_up),
     ]
     assert rolled_back is False
+
+
+def test_a_failure_stops_a_transaction_and_says_which(rt: Runtime) -> None:
+    ops = [
+        {"id": "ok", "tool": "say", "arguments": {"text": "a"}},
+        {"id": "bad", "tool": "fail", "arguments": {}},
+        {"id": "next", "tool": "say", "arguments": {"text": "b"}},
+    ]
+    results = by_id(batch(rt, ops, transactional=True))
+    assert results["bad"]["error"] == {"code": "tool_error", "message": "boom"}
+    assert results["next"]["status"] == "skipped"
+    assert results["next"]["error"] == {
+        "code": "aborted",
+        "message": "'bad' failed; the transaction stops",
+    }
+
+
+def test_results_count_data_and_error_messages_up_to_an_inclusive_bound(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Batch, "max_result_bytes", 20)
+    ops = [
+        {"id": "a", "tool": "say", "arguments": {"text": "x" * 10}},  # 10 bytes
+        {"id": "f", "tool": "fail", "arguments": {}},  # "boom": 4 bytes, no data
+        {"id": "b", "tool": "say", "arguments": {"text": "y" * 6}},  # 20: at the bound
+        {"id": "c", "tool": "say", "arguments": {"text": "z"}},  # 21: over it
+        {"id": "d", "tool": "say", "arguments": {"text": "never"}},
+    ]
+    results = by_id(batch(rt, ops))
+    assert [results[i]["status"] for i in "afbcd"] == [
+        "success",
+        "failed",
+        "success",
+        "success",
+        "skipped",
+    ]
+    assert results["d"]["error"] == {
+        "code": "batch_too_large",
+        "message": "the operations' results reached 21 bytes, over the batch's limit of 20 "
+        "(CTXACTORS_BATCH_MAX_RESULT_BYTES)",
+    }
