@@ -295,3 +295,53 @@ def test_results_count_data_and_error_messages_up_to_an_inclusive_bound(
         "message": "the operations' results reached 21 bytes, over the batch's limit of 20 "
         "(CTXACTORS_BATCH_MAX_RESULT_BYTES)",
     }
+
+
+def _op(op_id: str | None = None, tool: str = "say", **fields: Any) -> Operation:
+    return Operation(tool=tool, id=op_id, arguments={"text": "x"}, **fields)
+
+
+@pytest.mark.parametrize(
+    ("ops", "options", "message"),
+    [
+        ([], {}, "a batch needs at least one operation"),
+        ([_op()] * 3, {}, "a batch may hold at most 2 operations, got 3"),
+        ([Operation(tool="nope")], {}, "operation 0: unknown tool 'nope'"),
+        (
+            [_op("a"), _op("a")],
+            {},
+            "operation 1 ('a'): duplicate id 'a' (also operation 0)",
+        ),
+        (
+            [Operation(tool="no_undo", id="w")],
+            {"transactional": True},
+            "operation 0 ('w'): 'no_undo' has no compensation, so it can't run in a "
+            "transactional batch",
+        ),
+        ([_op("a", depends_on=["a"])], {}, "operation 0 ('a') depends on itself"),
+        (
+            [_op("a", depends_on=["b"]), _op("b", depends_on=["a"])],
+            {},
+            "the operations' dependencies form a cycle: a -> b -> a",
+        ),
+        (
+            [_op(action="note")],
+            {},
+            "operation 0: `tool` 'say' and `action` 'note' disagree",
+        ),
+    ],
+)
+def test_plans_refused_say_exactly_why(
+    rt: Runtime, ops: list[Operation], options: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ToolError) as refused:
+        make_plan(
+            ops, rt.tools, ToolContext("s1"), excluded=frozenset(), max_operations=2, **options
+        )
+    assert str(refused.value) == message
+
+
+def test_a_plan_at_the_operation_limit_names_and_times_its_steps(rt: Runtime) -> None:
+    ops = [_op(timeout=250), _op(action="say")]
+    steps = make_plan(ops, rt.tools, ToolContext("s1"), excluded=frozenset(), max_operations=2)
+    assert [(s.index, s.id, s.timeout) for s in steps] == [(0, "#0", 0.25), (1, "#1", None)]
