@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
+import tempfile
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +27,8 @@ from workspace_support import (
 )
 
 from ctxactors import Runtime
+from ctxactors.sandbox import SandboxUnavailableError
+from ctxactors.servers import workspace
 from ctxactors.servers.workspace import Workspace, _Process
 
 
@@ -162,3 +167,97 @@ def test_output_keeps_the_newest_bytes_from_a_character_boundary(
         for chunk in chunks:
             proc._append(chunk)
         assert proc.output() == expected
+
+
+def test_a_started_process_is_logged_and_watched_by_a_named_daemon_thread(
+    leaks: Leaks,
+) -> None:
+    with capture_logs() as logs, Runtime(servers=[Workspace]) as rt:
+        pid = start(rt, "s1", "exec sleep 30", timeout=45)
+        assert re.fullmatch(r"p_[A-Za-z0-9_-]{16}", pid)
+        watchers = [t for t in threading.enumerate() if t.name.startswith("ctxactors-workspace-")]
+        assert [(t.name, t.daemon) for t in watchers] == [(f"ctxactors-workspace-{pid[:10]}", True)]
+        started = [e for e in logs if e["event"] == "process_started"]
+        assert [(e["process_id"], e["timeout_s"]) for e in started] == [(pid, 45.0)]
+        assert isinstance(started[0]["pid"], int) and started[0]["pid"] > 1
+    leaks.assert_none()
+
+
+def test_only_the_newest_finished_records_are_kept(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(workspace, "_KEPT_RECORDS", 3)
+    pids = []
+    for n in range(4):
+        pids.append(start(rt, "s1", f"exit {n}"))
+        wait_done(rt, "s1", pids[-1])
+    listed = call(rt, "s1", "list_processes")["processes"]
+    assert [(p["processId"], p["exitCode"]) for p in listed] == [
+        (pids[1], 1),
+        (pids[2], 2),
+        (pids[3], 3),
+    ]
+
+
+def test_the_probe_leaves_nothing_in_the_workspace_root(workspace_root: str) -> None:
+    with Runtime(servers=[Workspace]):
+        assert os.listdir(workspace_root) == []
+
+
+def test_a_bwrap_that_cannot_be_executed_is_refused_with_the_systems_words(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    where = tempfile.mkdtemp(prefix="ctxactors-test-bwrap-")
+    try:
+        os.chmod(where, 0o755)  # the sandbox user (nobody, under root) must reach it
+        fake = os.path.join(where, "bwrap")
+        with open(fake, "wb") as garbage:
+            garbage.write(b"\x00\x01 not a program")
+        os.chmod(fake, 0o755)
+        monkeypatch.setattr(
+            Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, bwrap=fake)
+        )
+        with pytest.raises(SandboxUnavailableError) as refused:
+            Runtime(servers=[Workspace])
+        assert str(refused.value).startswith(
+            f"bubblewrap ({fake}) could not start a sandbox: [Errno 8] Exec format error: "
+        )
+    finally:
+        shutil.rmtree(where)
+
+
+def test_unsandboxed_a_command_runs_in_its_directory_with_a_clean_environment(
+    monkeypatch: pytest.MonkeyPatch, workspace_root: str, leaks: Leaks
+) -> None:
+    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, mode="none"))
+    monkeypatch.setenv("CTXACTORS_TEST_SECRET", "server-only")
+    command = (
+        'pwd; echo "$HOME|$PATH|${CTXACTORS_TEST_SECRET:-unset}"; echo err 1>&2; '
+        "if read -r line; then echo read; else echo eof; fi; "
+        '[ "$(ps -o sid= -p $$ | tr -d " ")" = "$$" ] && echo leader'
+    )
+    with Runtime(servers=[Workspace]) as rt:
+        done = wait_done(rt, "s1", start(rt, "s1", command))
+        (directory,) = session_dirs(workspace_root)
+    assert done["output"] == (
+        f"{directory}\n{directory}|/usr/local/bin:/usr/bin:/bin|unset\nerr\neof\nleader\n"
+    )
+    leaks.assert_none()
+
+
+def test_a_workspace_root_the_sandbox_user_cannot_reach_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    private = tempfile.mkdtemp(prefix="ctxactors-test-private-")  # mode 0700
+    try:
+        root = os.path.join(private, "workspaces")
+        monkeypatch.setattr(Workspace, "root", root)
+        with pytest.raises(SandboxUnavailableError) as refused:
+            Runtime(servers=[Workspace])
+        assert (
+            "CTXACTORS_WORKSPACE_SANDBOX_USER) must be able to enter every parent directory of "
+            f"the workspace root {root}. Otherwise install" in str(refused.value)
+        )
+        assert os.listdir(root) == []
+    finally:
+        shutil.rmtree(private)
