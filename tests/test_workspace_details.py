@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import ctx_args
+from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 from workspace_support import (
     Leaks,
@@ -261,3 +261,36 @@ def test_a_workspace_root_the_sandbox_user_cannot_reach_is_refused(
         assert os.listdir(root) == []
     finally:
         shutil.rmtree(private)
+
+
+def test_output_written_after_a_quiet_second_is_kept(rt: Runtime) -> None:
+    done = wait_done(rt, "s1", start(rt, "s1", "echo early; sleep 1.2; echo late"))
+    assert (done["status"], done["output"]) == ("exited", "early\nlate\n")
+
+
+def test_a_command_that_closes_its_output_still_times_out(
+    monkeypatch: pytest.MonkeyPatch, leaks: Leaks
+) -> None:
+    # Unsandboxed, the shell is the server's child: closing its output ends the drain, and
+    # the timeout must then come from the reaper.
+    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, mode="none"))
+    with Runtime(servers=[Workspace]) as rt:
+        pid = start(rt, "s1", "echo bye; exec >&- 2>&-; exec sleep 30", timeout=0.5)
+        done = wait_done(rt, "s1", pid)
+    assert (done["status"], done["exitCode"], done["output"]) == ("timeout", -9, "bye\n")
+    leaks.assert_none()
+
+
+def test_the_server_stays_busy_while_any_of_its_processes_runs(
+    leaks: Leaks, clock: ManualClock
+) -> None:
+    with Runtime(servers=[Workspace], ttl=10, clock=clock) as rt:
+        running = start(rt, "s1", "exec sleep 30")
+        wait_done(rt, "s1", start(rt, "s1", "true"))
+        clock.advance(100)
+        assert rt.reap() == 0
+        assert call(rt, "s1", "poll_process", processId=running)["status"] == "running"
+        call(rt, "s1", "kill_process", processId=running)
+        clock.advance(100)
+        assert rt.reap() == 1
+    leaks.assert_none()
