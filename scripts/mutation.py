@@ -256,8 +256,10 @@ def report() -> str:
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC at commit `{commit}`{dirty}, "
         "with mutmut "
         f"{_mutmut_version()}, then `--retry-survivors` after new tests. "
-        "Score = (killed + timeout) / (mutants - equivalent - skipped); "
-        "'timeout' is a mutant that made a test hang, so a test failed on it.",
+        "Score = (killed + timeout) / (mutants - equivalent - skipped - not run yet); "
+        "'timeout' is a mutant that made a test hang, so a test failed on it; a score "
+        "marked 'partial' covers only the mutants run so far (mutmut runs the quickest "
+        "first).",
         "",
         "| module | mutants | killed | timeout | survived | no tests | not run yet | equivalent "
         "| score |",
@@ -271,7 +273,7 @@ def report() -> str:
             if status in NOT_KILLED and name in equivalent:
                 status = "equivalent"
             counts[status] += 1
-            if status in NOT_KILLED:
+            if status in NOT_KILLED and status != "not run":
                 survivors.append(f"- `{name}`: {status}")
         counts["mutants"] = len(statuses)
         totals.update(counts)
@@ -291,8 +293,10 @@ def report() -> str:
 
 
 def _row(module: str, c: Counter[str]) -> str:
-    judged = c["mutants"] - c["equivalent"] - c["skipped"]
+    judged = c["mutants"] - c["equivalent"] - c["skipped"] - c["not run"]
     score = f"{100 * (c['killed'] + c['timeout']) / judged:.1f}%" if judged else "-"
+    if judged and c["not run"]:
+        score += " (partial)"
     return (
         f"| {module} | {c['mutants']} | {c['killed']} | {c['timeout']} "
         f"| {c['survived'] + c['suspicious']} | {c['no tests']} | {c['not run']} "
