@@ -345,3 +345,25 @@ def test_a_plan_at_the_operation_limit_names_and_times_its_steps(rt: Runtime) ->
     ops = [_op(timeout=250), _op(action="say")]
     steps = make_plan(ops, rt.tools, ToolContext("s1"), excluded=frozenset(), max_operations=2)
     assert [(s.index, s.id, s.timeout) for s in steps] == [(0, "#0", 0.25), (1, "#1", None)]
+
+
+def test_operations_a_closed_runtime_refuses_fail_saying_so() -> None:
+    runtime = Runtime(servers=[*BUILTIN, Probe, Extra])
+    ops = [Operation(tool="say", id=f"s{i}", arguments={"text": "x"}) for i in range(2)]
+    steps = make_plan(ops, runtime.tools, ToolContext("s1"), excluded=frozenset(), max_operations=9)
+    runtime.close()
+    run = BatchRun(
+        runtime,
+        steps,
+        BatchOptions(),
+        caller_deadline=time.monotonic() + WAIT,
+        max_expanded=1000,
+        max_result=1000,
+    )
+    result, rolled_back = run.execute()
+    closed = OpError("runtime_error", "the runtime is closed")
+    assert [(r.id, r.status, r.error) for r in result.results] == [
+        ("s0", "failed", closed),
+        ("s1", "failed", closed),
+    ]
+    assert (result.summary.failed, rolled_back) == (2, False)
