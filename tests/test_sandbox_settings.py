@@ -1,0 +1,279 @@
+"""The sandbox's settings and command lines, exactly: what each variable parses to, the
+environment a command gets, and the bwrap and prlimit arguments (no process is started).
+
+The sandbox's behaviour is attacked with real bubblewrap in test_sandbox.py; these pin the
+values it is built from, which a wrong default or a dropped flag would change silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from ctxactors import sandbox
+from ctxactors.sandbox import NOBODY, SandboxSettings, bwrap_args, clean_env, limit_args
+
+VARIABLES = [
+    "CTXACTORS_WORKSPACE_SANDBOX",
+    "CTXACTORS_WORKSPACE_BWRAP",
+    "CTXACTORS_WORKSPACE_NETWORK",
+    "CTXACTORS_WORKSPACE_ENV",
+    "CTXACTORS_WORKSPACE_CPU_SECONDS",
+    "CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES",
+    "CTXACTORS_WORKSPACE_MAX_FILE_BYTES",
+    "CTXACTORS_WORKSPACE_MAX_PROCESSES",
+    "CTXACTORS_WORKSPACE_TMP_BYTES",
+    "CTXACTORS_WORKSPACE_SANDBOX_USER",
+]
+
+
+@pytest.fixture(autouse=True)
+def unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_defaults_when_nothing_is_set() -> None:
+    settings = SandboxSettings.from_env()
+    assert settings == SandboxSettings(
+        mode="bwrap",
+        bwrap=shutil.which("bwrap") or "/usr/bin/bwrap",
+        network=False,
+        env=(),
+        cpu_seconds=600,
+        memory_bytes=4 << 30,
+        file_bytes=1 << 30,
+        processes=256,
+        tmp_bytes=256 << 20,
+        user=NOBODY if os.getuid() == 0 else None,
+    )
+    assert settings.enabled is True
+
+
+def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in {
+        "CTXACTORS_WORKSPACE_SANDBOX": "  NONE ",
+        "CTXACTORS_WORKSPACE_BWRAP": "/opt/bwrap",
+        "CTXACTORS_WORKSPACE_NETWORK": " On ",
+        "CTXACTORS_WORKSPACE_ENV": " A_1 , ,_b,",
+        "CTXACTORS_WORKSPACE_CPU_SECONDS": "7",
+        "CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES": "8",
+        "CTXACTORS_WORKSPACE_MAX_FILE_BYTES": "9",
+        "CTXACTORS_WORKSPACE_MAX_PROCESSES": "10",
+        "CTXACTORS_WORKSPACE_TMP_BYTES": "11",
+        "CTXACTORS_WORKSPACE_SANDBOX_USER": " 1234:5678 ",
+    }.items():
+        monkeypatch.setenv(name, value)
+    settings = SandboxSettings.from_env()
+    assert settings == SandboxSettings(
+        mode="none",
+        bwrap="/opt/bwrap",
+        network=True,
+        env=("A_1", "_b"),
+        cpu_seconds=7,
+        memory_bytes=8,
+        file_bytes=9,
+        processes=10,
+        tmp_bytes=11,
+        user=(1234, 5678),
+    )
+    assert settings.enabled is False
+
+
+def test_a_blank_mode_is_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX", "  ")
+    assert SandboxSettings.from_env().mode == "bwrap"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1", True),
+        ("true", True),
+        ("YES", True),
+        ("on", True),
+        ("", False),
+        ("0", False),
+        ("False", False),
+        ("no", False),
+        (" off ", False),
+    ],
+)
+def test_network_words(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_NETWORK", raw)
+    assert SandboxSettings.from_env().network is expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (
+            "docker",
+            "CTXACTORS_WORKSPACE_SANDBOX must be bwrap or none, got 'docker'",
+        ),
+    ],
+)
+def test_a_bad_mode_is_named_exactly(
+    monkeypatch: pytest.MonkeyPatch, raw: str, message: str
+) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX", raw)
+    with pytest.raises(ValueError) as bad:
+        SandboxSettings.from_env()
+    assert str(bad.value) == message
+
+
+def test_bad_values_are_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, raw, message in [
+        (
+            "CTXACTORS_WORKSPACE_NETWORK",
+            "Maybe",
+            "CTXACTORS_WORKSPACE_NETWORK must be 1/0, true/false, yes/no or on/off, got 'maybe'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_ENV",
+            "OK,1BAD,also-bad,FINE",
+            "CTXACTORS_WORKSPACE_ENV: not environment variable names: 1BAD, also-bad",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_USER",
+            "nobody",
+            "CTXACTORS_WORKSPACE_SANDBOX_USER must be UID or UID:GID (numbers), got 'nobody'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_USER",
+            "10:x",
+            "CTXACTORS_WORKSPACE_SANDBOX_USER must be UID or UID:GID (numbers), got '10:x'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_USER",
+            "10:-1",
+            "CTXACTORS_WORKSPACE_SANDBOX_USER must not be negative, got '10:-1'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_USER",
+            "-1",
+            "CTXACTORS_WORKSPACE_SANDBOX_USER must not be negative, got '-1'",
+        ),
+    ]:
+        with monkeypatch.context() as env:
+            env.setenv(name, raw)
+            with pytest.raises(ValueError) as bad:
+                SandboxSettings.from_env()
+            assert str(bad.value) == message
+
+
+@pytest.mark.parametrize(
+    ("raw", "user"), [("0", (0, 0)), ("1000", (1000, 1000)), ("5:0", (5, 0)), ("7:", (7, 7))]
+)
+def test_sandbox_user(monkeypatch: pytest.MonkeyPatch, raw: str, user: tuple[int, int]) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX_USER", raw)
+    assert SandboxSettings.from_env().user == user
+
+
+def test_switch_user_only_for_another_uid() -> None:
+    me = os.getuid()
+    assert SandboxSettings(user=None).switch_user is False
+    assert SandboxSettings(user=(me, me + 1)).switch_user is False
+    assert SandboxSettings(user=(me + 1, me)).switch_user is True
+
+
+def test_clean_env_copies_only_listed_names_and_pins_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    monkeypatch.setenv("LISTED", "yes")
+    monkeypatch.setenv("HOME", "/root")
+    monkeypatch.setenv("SECRET", "no")
+    monkeypatch.delenv("ABSENT", raising=False)
+    settings = SandboxSettings(env=("LISTED", "ABSENT", "HOME"))
+    assert clean_env(settings, "/workspace") == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/workspace",
+        "LANG": "de_DE.UTF-8",
+        "LISTED": "yes",
+    }
+    monkeypatch.setenv("LANG", "")
+    assert clean_env(SandboxSettings(), "/w") == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/w",
+        "LANG": "C.UTF-8",
+    }
+
+
+def test_limit_args_exactly() -> None:
+    settings = SandboxSettings(cpu_seconds=3, memory_bytes=4, file_bytes=5, processes=6)
+    assert limit_args(settings) == [
+        "/usr/bin/prlimit",
+        "--cpu=3",
+        "--as=4",
+        "--fsize=5",
+        "--nproc=6",
+        "--",
+        "/usr/bin/choom",
+        "-n",
+        "1000",
+        "--",
+    ]
+
+
+def _root_dirs() -> list[str]:
+    out: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = "/" + name
+        if os.path.islink(path):
+            out += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            out += ["--ro-bind", path, path]
+    return out
+
+
+@pytest.mark.parametrize("network", [False, True])
+def test_bwrap_args_exactly(network: bool) -> None:
+    settings = SandboxSettings(bwrap="/x/bwrap", network=network, tmp_bytes=77)
+    etc = ["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"]
+    if network:
+        etc += [
+            "/etc/resolv.conf",
+            "/etc/hosts",
+            "/etc/nsswitch.conf",
+            "/etc/gai.conf",
+            "/etc/ssl",
+            "/etc/ca-certificates",
+        ]
+    expected = ["/x/bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
+    expected += ["--share-net"] if network else []
+    expected += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    expected += ["--hostname", "workspace", "--ro-bind", "/usr", "/usr", *_root_dirs()]
+    for path in etc:
+        expected += ["--ro-bind-try", path, path]
+    expected += ["--ro-bind-data", "8", "/etc/passwd", "--ro-bind-data", "9", "/etc/group"]
+    expected += ["--proc", "/proc", "--dev", "/dev"]
+    expected += ["--size", "77", "--tmpfs", "/tmp", "--size", "77", "--tmpfs", "/dev/shm"]
+    expected += ["--bind-fd", "7", "/workspace", "--chdir", "/workspace"]
+    expected += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
+    assert bwrap_args(settings, 7, 8, 9) == expected
+
+
+def test_the_generated_passwd_and_group(tmp_path: os.PathLike[str]) -> None:
+    with sandbox._sandbox_fds(str(tmp_path), 1234, 5678) as (workdir, passwd, group):
+        assert os.path.samefile(f"/proc/self/fd/{workdir}", str(tmp_path))
+        assert os.read(passwd, 4096) == b"sandbox:x:1234:5678:sandbox:/workspace:/bin/sh\n"
+        assert os.read(group, 4096) == b"sandbox:x:5678:\n"
+        fds = (workdir, passwd, group)
+    for fd in fds:
+        with pytest.raises(OSError):
+            os.fstat(fd)
+
+
+def test_bwrap_is_found_on_path_else_at_its_debian_place(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: os.PathLike[str]
+) -> None:
+    elsewhere = os.path.join(tmp_path, "bin")
+    os.mkdir(elsewhere)
+    os.symlink("/usr/bin/bwrap", os.path.join(elsewhere, "bwrap"))
+    monkeypatch.setenv("PATH", elsewhere)
+    assert SandboxSettings.from_env().bwrap == os.path.join(elsewhere, "bwrap")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap there
+    assert SandboxSettings.from_env().bwrap == "/usr/bin/bwrap"
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_BWRAP", "/opt/b")
+    assert SandboxSettings.from_env().bwrap == "/opt/b"
