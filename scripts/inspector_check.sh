@@ -8,15 +8,18 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 INSPECTOR=${INSPECTOR:-@modelcontextprotocol/inspector@2.12.0}
 export CTXACTORS_LOG_LEVEL=${CTXACTORS_LOG_LEVEL:-warning}
+# serve keeps state on disk by default: a fresh data directory, so the ids checked below
+# don't depend on what an earlier run stored.
+DATA=$(mktemp -d)
 
 inspect() {
-    npx -y "$INSPECTOR" --cli -e "CTXACTORS_LOG_LEVEL=$CTXACTORS_LOG_LEVEL" "$PY" -m ctxactors.cli serve "$@" 2>/tmp/inspector_check.$$.err || {
+    npx -y "$INSPECTOR" --cli -e "CTXACTORS_LOG_LEVEL=$CTXACTORS_LOG_LEVEL" "$PY" -m ctxactors.cli serve --data-dir "$DATA" "$@" 2>/tmp/inspector_check.$$.err || {
         local rc=$?
         grep -v 'EBADENGINE\|npm warn' /tmp/inspector_check.$$.err >&2 || true
         return $rc
     }
 }
-trap 'rm -f /tmp/inspector_check.$$.err' EXIT
+trap 'rm -f /tmp/inspector_check.$$.err; rm -rf "$DATA"' EXIT
 
 # check NAME PYTHON-EXPRESSION: evaluate against the JSON on stdin (as `r`).
 check() {
