@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from ctxactors.context import ToolContext
+from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
 from ctxactors.results import InvalidArgumentsError, ToolResult
 
@@ -29,7 +29,31 @@ _UNENCODED = (str, ToolResult)
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
 
-Key = tuple[Any, ...]
+
+class Key(tuple[Any, ...]):
+    """An actor key: ``(server, (principal, session_id), *the scope's parts)``.
+
+    A tuple, so it compares, hashes and logs as one (and the store keys its rows by the
+    same items); a tuple subclass rather than a NamedTuple because its length follows the
+    scope. Read it by name: `server`, `session`, `principal`.
+    """
+
+    __slots__ = ()
+
+    @property
+    def server(self) -> str:
+        name: str = self[0]
+        return name
+
+    @property
+    def session(self) -> SessionKey:
+        session: SessionKey = self[1]
+        return session
+
+    @property
+    def principal(self) -> str | None:
+        principal: str | None = self[1][0]
+        return principal
 
 
 class Scope(enum.Enum):
@@ -44,10 +68,10 @@ class Scope(enum.Enum):
         part of every key. Tuples, never joined strings: ``a::b`` + ``c`` can't collide."""
         session = (ctx.principal, ctx.session_id)
         if self is Scope.SESSION:
-            return (server, session)
+            return Key((server, session))
         if self is Scope.ASSISTANT:
-            return (server, session, ctx.assistant_id)
-        return (server, session, ctx.assistant_id, ctx.thread_id)
+            return Key((server, session, ctx.assistant_id))
+        return Key((server, session, ctx.assistant_id, ctx.thread_id))
 
 
 class ToolSpec:

@@ -14,7 +14,7 @@ from batch_support import WAIT, Probe, batch, by_id
 from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.actors import caller_deadline
+from ctxactors._call import caller_deadline
 from ctxactors.batch_engine import BatchRun, _margin, _OpReply
 from ctxactors.batch_plan import (
     BadReference,

@@ -377,7 +377,7 @@ def test_an_explicit_name_is_kept_and_extract_and_compensate_are_carried() -> No
         rt.call("make", ctx_args("s"))
         (op,) = rt.call("get_recent_context", ctx_args("s")).structured["operations"]
         assert op["metadata"] == {"made": "m1"}
-        assert rt.registry.keys()[0][0] == "explicit-name"
+        assert rt._registry.keys()[0][0] == "explicit-name"
 
 
 def test_unannotated_keyword_only_and_module_details_of_the_args_type() -> None:

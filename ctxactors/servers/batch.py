@@ -22,7 +22,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
-from ctxactors.actors import caller_deadline
+from ctxactors._call import caller_deadline
 from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
 from ctxactors.batch_template import PLACEHOLDERS, size_of

@@ -324,7 +324,7 @@ def create_app(
         return _json(runtime.stats())
 
     async def healthz(request: Request) -> Response:
-        closed = runtime.registry.closed
+        closed = runtime.closed
         return _json(
             Health("closed" if closed else "ok", len(runtime.tools)), 503 if closed else 200
         )
