@@ -4,6 +4,7 @@ No global "current session": the context travels with each call's arguments, and
 router sends the call to the actor that owns that key's state.
 """
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import ToolContext, clean_args, inject_context
 from ctxactors.results import (
     CallTimeoutError,
@@ -14,7 +15,6 @@ from ctxactors.results import (
     ToolResult,
     UnknownToolError,
 )
-from ctxactors.runtime import Runtime
 from ctxactors.tools import Scope, Server, pick, tool
 
 __all__ = [

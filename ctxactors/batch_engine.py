@@ -27,8 +27,8 @@ from typing import Any
 
 import msgspec
 
+from ctxactors._actors import SyncReply
 from ctxactors._call import Undo
-from ctxactors.actors import SyncReply
 from ctxactors.batch_plan import (
     BadReference,
     BatchOptions,

@@ -14,8 +14,8 @@ import msgspec
 from conftest import ManualClock, ctx_args
 
 from ctxactors import Runtime, ToolContext
+from ctxactors._actors import SyncReply
 from ctxactors._call import Envelope, ToolCall, Undo
-from ctxactors.actors import SyncReply
 
 WAIT = 20.0
 

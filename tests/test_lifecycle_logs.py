@@ -25,8 +25,8 @@ from ctxactors import (
     ToolContext,
     tool,
 )
+from ctxactors._actors import SyncReply
 from ctxactors._call import CallHost, Envelope, ToolCall
-from ctxactors.actors import SyncReply
 from ctxactors.tools import Key
 
 WAIT = 20.0

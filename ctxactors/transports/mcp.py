@@ -46,6 +46,7 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import DEFAULT_SESSION
 from ctxactors.logs import get_logger
 from ctxactors.results import (
@@ -55,7 +56,6 @@ from ctxactors.results import (
     RuntimeClosedError,
     ToolResult,
 )
-from ctxactors.runtime import Runtime
 from ctxactors.transports.access import HttpSecurity
 from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of
 from ctxactors.transports.inflight import InFlight

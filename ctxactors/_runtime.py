@@ -26,8 +26,9 @@ from typing import Any
 
 import msgspec
 
+from ctxactors._actors import AsyncReply, SyncReply
 from ctxactors._call import CallHost, Envelope, Observer, Reply, ToolCall, Undo
-from ctxactors.actors import AsyncReply, SyncReply
+from ctxactors._registry import Registry
 from ctxactors.context import (
     DEFAULT_SESSION,
     ToolContext,
@@ -37,7 +38,6 @@ from ctxactors.context import (
 )
 from ctxactors.durable import Durability, is_durable
 from ctxactors.logs import get_logger
-from ctxactors.registry import Registry
 from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools

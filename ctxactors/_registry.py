@@ -36,8 +36,8 @@ from typing import Any
 import pykka
 import structlog
 
+from ctxactors._actors import KeyActor, Lifecycle, current_actor
 from ctxactors._call import Envelope
-from ctxactors.actors import KeyActor, Lifecycle, current_actor
 from ctxactors.context import SessionKey
 from ctxactors.results import RuntimeClosedError
 from ctxactors.tools import Key
