@@ -39,7 +39,7 @@ import structlog
 from ctxactors._actors import KeyActor, Lifecycle, current_actor
 from ctxactors._call import Envelope
 from ctxactors.context import SessionKey
-from ctxactors.results import RuntimeClosedError
+from ctxactors.errors import RuntimeClosedError
 from ctxactors.tools import Key
 
 

@@ -37,8 +37,9 @@ from ctxactors.context import (
     read_context,
 )
 from ctxactors.durable import Durability, is_durable
+from ctxactors.errors import CallTimeoutError, UnknownToolError
 from ctxactors.logs import get_logger
-from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
+from ctxactors.results import ToolResult
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 

@@ -42,7 +42,8 @@ from ctxactors.batch_plan import (
     resolve,
 )
 from ctxactors.batch_template import REFERENCES, Path, size_of
-from ctxactors.results import CtxActorsError, ToolError, ToolResult
+from ctxactors.errors import CtxActorsError
+from ctxactors.results import ToolResult
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
@@ -262,7 +263,7 @@ class BatchRun:
         try:
             step.args = resolve(step.args, self.data)
             step.validated = step.spec.validate(step.args)
-        except (ToolError, CtxActorsError) as exc:
+        except CtxActorsError as exc:  # a bad reference (a ToolError) or bad arguments
             return OpError("invalid_arguments", str(exc))
         return None
 

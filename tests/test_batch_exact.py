@@ -26,7 +26,8 @@ from ctxactors.batch_plan import (
     references,
     resolve,
 )
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN, Batch
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}

@@ -12,7 +12,8 @@ from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import InvalidArgumentsError, RuntimeClosedError, ToolError, ToolResult
+from ctxactors.errors import InvalidArgumentsError, RuntimeClosedError, ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.history import History, compact, generic_metadata, pick
 

@@ -27,7 +27,8 @@ from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
 from ctxactors.batch_template import PLACEHOLDERS, size_of
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.settings import env_int
 from ctxactors.tools import Scope, Server, ToolSpec, tool
 

@@ -40,15 +40,15 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxactors.context import MAX_ID, ToolContext, check_id, inject_context
-from ctxactors.logs import get_logger
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
-    ToolResult,
     UnknownToolError,
 )
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolResult
 from ctxactors.servers.history import Operation
 from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
 from ctxactors.transports.auth import principal_of
