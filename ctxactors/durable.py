@@ -1,8 +1,8 @@
 """Key state beyond its actor: loaded on the key's first call, saved after every change.
 
 A server is durable when it declares ``State`` (a msgspec type) with ``snapshot()`` and
-``restore(state)``. With a store, the runtime wraps each call to a durable key
-(`Durability.wrap`):
+``restore(state)``. With a store, each call to a durable key is run between
+`Durability.load` and `Durability.save`:
 
 - before the first call of an incarnation the key's state is loaded from the store and the
   revision remembered (a load that fails is retried on the next call, so recovery from a
@@ -24,7 +24,6 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -119,28 +118,25 @@ class Durability:
         )
         self._flusher.start()
 
-    def wrap(
-        self, body: Callable[[Any], ToolResult], key: tuple[Any, ...], read_only: bool
-    ) -> Callable[[Any], ToolResult]:
-        """`body` with the key's state loaded before it and, unless `read_only`, saved after."""
-        session, skey = state_key(key)
+    def load(self, server: Server, key: tuple[Any, ...]) -> ToolResult | None:
+        """Before a call: load the key's state on its incarnation's first call (or after
+        a failed one). None when ready, else the error result the call gets instead."""
+        slot: _Slot | None = getattr(server, _SLOT, None)
+        if slot is None:
+            slot = _Slot(encode_state(server))
+            setattr(server, _SLOT, slot)
+        if not slot.loaded:
+            session, skey = state_key(key)
+            try:
+                self._load(server, slot, session, skey)
+            except StoreError as exc:
+                return _unavailable(exc)
+        return None
 
-        def run(server: Server) -> ToolResult:
-            slot: _Slot | None = getattr(server, _SLOT, None)
-            if slot is None:
-                slot = _Slot(encode_state(server))
-                setattr(server, _SLOT, slot)
-            if not slot.loaded:
-                try:
-                    self._load(server, slot, session, skey)
-                except StoreError as exc:
-                    return _unavailable(exc)
-            result = body(server)
-            if read_only:
-                return result
-            return self._save(server, slot, session, skey, result)
-
-        return run
+    def save(self, server: Server, key: tuple[Any, ...], result: ToolResult) -> ToolResult:
+        """After a call that may have written: save the state if it changed (see `_save`)."""
+        slot: _Slot = getattr(server, _SLOT)
+        return self._save(server, slot, *state_key(key), result)
 
     def _load(self, server: Server, slot: _Slot, session: SessionRef, skey: StateKey) -> None:
         record = self.store.load(session, skey)

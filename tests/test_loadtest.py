@@ -193,7 +193,7 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
 def keys_by_server(rt: Any) -> dict[str, int]:
     """Live keys of the servers the load test calls (one per session/assistant/thread)."""
     counts: dict[str, int] = {}
-    for key in rt.registry.keys():
+    for key in rt._registry.keys():
         if key[0] in ("planning", "playbooks"):
             counts[key[0]] = counts.get(key[0], 0) + 1
     return counts

@@ -35,7 +35,7 @@ import msgspec
 from ctxactors.bounds import AnswerBudget
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.settings import env_int
 from ctxactors.tools import Scope, Server, pick, tool
 

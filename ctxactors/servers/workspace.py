@@ -49,8 +49,8 @@ import msgspec
 
 from ctxactors import sandbox as sandboxes
 from ctxactors.context import ToolContext
+from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
-from ctxactors.results import ToolError
 from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Scope, Server, pick, tool
 

@@ -23,7 +23,10 @@ from typing import Protocol
 
 import msgspec
 
-from ctxactors.results import CtxActorsError
+# The store's errors live with every other error; the stores import them from here.
+from ctxactors.errors import StaleStateError as StaleStateError
+from ctxactors.errors import StoreError as StoreError
+from ctxactors.errors import StoreUnavailableError as StoreUnavailableError
 
 # (principal, session id): the principal is None when the transport authenticated nobody.
 SessionRef = tuple[str | None, str]
@@ -36,36 +39,6 @@ _encode = msgspec.json.Encoder().encode
 def encode_ref(value: SessionRef | StateKey) -> str:
     """An unambiguous text form of a session or key tuple (a JSON array)."""
     return _encode(value).decode()
-
-
-class StoreError(CtxActorsError):
-    """The state store could not do what was asked."""
-
-    code = -32010
-
-
-class StaleStateError(StoreError):
-    """A save named a revision the store no longer holds: another writer got there first.
-
-    The writer's state is out of date; it must reload before it may save again.
-    """
-
-    code = -32011
-
-    def __init__(self, key: StateKey, expected: int, current: int) -> None:
-        super().__init__(
-            f"state {list(key)} changed under this writer: it loaded revision {expected}, "
-            f"the store holds {current}; reload before saving"
-        )
-        self.key = key
-        self.expected = expected
-        self.current = current
-
-
-class StoreUnavailableError(StoreError):
-    """The store is down, full or unreachable; nothing of the failed batch was written."""
-
-    code = -32012
 
 
 class Record(msgspec.Struct, frozen=True):

@@ -26,9 +26,9 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
+from ctxactors._runtime import Runtime
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
-from ctxactors.runtime import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.state import open_store
 from ctxactors.tools import Server
