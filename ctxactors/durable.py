@@ -15,6 +15,11 @@ A server is durable when it declares ``State`` (a msgspec type) with ``snapshot(
   back to the last saved snapshot, so nothing visible changes, and the call gets an error
   result. Reads of live keys don't touch the store and keep working while it is down.
 
+A server whose state is too big to save whole on every change (content: a session's
+documents) also declares parts (`Parted`): its snapshot is then the small rest, and each
+save carries only the parts that changed, written atomically with the snapshot under the
+same revision compare-and-set.
+
 The bookkeeping (revision, the bytes last saved) rides on the server instance, so it lives
 and dies with the actor that owns it; only that actor's thread touches it.
 """
@@ -25,7 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -51,6 +56,38 @@ _decoders: dict[type[Server], msgspec.msgpack.Decoder[Any]] = {}
 
 def is_durable(server: type[Server]) -> bool:
     return getattr(server, "State", None) is not None
+
+
+class Parted(Protocol):
+    """A durable server whose state is saved in parts as well as its snapshot.
+
+    `restore_parts` replaces every part with the stored ones (on each load) and starts
+    tracking changes; from then on `changed_parts` gives each part changed since the last
+    `settle_parts` (its bytes, or None when it went), and `settle_parts(saved=False)` puts
+    those parts back as they were (the save failed). Without a store nothing loads, so
+    nothing is tracked.
+    """
+
+    def restore_parts(self, parts: dict[str, bytes]) -> None: ...
+
+    def changed_parts(self) -> dict[str, bytes | None]: ...
+
+    def settle_parts(self, saved: bool) -> None: ...
+
+
+_parted: dict[type[Server], bool] = {}
+
+
+def as_parted(server: Server) -> Parted | None:
+    """`server` if it is `Parted`, else None (a cached class check: it runs on every call)."""
+    kind = type(server)
+    found = _parted.get(kind)
+    if found is None:
+        found = _parted[kind] = all(
+            callable(getattr(kind, m, None))
+            for m in ("restore_parts", "changed_parts", "settle_parts")
+        )
+    return cast(Parted, server) if found else None
 
 
 def state_key(key: tuple[Any, ...]) -> tuple[SessionRef, StateKey]:
@@ -151,6 +188,9 @@ class Durability:
         else:
             server.restore(decode_state(type(server), record.data))
             slot.revision, slot.data = record.revision, record.data
+        parted = as_parted(server)
+        if parted is not None:
+            parted.restore_parts({} if record is None else record.parts)
         slot.loaded = True
 
     def _save(
@@ -162,30 +202,41 @@ class Durability:
         result: ToolResult,
     ) -> ToolResult:
         data = encode_state(server)
-        if data == slot.data:
+        parted = as_parted(server)
+        parts = {} if parted is None else parted.changed_parts()
+        if data == slot.data and not parts:
             return result
+        write = Write(session, skey, data, slot.revision, tuple(parts.items()))
         try:
-            revision = self.commit.save(
-                Write(session, skey, data, slot.revision), timeout=self.save_timeout
-            )
+            revision = self.commit.save(write, timeout=self.save_timeout)
         except StaleStateError as exc:
             self._log.warning("stale_state", session=list(session), key=list(skey), error=str(exc))
             slot.loaded = False
             try:
                 self._load(server, slot, session, skey)
             except StoreError:
-                server.restore(decode_state(type(server), slot.data))  # reload on next call
+                self._roll_back(server, slot)  # and reload on the next call
             return ToolResult.error(
                 f"not saved: {exc}. Another process changed this state; it has been "
                 "reloaded from the store, so check it and retry the call"
             )
         except (StoreUnavailableError, TimeoutError) as exc:
-            server.restore(decode_state(type(server), slot.data))
+            self._roll_back(server, slot)
             if isinstance(exc, TimeoutError):
                 slot.loaded = False  # the save may yet land: read back what the store has
             return _unavailable(exc)
+        if parted is not None:
+            parted.settle_parts(saved=True)
         slot.revision, slot.data = revision, data
         return result
+
+    @staticmethod
+    def _roll_back(server: Server, slot: _Slot) -> None:
+        """The state as last saved: the snapshot, and the parts changed since put back."""
+        server.restore(decode_state(type(server), slot.data))
+        parted = as_parted(server)
+        if parted is not None:
+            parted.settle_parts(saved=False)
 
     def follow(self, session: SessionRef, follower: _Follower) -> _Follower | None:
         """Close `follower` when the session is deleted (it writes behind the calls);

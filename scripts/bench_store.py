@@ -140,8 +140,8 @@ def restart_time(directory: Path, sessions: int) -> dict[str, Any]:
 
 
 def content_cost(directory: Path, sizes: tuple[int, ...] = (100, 1000)) -> list[dict[str, Any]]:
-    """An ``add_content`` of 4 KiB when the session already holds N such documents: content
-    saves its whole SQLite database (``Connection.serialize()``), so the cost follows N."""
+    """An ``add_content`` of 4 KiB when the session already holds N such documents (each
+    document is its own part of the key, so the cost should not follow N)."""
     text = ("lorem ipsum dolor sit amet " * 160)[:4096]
     rows = []
     for label, store in (("none", None), ("sqlite", SQLiteStore(directory / "content.db"))):

@@ -9,18 +9,19 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from conftest import ManualClock, ctx_args
 from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.servers.history import History
-from ctxactors.state import MemoryStore, RedisStore, SQLiteStore, StateStore
+from ctxactors.state import MemoryStore, Outcome, RedisStore, SQLiteStore, StateStore, Write
 
 S = "s1"
 A = "a1"
@@ -319,6 +320,9 @@ def test_a_store_that_is_down_changes_nothing_and_recovery_is_automatic(
             assert call(rt, "get_planning_state")["goals"] == [{"id": "g1", "goal": "kept"}]
             assert call(rt, "list_content")["items"] == [{"id": "c1", "filename": "a", "size": 5}]
             assert call(rt, "search_content", query="beta")["count"] == 0
+            # The refused delete put the document back whole: text and index.
+            assert call(rt, "read_content", id="c1")["content"] == "alpha"
+            assert [r["id"] for r in call(rt, "search_content", query="alpha")["results"]] == ["c1"]
             # A key whose first call comes while the store is down can't load: refused too.
             unloaded = rt.call("list_playbooks", ctx_args(S, A))
             assert unloaded.is_error and "state store is unavailable" in unloaded.text
@@ -431,4 +435,58 @@ def test_the_stored_history_keeps_its_bounds(tmp_path: Path) -> None:
         call(rt, "create_goal", goal="goal 5")
         ops = call(rt, "get_recent_context", limit=50)["operations"]
         assert [op["arguments"]["goal"] for op in ops] == ["goal 5", "goal 4", "goal 3"]
+    store.close()
+
+
+class RecordingStore(SQLiteStore):
+    """A real SQLite store that also keeps every write it was given."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writes: list[Write] = []
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        self.writes += writes
+        return super().write(writes)
+
+
+def test_content_saves_only_the_documents_a_call_changed(tmp_path: Path) -> None:
+    store = RecordingStore(tmp_path / "state.db")
+    with Runtime(store=store) as rt:
+        for n in range(3):
+            call(rt, "add_content", filename=f"f{n}", content=f"document {n} " * 100)
+        call(rt, "delete_content", id="c2")
+        call(rt, "read_content", id="c1")
+        saved = [(w.data, w.parts) for w in store.writes if w.key == ("content",)]
+        doc = msgspec.msgpack.decode
+        assert [(doc(data), [(n, p and doc(p)) for n, p in parts]) for data, parts in saved] == [
+            ({"next": 1}, [("c1", [1, "f0", "document 0 " * 100])]),
+            ({"next": 2}, [("c2", [2, "f1", "document 1 " * 100])]),
+            ({"next": 3}, [("c3", [3, "f2", "document 2 " * 100])]),
+            ({"next": 3}, [("c2", None)]),
+        ]
+    with Runtime(store=store) as rt:  # a restart rebuilds the index from the parts
+        assert call(rt, "list_content")["items"] == [
+            {"id": "c1", "filename": "f0", "size": 1100},
+            {"id": "c3", "filename": "f2", "size": 1100},
+        ]
+        found = call(rt, "search_content", query="document 2")["results"]
+        assert [r["id"] for r in found] == ["c3"]
+    store.close()
+
+
+def test_a_refused_transactional_batch_saves_no_document(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(store=store) as rt:
+        call(rt, "add_content", filename="kept", content="kept text")
+        ops = [
+            {"tool": "add_content", "arguments": {"filename": "new", "content": "new text"}},
+            {"tool": "delete_content", "arguments": {"id": "c1"}},
+            {"tool": "read_content", "arguments": {"id": "missing"}},
+        ]
+        result = rt.call("batch", ctx_args(S, A, operations=ops, options={"transactional": True}))
+        assert result.is_error
+    with Runtime(store=store) as rt:
+        assert call(rt, "list_content")["items"] == [{"id": "c1", "filename": "kept", "size": 9}]
+        assert call(rt, "read_content", id="c1")["content"] == "kept text"
     store.close()

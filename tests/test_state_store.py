@@ -16,6 +16,7 @@ from state_support import RedisServer, redis_server
 from ctxactors.state import (
     GroupCommit,
     MemoryStore,
+    Record,
     RedisStore,
     SQLiteStore,
     StaleStateError,
@@ -103,6 +104,45 @@ def test_a_delete_write_removes_one_key(store: StateStore) -> None:
     assert store.load(S1, PLAN) is None
 
 
+DOCS = ("content",)
+
+
+def test_parts_are_written_with_their_key_and_read_back_with_it(store: StateStore) -> None:
+    first = Write(S1, DOCS, b"n2", 0, (("c1", b"one"), ("c2", b"two")))
+    assert store.write([first]) == [1]
+    # A later save carries only what changed: c2 replaced, c1 untouched, c3 new.
+    assert store.write([Write(S1, DOCS, b"n3", 1, (("c2", b"TWO"), ("c3", b"three")))]) == [2]
+    assert store.write([Write(S1, DOCS, b"n3", 2, (("c1", None),))]) == [3]
+    record = store.load(S1, DOCS)
+    assert record is not None
+    assert (record.revision, record.data, record.parts) == (
+        3,
+        b"n3",
+        {"c2": b"TWO", "c3": b"three"},
+    )
+    plain = store.write([Write(S1, PLAN, b"p", 0)])
+    assert plain == [1] and store.load(S1, PLAN) == Record(1, b"p", {})
+
+
+def test_a_stale_save_writes_none_of_its_parts(store: StateStore) -> None:
+    store.write([Write(S1, DOCS, b"n1", 0, (("c1", b"one"),))])
+    (stale,) = store.write([Write(S1, DOCS, b"n2", 0, (("c1", None), ("c2", b"two")))])
+    assert isinstance(stale, StaleStateError)
+    record = store.load(S1, DOCS)
+    assert record is not None and (record.data, record.parts) == (b"n1", {"c1": b"one"})
+
+
+def test_deleting_a_key_or_its_session_deletes_its_parts(store: StateStore) -> None:
+    store.write([Write(S1, DOCS, b"n", 0, (("c1", b"one"),)), Write(S1, PLAN, b"p", 0)])
+    assert store.write([Write(S1, DOCS, None, 1)]) == [0]
+    assert store.write([Write(S1, DOCS, b"again", 0)]) == [1]
+    assert store.load(S1, DOCS) == Record(1, b"again", {})
+    store.write([Write(S1, DOCS, b"more", 1, (("c9", b"nine"),))])
+    assert store.delete_session(S1) == 2
+    assert store.write([Write(S1, DOCS, b"fresh", 0)]) == [1]
+    assert store.load(S1, DOCS) == Record(1, b"fresh", {})
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 def test_retention_forgets_a_session_after_its_last_use(kind: str, tmp_path: Path) -> None:
     now = [1_000_000.0]
@@ -120,6 +160,36 @@ def test_retention_forgets_a_session_after_its_last_use(kind: str, tmp_path: Pat
     assert store.load(S1, PLAN) is not None
     now[0] += 61
     assert store.load(S1, PLAN) is None
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_touch_starts_a_sessions_retention_again(kind: str, tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    store: StateStore = (
+        MemoryStore(retention=60, clock=lambda: now[0])
+        if kind == "memory"
+        else SQLiteStore(tmp_path / "r.db", retention=60, clock=lambda: now[0])
+    )
+    store.write([Write(S1, PLAN, b"a", 0), Write((None, "s2"), PLAN, b"b", 0)])
+    now[0] += 45
+    store.touch([S1, (None, "never-stored")])
+    now[0] += 30
+    assert store.purge() == 1  # s2, untouched for 75 s; s1 was touched 30 s ago
+    assert store.load(S1, PLAN) is not None
+    assert store.load((None, "never-stored"), PLAN) is None
+    store.close()
+
+
+def test_a_redis_touch_starts_the_sessions_expiry_again(redis: RedisServer) -> None:
+    import redis as redis_lib
+
+    client = redis_lib.Redis.from_url(redis.url)
+    store = RedisStore(redis.url, retention=30, prefix="touch")
+    store.write([Write(S1, PLAN, b"a", 0)])
+    client.pexpire('touch:[null,"s1"]', 2_000)  # as if 28 s had passed
+    store.touch([S1])
+    assert client.pttl('touch:[null,"s1"]') > 5_000
     store.close()
 
 

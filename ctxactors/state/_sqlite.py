@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ctxactors.state._base import (
     Outcome,
+    Part,
     Record,
     SessionRef,
     StaleStateError,
@@ -40,6 +41,13 @@ CREATE TABLE IF NOT EXISTS state (
     PRIMARY KEY (session, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sessions_by_age ON sessions (touched);
+CREATE TABLE IF NOT EXISTS parts (
+    session TEXT NOT NULL,
+    key TEXT NOT NULL,
+    part TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session, key, part)
+);
 """
 
 
@@ -78,12 +86,29 @@ class SQLiteStore:
             now = self._clock()
             with self._transaction():
                 touched = self._refresh([sid], now)
+                kid = encode_ref(key)
                 row = self._db.execute(
-                    "SELECT revision, data FROM state WHERE session = ? AND key = ?",
-                    (sid, encode_ref(key)),
+                    "SELECT revision, data FROM state WHERE session = ? AND key = ?", (sid, kid)
                 ).fetchone()
+                parts = self._db.execute(
+                    "SELECT part, data FROM parts WHERE session = ? AND key = ?", (sid, kid)
+                ).fetchall()
             self._touched.update(touched)
-        return None if row is None else Record(row[0], bytes(row[1]))
+        if row is None:
+            return None
+        return Record(row[0], bytes(row[1]), {name: bytes(data) for name, data in parts})
+
+    def touch(self, sessions: Iterable[SessionRef]) -> None:
+        sids = [encode_ref(s) for s in sessions]
+        if not sids:
+            return
+        with self._lock:
+            now = self._clock()
+            with self._transaction():
+                self._db.executemany(
+                    "UPDATE sessions SET touched = ? WHERE session = ?", [(now, s) for s in sids]
+                )
+            self._touched.update((s, now) for s in sids)
 
     def write(self, writes: Sequence[Write]) -> list[Outcome]:
         with self._lock:
@@ -129,7 +154,12 @@ class SQLiteStore:
                 (w.data, sid, kid, w.expected),
             )
         if cur.rowcount == 1:
-            return 0 if w.data is None else w.expected + 1
+            if w.data is None:
+                self._db.execute("DELETE FROM parts WHERE session = ? AND key = ?", (sid, kid))
+                return 0
+            if w.parts:
+                self._write_parts(sid, kid, w.parts)
+            return w.expected + 1
         if w.data is None and w.expected == 0:
             return 0  # deleting what was never saved: nothing to do
         row = self._db.execute(
@@ -137,11 +167,25 @@ class SQLiteStore:
         ).fetchone()
         return StaleStateError(w.key, w.expected, 0 if row is None else row[0])
 
+    def _write_parts(self, sid: str, kid: str, parts: Sequence[Part]) -> None:
+        gone = [(sid, kid, name) for name, data in parts if data is None]
+        kept = [(sid, kid, name, data) for name, data in parts if data is not None]
+        if gone:
+            self._db.executemany(
+                "DELETE FROM parts WHERE session = ? AND key = ? AND part = ?", gone
+            )
+        if kept:
+            self._db.executemany(
+                "INSERT INTO parts VALUES (?, ?, ?, ?)"
+                " ON CONFLICT DO UPDATE SET data = excluded.data",
+                kept,
+            )
+
     def delete_session(self, session: SessionRef) -> int:
         sid = encode_ref(session)
         with self._lock, self._transaction():
             self._touched.pop(sid, None)
-            self._db.execute("DELETE FROM sessions WHERE session = ?", (sid,))
+            self._forget(sid)
             return self._db.execute("DELETE FROM state WHERE session = ?", (sid,)).rowcount
 
     def purge(self) -> int:
@@ -154,8 +198,8 @@ class SQLiteStore:
                 )
             ]
             for sid in old:
+                self._forget(sid)
                 self._db.execute("DELETE FROM state WHERE session = ?", (sid,))
-                self._db.execute("DELETE FROM sessions WHERE session = ?", (sid,))
             self._touched = {k: t for k, t in self._touched.items() if t > cutoff}
         return len(old)
 
@@ -169,6 +213,12 @@ class SQLiteStore:
         row = self._db.execute("SELECT touched FROM sessions WHERE session = ?", (sid,)).fetchone()
         if row is not None and now - row[0] >= self.retention:
             self._db.execute("DELETE FROM state WHERE session = ?", (sid,))
+            self._db.execute("DELETE FROM parts WHERE session = ?", (sid,))
+
+    def _forget(self, sid: str) -> None:
+        """Delete the session's row and parts (its state rows are the caller's)."""
+        self._db.execute("DELETE FROM sessions WHERE session = ?", (sid,))
+        self._db.execute("DELETE FROM parts WHERE session = ?", (sid,))
 
     def _touch(self, sid: str) -> None:
         self._db.execute(
