@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, cast
 
 import msgspec
@@ -132,14 +132,28 @@ class Durability:
     """The store side of a runtime: one group-commit writer, the load/save of every key."""
 
     def __init__(
-        self, store: StateStore, *, save_timeout: float = 30.0, flush_delay: float = 0.05
+        self,
+        store: StateStore,
+        *,
+        save_timeout: float = 30.0,
+        flush_delay: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        live: Callable[[], Iterable[SessionRef]] = tuple,
     ) -> None:
         self.store = store
         self.save_timeout = save_timeout
         self.flush_delay = flush_delay
         self.commit = GroupCommit(store)
         self._log = get_logger("ctxactors.durable")
-        self._purged_at = time.monotonic()
+        self._clock = clock
+        self._purged_at = clock()
+        # Retention counts from a session's last use, reads included: a used session is
+        # touched in the store behind its calls, at most once per `touch_every` seconds;
+        # and every session with a live actor (`live`) is touched before each purge.
+        self.touch_every = store.retention / 100
+        self._live = live
+        self._used: dict[SessionRef, float] = {}  # session -> when its last touch was sent
+        self._to_touch: set[SessionRef] = set()
         # Per session, what writes behind the calls (the history): closed on delete.
         self._followers: weakref.WeakValueDictionary[SessionRef, _Follower] = (
             weakref.WeakValueDictionary()
@@ -257,12 +271,38 @@ class Durability:
             raise StoreUnavailableError(f"the state store did not answer: {exc}") from None
         return self.store.delete_session(session)
 
+    def used(self, session: SessionRef) -> None:
+        """The session was just used (any call): start its retention again, soon and cheaply
+        (a touch written behind the calls, at most once per `touch_every`)."""
+        now = self._clock()
+        last = self._used.get(session)
+        if last is not None and now - last < self.touch_every:
+            return
+        with self._deferred_lock:
+            self._used[session] = now
+            self._to_touch.add(session)
+        self._wake.set()
+
+    def _touch(self, sessions: Iterable[SessionRef]) -> None:
+        try:
+            self.store.touch(sessions)
+        except StoreError as exc:
+            self._log.warning("touch_failed", error=str(exc))
+            with self._deferred_lock:  # touch them again on their next use
+                for session in sessions:
+                    self._used.pop(session, None)
+
     def purge(self, every: float) -> int:
-        """Forget sessions past their retention, at most once every `every` seconds."""
-        now = time.monotonic()
+        """Forget sessions past their retention, at most once every `every` seconds; never
+        one with a live actor (its retention starts again now)."""
+        now = self._clock()
         if now - self._purged_at < every:
             return 0
         self._purged_at = now
+        with self._deferred_lock:
+            self._used = {s: t for s, t in self._used.items() if now - t < self.touch_every}
+            waiting, self._to_touch = self._to_touch, set()
+        self._touch([*waiting, *self._live()])
         purged = self.store.purge()
         if purged:
             self._log.info("sessions_purged", sessions=purged)
@@ -277,8 +317,11 @@ class Durability:
         with self._deferred_lock:
             waiting = list(self._deferred.values())
             self._deferred.clear()
+            touch, self._to_touch = self._to_touch, set()
         for follower in waiting:
             follower.flush()
+        if touch:
+            self._touch(list(touch))
 
     def _flush_forever(self) -> None:
         while not self._closing.is_set():
@@ -288,7 +331,11 @@ class Durability:
             self._flush_all()
 
     def flush(self) -> None:
-        """Write what waits behind the calls (the histories) now, and wait for it."""
+        """Write what waits behind the calls (the histories, the touches) now, and wait."""
+        with self._deferred_lock:
+            touch, self._to_touch = self._to_touch, set()
+        if touch:
+            self._touch(list(touch))
         for follower in list(self._followers.values()):
             follower.drain(self.save_timeout)
 

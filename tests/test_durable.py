@@ -258,6 +258,44 @@ def test_retention_forgets_a_session_and_the_reaper_purges_it(
     store.close()
 
 
+def test_retention_counts_from_the_last_read_too(tmp_path: Path, clock: ManualClock) -> None:
+    wall = ManualClock()
+    store = SQLiteStore(tmp_path / "state.db", retention=3600, clock=wall)
+
+    def advance(seconds: float) -> None:
+        clock.advance(seconds)
+        wall.advance(seconds)
+
+    with Runtime(store=store, ttl=3000, clock=clock) as rt:
+        assert rt.durability is not None
+        call(rt, "create_goal", goal="read often")
+        rt.durability.flush()  # the goal and its history record are stored at 0 s
+        advance(2000)
+        # A read from a live actor, at 2000 s (the one call the history never records, so
+        # nothing but the touch reaches the store), written behind the call.
+        assert len(call(rt, "get_recent_context")["operations"]) == 1
+        rt.durability.flush()
+        advance(3001)
+        assert rt.reap() == 2  # at 5001 s: the planning and history actors, idle 3001 s
+        # Last used 3001 s ago: within the hour, though last written 5001 s ago.
+        assert call(rt, "get_planning_state")["goals"] == [{"id": "g1", "goal": "read often"}]
+    store.close()
+
+
+def test_a_session_with_a_live_actor_is_never_purged(tmp_path: Path, clock: ManualClock) -> None:
+    wall = ManualClock()
+    store = SQLiteStore(tmp_path / "state.db", retention=3600, clock=wall)
+    with Runtime(store=store, ttl=7200, clock=clock) as rt:
+        call(rt, "create_goal", goal="kept while live")
+        clock.advance(4000)
+        wall.advance(4000)
+        assert rt.reap() == 0  # the actor stays (idle 4000 s < 7200 s)...
+        record = store.load((None, S), ("planning", A, None))  # ...and so does its state
+        assert record is not None and record.revision == 1
+        assert call(rt, "create_goal", goal="and saved")["id"] == "g2"
+    store.close()
+
+
 def test_redis_retention_expires_the_session(redis: RedisServer) -> None:
     store = RedisStore(redis.url, prefix=f"t{os.urandom(4).hex()}", retention=0.5)
     try:
