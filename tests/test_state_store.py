@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from state_support import RedisServer, redis_server
 from ctxactors.state import (
     GroupCommit,
     MemoryStore,
+    Outcome,
     Record,
     RedisStore,
     SQLiteStore,
@@ -241,6 +243,80 @@ def test_group_commit_answers_every_save_of_a_failed_batch(tmp_path: Path) -> No
     commit.close()
     with pytest.raises(StoreUnavailableError, match="closed"):
         commit.save(Write(S1, PLAN, b"a", 0), timeout=10)
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose first write waits for `gate`, recording each batch's size and
+    the thread that wrote it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.inside = threading.Event()
+        self.batches: list[tuple[int, str]] = []
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        self.batches.append((len(writes), threading.current_thread().name))
+        self.inside.set()
+        assert self.gate.wait(30)
+        return super().write(writes)
+
+
+def _queued(commit: GroupCommit, n: int) -> None:
+    deadline = time.monotonic() + 30
+    while len(commit._queue) < n:  # noqa: SLF001 - the one way to see a caller is waiting
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
+
+def test_a_lone_save_is_written_in_its_callers_thread() -> None:
+    store = GatedStore()
+    store.gate.set()
+    commit = GroupCommit(store)
+    assert commit.save(Write(S1, PLAN, b"a", 0)) == 1
+    assert store.batches == [(1, threading.current_thread().name)]
+
+
+def test_saves_queued_behind_a_write_go_together_written_by_one_of_their_callers() -> None:
+    store = GatedStore()
+    commit = GroupCommit(store)
+    first = threading.Thread(
+        target=commit.save, args=(Write(S1, ("k", "0"), b"0", 0),), name="first"
+    )
+    first.start()
+    assert store.inside.wait(30)
+    callbacks: list[object] = []
+    commit.submit(Write(S1, ("k", "cb"), b"cb", 0), callbacks.append)
+    waiters = [
+        threading.Thread(target=commit.save, args=(Write(S1, ("k", n), b"x", 0),), name=n)
+        for n in ("w1", "w2")
+    ]
+    for w in waiters:
+        w.start()
+    _queued(commit, 3)
+    store.gate.set()
+    for t in (first, *waiters):
+        t.join(30)
+    assert callbacks == [1]
+    assert [size for size, _ in store.batches] == [1, 3]
+    assert store.batches[0][1] == "first" and store.batches[1][1] in ("w1", "w2")
+    assert (commit.batches, commit.saves) == (2, 4)
+    assert all(store.load(S1, ("k", n)) is not None for n in ("0", "cb", "w1", "w2"))
+
+
+def test_a_save_that_times_out_while_queued_is_never_written() -> None:
+    store = GatedStore()
+    commit = GroupCommit(store)
+    first = threading.Thread(target=commit.save, args=(Write(S1, PLAN, b"a", 0),))
+    first.start()
+    assert store.inside.wait(30)
+    with pytest.raises(TimeoutError, match="did not confirm"):
+        commit.save(Write(S1, ("late",), b"late", 0), timeout=0.05)
+    store.gate.set()
+    first.join(30)
+    commit.close()
+    assert store.load(S1, ("late",)) is None
+    assert [size for size, _ in store.batches] == [1]
 
 
 def test_redis_down_is_a_clear_error_and_recovery_is_automatic(tmp_path: Path) -> None:

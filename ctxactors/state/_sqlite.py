@@ -27,6 +27,7 @@ from ctxactors.state._base import (
     Write,
     encode_ref,
 )
+from ctxactors.state._checkpoint import BACKSTOP_PAGES, Checkpointer
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -78,7 +79,9 @@ class SQLiteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         self._db.executescript(_SCHEMA)
+        self._checkpointer = Checkpointer(self.path)
 
     def load(self, session: SessionRef, key: StateKey) -> Record | None:
         sid = encode_ref(session)
@@ -204,6 +207,7 @@ class SQLiteStore:
         return len(old)
 
     def close(self) -> None:
+        self._checkpointer.close()
         with self._lock:
             self._db.close()
 
