@@ -20,6 +20,7 @@ from conftest import ManualClock, ctx_args
 from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.servers import Planning
 from ctxactors.servers.history import History
 from ctxactors.state import MemoryStore, Outcome, RedisStore, SQLiteStore, StateStore, Write
 
@@ -371,6 +372,72 @@ def test_a_store_that_is_down_changes_nothing_and_recovery_is_automatic(
             goals = call(rt, "get_planning_state")["goals"]
             assert goals == [{"id": "g1", "goal": "kept"}, {"id": "g2", "goal": "back"}]
             assert [i["id"] for i in call(rt, "list_content")["items"]] == ["c1"]
+        store.close()
+
+
+def test_redis_killed_and_restarted_under_load_loses_no_acknowledged_call(
+    tmp_path: Path,
+) -> None:
+    sessions = [f"load-{n}" for n in range(8)]
+    acked: dict[str, list[str]] = {s: [] for s in sessions}
+    in_doubt: dict[str, set[str]] = {s: set() for s in sessions}  # error results: either way
+    errors: list[tuple[str, str]] = []  # (phase, text)
+    phase = ["up"]
+    progress = threading.Condition()
+    stop = threading.Event()
+
+    def worker(session: str) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            goal = f"{session}-{n}"
+            result = rt.call("create_goal", ctx_args(session, A, goal=goal))
+            with progress:
+                if result.is_error:
+                    in_doubt[session].add(goal)
+                    errors.append((phase[0], result.text))
+                else:
+                    acked[session].append(goal)
+                progress.notify_all()
+
+    def wait_for(check: Callable[[], bool]) -> None:
+        with progress:
+            assert progress.wait_for(check, timeout=60)
+
+    def acks() -> int:
+        return min(len(a) for a in acked.values())
+
+    with redis_server(tmp_path) as server:
+        store = RedisStore(server.url, timeout=2.0)
+        with Runtime(servers=[Planning], store=store) as rt:
+            threads = [threading.Thread(target=worker, args=(s,)) for s in sessions]
+            for t in threads:
+                t.start()
+            wait_for(lambda: acks() >= 5)
+            server.stop(kill=True)  # SIGKILL, mid-run
+            with progress:
+                phase[0], before = "down", acks()
+            wait_for(lambda: sum(p == "down" for p, _ in errors) >= 2 * len(sessions))
+            with progress:
+                phase[0] = "back"
+            server.start()  # same port, same append-only file
+            wait_for(lambda: acks() >= before + 5)  # calls succeed again, on every session
+            stop.set()
+            for t in threads:
+                t.join(60)
+        down = [text for p, text in errors if p == "down"]
+        assert all("the state store is unavailable" in text for text in down), down[:3]
+        assert all("nothing was changed" in text for text in down)
+        later = [text for p, text in errors if p != "down"]
+        assert all("state store is unavailable" in t or "not saved" in t for t in later)
+        with Runtime(servers=[Planning], store=store) as rt:
+            for session in sessions:
+                state = rt.call("get_planning_state", ctx_args(session, A)).structured
+                assert state is not None
+                present = [g["goal"] for g in state["goals"]]
+                assert set(acked[session]) <= set(present)  # nothing acknowledged is lost
+                assert set(present) <= set(acked[session]) | in_doubt[session]
+                assert len(present) == len(set(present))
         store.close()
 
 
