@@ -116,6 +116,21 @@ class _Follower(Protocol):
     def close(self) -> None: ...
 
 
+class SessionListener(Protocol):
+    """What keeps session data outside the store (the workspace's directories) and must
+    follow the session's retention: told of uses, deletes and purge passes."""
+
+    def touched(self, sessions: list[SessionRef]) -> None:
+        """These sessions were just used (or have a live actor): their retention restarts."""
+
+    def deleted(self, session: SessionRef) -> None:
+        """The session was ended: forget its data now."""
+
+    def purge(self, retention: float) -> None:
+        """Forget data untouched for `retention` seconds (sessions in use were touched just
+        before)."""
+
+
 class _Slot:
     """What one incarnation of a key knows about its stored state."""
 
@@ -154,6 +169,7 @@ class Durability:
         self._live = live
         self._used: dict[SessionRef, float] = {}  # session -> when its last touch was sent
         self._to_touch: set[SessionRef] = set()
+        self._listeners: list[SessionListener] = []
         # Per session, what writes behind the calls (the history): closed on delete.
         self._followers: weakref.WeakValueDictionary[SessionRef, _Follower] = (
             weakref.WeakValueDictionary()
@@ -265,6 +281,8 @@ class Durability:
         follower = self._followers.pop(session, None)
         if follower is not None:
             follower.close()
+        for listener in self._listeners:
+            listener.deleted(session)
         try:
             self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
         except TimeoutError as exc:
@@ -283,7 +301,12 @@ class Durability:
             self._to_touch.add(session)
         self._wake.set()
 
-    def _touch(self, sessions: Iterable[SessionRef]) -> None:
+    def listen(self, listener: SessionListener) -> None:
+        self._listeners.append(listener)
+
+    def _touch(self, sessions: list[SessionRef]) -> None:
+        for listener in self._listeners:
+            listener.touched(sessions)
         try:
             self.store.touch(sessions)
         except StoreError as exc:
@@ -303,6 +326,8 @@ class Durability:
             self._used = {s: t for s, t in self._used.items() if now - t < self.touch_every}
             waiting, self._to_touch = self._to_touch, set()
         self._touch([*waiting, *self._live()])
+        for listener in self._listeners:
+            listener.purge(self.store.retention)
         purged = self.store.purge()
         if purged:
             self._log.info("sessions_purged", sessions=purged)
