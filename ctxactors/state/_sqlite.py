@@ -1,8 +1,12 @@
 """The SQLite store: one file, WAL mode, every batch of saves in one transaction.
 
-WAL with ``synchronous=NORMAL`` survives a kill -9 of the process (not a power cut: pass
-``synchronous="FULL"`` for that, about ten times the cost of a commit here). Group commit
-(`ctxactors.state.GroupCommit`) makes many saves share a transaction.
+WAL with ``synchronous=NORMAL`` (SQLite's recommended setting for WAL): a commit is
+written to the WAL file but not fsynced, so a committed save survives a crash or kill -9
+of the process (the kernel has it), while a power loss or kernel crash may lose the
+commits since the last checkpoint (never corrupting the file). Checkpoints, which fsync,
+run every half second in a background connection (`ctxactors.state._checkpoint`). Pass
+``synchronous="FULL"`` to fsync every commit (about ten times the cost of a commit here).
+Group commit (`ctxactors.state.GroupCommit`) makes many saves share a transaction.
 
 Sessions and keys are stored as JSON arrays (`encode_ref`), so no two tuples collide.
 Retention uses the wall clock: it must mean the same after a restart.
