@@ -107,12 +107,24 @@ class Runtime:
             log=self._log,
         )
         # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
-        self._durable = Durability(store, save_timeout=call_timeout) if store is not None else None
+        self._durable = (
+            Durability(
+                store,
+                save_timeout=call_timeout,
+                clock=clock or time.monotonic,
+                live=lambda: {key[1] for key in self._registry.keys()},
+            )
+            if store is not None
+            else None
+        )
         if self._durable is not None:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        if self._durable is not None:  # retention counts from a session's last use
+            durable = self._durable
+            self.add_observer(lambda ctx, spec, args, result: durable.used(ctx.session_key))
         try:
             for server in self._servers:
                 server.attach(self)

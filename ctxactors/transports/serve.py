@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="how long the store keeps a session after its last change or load",
+        help="how long the store keeps a session after its last use",
     )
     parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
     parser.add_argument(
