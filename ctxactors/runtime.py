@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from ctxactors import tracing
 from ctxactors.actors import AsyncReply, Call, Reply, SyncReply
 from ctxactors.context import (
     DEFAULT_SESSION,
@@ -41,6 +42,11 @@ from ctxactors.tools import Server, ToolSpec, collect_tools
 
 # An observer sees every call that reached a server: (ctx, spec, clean arguments, result).
 Observer = Callable[[ToolContext, ToolSpec, dict[str, Any], ToolResult], None]
+# A call wrapper (metrics, tracing) is called in the caller's thread with the call's body and
+# returns the body the actor runs instead: ``wrap(body, spec, ctx) -> body``.
+CallWrapper = Callable[
+    [Callable[[Server], ToolResult], ToolSpec, ToolContext], Callable[[Server], ToolResult]
+]
 
 
 class Runtime:
@@ -110,6 +116,8 @@ class Runtime:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
+        self._call_wrappers: tuple[CallWrapper, ...] = ()
+        tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
             for server in self._servers:
                 server.attach(self)
@@ -231,6 +239,8 @@ class Runtime:
         key = spec.server.scope.key(spec.server.name, ctx)
         if self._durable is not None and is_durable(spec.server):
             body = self._durable.wrap(body, key, spec.read_only)
+        for wrap in self._call_wrappers if observe else ():
+            body = wrap(body, spec, ctx)
 
         def run(server: Server) -> ToolResult:
             result: ToolResult = body(server)
@@ -268,6 +278,15 @@ class Runtime:
         (the operation history: "what did I just do?" must include the call that returned).
         """
         (self._early_observers if before_reply else self._observers).append(observer)
+
+    def add_call_wrapper(self, wrapper: CallWrapper) -> None:
+        """Wrap the body of every later call that reached a server (not the undo of a batch).
+
+        `wrapper` runs in the caller's thread (where a trace context or a start time is
+        read) and the body it returns runs in the key's actor. No wrapper, no cost: this is
+        how `ctxactors.metrics` and `ctxactors.tracing` hook in.
+        """
+        self._call_wrappers = (*self._call_wrappers, wrapper)
 
     # -- introspection and lifecycle -----------------------------------------------------
 

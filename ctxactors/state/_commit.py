@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 from ctxactors.state._base import Outcome, StateStore, StoreError, StoreUnavailableError, Write
 
@@ -27,6 +28,8 @@ class GroupCommit:
         self.max_batch = max_batch
         self.batches = 0  # transactions written: saves / batches is the grouping factor
         self.saves = 0
+        # Told (in the writer thread) each batch's seconds and outcomes: the store metrics.
+        self.on_write: Callable[[float, Sequence[Outcome | StoreError]], None] | None = None
         self._queue: queue.SimpleQueue[tuple[Write, Done] | None] = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="ctxactors-commit", daemon=True)
@@ -91,6 +94,7 @@ class GroupCommit:
 
     def _write(self, batch: list[tuple[Write, Done]]) -> None:
         outcomes: list[Outcome | StoreError]
+        started = time.perf_counter()
         try:
             outcomes = list(self.store.write([w for w, _ in batch]))
         except StoreError as exc:
@@ -99,6 +103,8 @@ class GroupCommit:
             outcomes = [StoreUnavailableError(f"{type(exc).__name__}: {exc}")] * len(batch)
         self.batches += 1
         self.saves += len(batch)
+        if self.on_write is not None:
+            self.on_write(time.perf_counter() - started, outcomes)
         for (_, done), outcome in zip(batch, outcomes, strict=True):
             done(outcome)
 
