@@ -27,6 +27,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode
 
 from ctxactors import Runtime, Server, ToolContext, tool, tracing
+from ctxactors.conversation import ChatSession, Message, ScriptedModel, ToolCall
+from ctxactors.conversation.messages import FunctionCall
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,6 +172,23 @@ def test_the_model_tool_call_id_is_recorded_where_the_host_names_it(traced: Any)
     assert second.attributes is not None and "gen_ai.tool.call.id" not in second.attributes
 
 
+def test_the_agent_loop_names_each_model_tool_call_under_the_hosts_span(traced: Any) -> None:
+    """Two calls in one model reply run on pool threads: each keeps the host's span as its
+    parent and carries the model's own id for it."""
+    rt, exporter, provider = traced
+    first = ToolCall(id="call_1", function=FunctionCall("create_goal", '{"goal": "a"}'))
+    second = ToolCall(id="call_2", function=FunctionCall("create_goal", '{"goal": "b"}'))
+    model = ScriptedModel([Message.assistant(None, [first, second]), Message.assistant("done")])
+    chat = ChatSession(rt, model, session_id="s1", assistant_id="a1")
+    with provider.get_tracer("host").start_as_current_span("host turn") as host:
+        assert chat.send("go") == "done"
+    spans = tool_spans(exporter)
+    ids = sorted(str((s.attributes or {}).get("gen_ai.tool.call.id")) for s in spans)
+    assert ids == ["call_1", "call_2"]
+    for span in spans:
+        assert span.parent is not None and span.parent.span_id == host.get_span_context().span_id
+
+
 def test_an_unsampled_trace_records_nothing_and_the_call_still_runs() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=ALWAYS_OFF)
@@ -266,6 +285,7 @@ def test_mcp_call_continues_the_traceparent_in_meta(traced_server: str) -> None:
             meta: Any = {
                 **host_meta(session="mcp-trace", assistant="a1"),
                 "traceparent": f"00-{trace_id:032x}-{PARENT_ID:016x}-01",
+                tracing.META_TOOL_CALL_ID: "call_mcp_7",
             }
             result = await client.call_tool("create_goal", {"goal": "over MCP"}, meta=meta)
             assert not result.is_error
@@ -284,3 +304,4 @@ def test_mcp_call_continues_the_traceparent_in_meta(traced_server: str) -> None:
     attributes = {a.key: a.value.string_value for a in span.attributes}
     assert attributes["ctxactors.session_id"] == "mcp-trace"
     assert attributes["ctxactors.assistant_id"] == "a1"
+    assert attributes["gen_ai.tool.call.id"] == "call_mcp_7"
