@@ -19,11 +19,12 @@ only for sessions that are live.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from time import perf_counter
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -65,8 +66,8 @@ MAX_RECENT_ERRORS = 50
 _ERROR_TEXT = 200  # characters of an error result kept for `top`
 
 Body = Callable[[Server], ToolResult]
-# (tool, is_error, principal or None): one latency series.
-SeriesKey = tuple[str, bool, str | None]
+# (tool, principal or None): its latency series, (ok, error).
+SeriesKey = tuple[str, str | None]
 
 
 class Tally:
@@ -107,7 +108,7 @@ class CallMetrics:
         self.runtime = runtime
         self.principal_label = principal_label
         self._lock = threading.Lock()
-        self._series: dict[SeriesKey, Tally] = {}
+        self._series: dict[SeriesKey, tuple[Tally, Tally]] = {}
         self._sessions: dict[tuple[str | None, str], int] = {}
         self._prune_at = 1024
         self.errors: collections.deque[RecentError] = collections.deque(maxlen=MAX_RECENT_ERRORS)
@@ -117,33 +118,37 @@ class CallMetrics:
     # -- the call path -------------------------------------------------------------------
 
     def __call__(self, body: Body, spec: ToolSpec, ctx: ToolContext) -> Body:
-        started = time.perf_counter()
-        record = self._record
+        """The call wrapper. Inlined and kept to one short critical section: this is the
+        whole per-call cost of the metrics (`scripts/bench_observability.py`)."""
+        started = perf_counter()
+        lock, series, sessions = self._lock, self._series, self._sessions
+        key = (spec.name, ctx.principal) if self.principal_label else (spec.name, None)
+        session = (ctx.principal, ctx.session_id)
 
         def timed(server: Server) -> ToolResult:
             result = body(server)
-            record(spec.name, ctx, result, time.perf_counter() - started)
+            seconds = perf_counter() - started
+            index = bisect_left(BUCKETS, seconds)
+            with lock:
+                pair = series.get(key)
+                if pair is None:
+                    pair = series[key] = (Tally(len(BUCKETS)), Tally(len(BUCKETS)))
+                tally = pair[result.is_error]
+                tally.counts[index] += 1
+                tally.sum += seconds
+                sessions[session] = sessions.get(session, 0) + 1
+                crowded = len(sessions) > self._prune_at
+            if crowded:
+                self._prune()
+            if result.is_error:
+                self._error(spec.name, ctx, result)
             return result
 
         return timed
 
-    def _record(self, tool: str, ctx: ToolContext, result: ToolResult, seconds: float) -> None:
-        key = (tool, result.is_error, ctx.principal if self.principal_label else None)
-        index = bisect.bisect_left(BUCKETS, seconds)
-        session = (ctx.principal, ctx.session_id)
-        with self._lock:
-            tally = self._series.get(key)
-            if tally is None:
-                tally = self._series[key] = Tally(len(BUCKETS))
-            tally.counts[index] += 1
-            tally.sum += seconds
-            self._sessions[session] = self._sessions.get(session, 0) + 1
-            prune = len(self._sessions) > self._prune_at
-        if prune:
-            self._prune()
-        if result.is_error:
-            text = result.text[:_ERROR_TEXT]
-            self.errors.append(RecentError(time.time(), tool, ctx.principal, ctx.session_id, text))
+    def _error(self, tool: str, ctx: ToolContext, result: ToolResult) -> None:
+        text = result.text[:_ERROR_TEXT]
+        self.errors.append(RecentError(time.time(), tool, ctx.principal, ctx.session_id, text))
 
     def _prune(self) -> None:
         """Forget the counts of sessions with no live actor; amortised O(1) per call (the
@@ -160,7 +165,7 @@ class CallMetrics:
     # -- the store -----------------------------------------------------------------------
 
     def record_store_write(self, seconds: float, outcomes: Sequence[object]) -> None:
-        index = bisect.bisect_left(STORE_BUCKETS, seconds)
+        index = bisect_left(STORE_BUCKETS, seconds)
         with self._lock:
             self.store_writes.counts[index] += 1
             self.store_writes.sum += seconds
@@ -172,26 +177,33 @@ class CallMetrics:
 
     # -- readers -------------------------------------------------------------------------
 
-    def series(self) -> list[tuple[SeriesKey, list[int], float]]:
-        """Each latency series: its key, cumulative bucket counts (+Inf last), its sum."""
+    def series(self) -> list[tuple[str, bool, str | None, list[int], float]]:
+        """Each latency series with calls: tool, whether errors, principal (None unless
+        labelled), cumulative bucket counts (+Inf last), sum of seconds."""
         with self._lock:
-            return [(k, t.cumulative(), t.sum) for k, t in self._series.items()]
+            return [
+                (tool, bool(is_error), principal, tally.cumulative(), tally.sum)
+                for (tool, principal), pair in self._series.items()
+                for is_error, tally in enumerate(pair)
+                if any(tally.counts)
+            ]
 
     def latency(self) -> tuple[list[int], float]:
         """All calls' bucket counts (not cumulative, +Inf last) and the sum of seconds."""
         total = [0] * (len(BUCKETS) + 1)
         seconds = 0.0
         with self._lock:
-            for tally in self._series.values():
-                for i, n in enumerate(tally.counts):
-                    total[i] += n
-                seconds += tally.sum
+            for pair in self._series.values():
+                for tally in pair:
+                    for i, n in enumerate(tally.counts):
+                        total[i] += n
+                    seconds += tally.sum
         return total, seconds
 
     def error_count(self) -> int:
         """Calls that gave an error result, every tool's."""
         with self._lock:
-            return sum(sum(t.counts) for (_, is_error, _), t in self._series.items() if is_error)
+            return sum(sum(error.counts) for _, error in self._series.values())
 
     def top_sessions(self, n: int, principal: Any = ...) -> list[tuple[str | None, str, int]]:
         """The `n` live sessions with the most calls: ``(principal, session_id, calls)``;
@@ -241,7 +253,7 @@ class RuntimeCollector(Collector):
             "ctxactors_tool_calls", "Tool calls that reached a server, by outcome.", labels=labels
         )
         bounds = [*(repr(b) for b in BUCKETS), "+Inf"]
-        for (tool, is_error, principal), cumulative, total in m.series():
+        for tool, is_error, principal, cumulative, total in m.series():
             values = [
                 tool,
                 "error" if is_error else "ok",

@@ -91,14 +91,12 @@ class _SpanWrapper:
     def __call__(self, body: Body, spec: ToolSpec, ctx: ToolContext) -> Body:
         parent = otel_context.get_current()  # the caller's thread: its trace context
         tracer = self._tracer
+        name = f"execute_tool {spec.name}"
 
         def traced(server: Server) -> ToolResult:
-            span = tracer.start_span(
-                f"execute_tool {spec.name}",
-                context=parent,
-                kind=SpanKind.INTERNAL,
-                attributes=_attributes(spec, ctx, parent),
-            )
+            span = tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL)
+            if span.is_recording():  # unsampled: don't build what nobody keeps
+                span.set_attributes(_attributes(spec, ctx, parent))
             token = otel_context.attach(trace.set_span_in_context(span, parent))
             try:
                 result = body(server)
