@@ -73,6 +73,21 @@ Timeout = Annotated[float, msgspec.Meta(gt=0)]
 ProcessId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
 
 
+_running = 0  # commands whose watcher runs, every session's (`running_processes`)
+_running_lock = threading.Lock()
+
+
+def running_processes() -> int:
+    """Sandboxed commands running in this process now, all sessions (for the metrics)."""
+    return _running
+
+
+def _count_running(delta: int) -> None:
+    global _running
+    with _running_lock:
+        _running += delta
+
+
 class _Process:
     """One started command: its child, its bounded output, and the watcher thread."""
 
@@ -104,10 +119,12 @@ class _Process:
     # -- the watcher thread --------------------------------------------------------------
 
     def _watch(self) -> None:
+        _count_running(1)
         try:
             self._drain()
             self._reap()
         finally:
+            _count_running(-1)
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             # Not busy before "done": whoever saw the process finish (kill_process, a

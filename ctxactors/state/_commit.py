@@ -18,8 +18,9 @@ by a later leader.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from ctxactors.state._base import Outcome, StateStore, StoreError, StoreUnavailableError, Write
 
@@ -62,6 +63,8 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._writing = False
+        # Told (in the writing thread) each batch's seconds and outcomes: the store metrics.
+        self.on_write: Callable[[float, Sequence[Outcome | StoreError]], None] | None = None
         self._closed = False
         self._idle = threading.Condition(self._lock)
 
@@ -135,6 +138,7 @@ class GroupCommit:
 
     def _write(self, batch: list[_Pending]) -> None:
         outcomes: list[Outcome | StoreError]
+        started = time.perf_counter()
         try:
             outcomes = list(self.store.write([p.write for p in batch]))
         except StoreError as exc:
@@ -143,6 +147,8 @@ class GroupCommit:
             outcomes = [StoreUnavailableError(f"{type(exc).__name__}: {exc}")] * len(batch)
         self.batches += 1
         self.saves += len(batch)
+        if self.on_write is not None:
+            self.on_write(time.perf_counter() - started, outcomes)
         for pending, outcome in zip(batch, outcomes, strict=True):
             if pending.batch is not None:  # the leader: answered by returning, not woken
                 pending.outcome = outcome
