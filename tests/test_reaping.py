@@ -228,11 +228,14 @@ def test_session_state_lives_exactly_as_long_as_the_sessions_actors(clock: Manua
 def test_wait_closed_reports_whether_cleanup_finished_and_the_thread_ended() -> None:
     life = Lifecycle()
     assert life.wait_closed(0.0) is False  # cleanup has not run
+    life.closed.set()
+    assert life.wait_closed(0.0) is True  # no thread to wait for (it never started)
+    life.thread = threading.current_thread()
+    assert life.wait_closed(0.0) is True  # cleanup ran in the caller's own thread
     done = threading.Thread(target=lambda: None)
     done.start()
     done.join()
     life.thread = done
-    life.closed.set()
     assert life.wait_closed(0.0) is True
     release = threading.Event()
     running = threading.Thread(target=release.wait, args=(10,))
