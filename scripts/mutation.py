@@ -85,6 +85,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "content_snippets",
                 "history",
                 "server_details",
+                "durable",  # snapshot/restore and the stored history's merge
             )
         ],
     ),
