@@ -125,7 +125,10 @@ class Runtime:
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
         if self._durable is not None:  # retention counts from a session's last use
             durable = self._durable
-            self.add_observer(lambda ctx, spec, args, result: durable.used(ctx.session_key))
+            # Before the reply (a dict lookup), so a flush after a call sees its use.
+            self.add_observer(
+                lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
+            )
         tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
             for server in self._servers:
