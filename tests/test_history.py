@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.results import InvalidArgumentsError, RuntimeClosedError, ToolError, ToolResult
 from ctxactors.servers import BUILTIN
-from ctxactors.servers.history import History, compact, generic_metadata, pick
+from ctxactors.servers.history import compact, generic_metadata, pick
+from ctxactors.settings import HistorySettings, Settings
 
 
 class Survey(Server):
@@ -289,8 +290,8 @@ def test_batch_and_preset_calls_are_seen_only_by_their_own_context(rt: Runtime) 
 
 
 def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -> None:
-    with Runtime(servers=SERVERS) as rt:
-        History.configure(rt, max_operations=3, ttl=60, clock=clock)
+    limits = Settings(history=HistorySettings(max_operations=3, ttl=60))
+    with Runtime(servers=SERVERS, clock=clock, settings=limits) as rt:
         for i in range(5):
             rt.call("create_goal", ctx_args("s1", goal=f"g{i}"))
         assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["g4", "g3", "g2"]
@@ -303,8 +304,11 @@ def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -
 
 
 def test_bad_bounds_and_bad_arguments_are_refused_clearly(rt: Runtime) -> None:
-    with pytest.raises(ValueError, match="max_operations"):
-        History.configure(rt, max_operations=0)
+    with pytest.raises(ValueError) as bad:
+        Runtime(servers=SERVERS, settings=Settings(history=HistorySettings(max_operations=0)))
+    assert str(bad.value) == (
+        "history.max_operations (CTXACTORS_HISTORY_MAX_OPERATIONS) must be at least 1"
+    )
     with pytest.raises(InvalidArgumentsError, match="limit"):
         rt.call("get_recent_context", ctx_args("s1", limit=0))
     with pytest.raises(InvalidArgumentsError, match="tool_filter"):
@@ -388,8 +392,9 @@ def test_batch_operations_are_recorded_one_by_one(rt: Runtime) -> None:
 
 
 def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
-    with Runtime(servers=SERVERS) as rt:
-        History.configure(rt, max_operations=500)
+    with Runtime(
+        servers=SERVERS, settings=Settings(history=HistorySettings(max_operations=500))
+    ) as rt:
         errors: list[BaseException] = []
 
         def worker(n: int) -> None:

@@ -21,7 +21,7 @@ Registering the server (`Runtime(...)`) probes bubblewrap once and refuses to st
 (`SandboxUnavailableError`) when it can't sandbox, unless ``CTXACTORS_WORKSPACE_SANDBOX=none``,
 which logs a warning at start and on every command.
 
-Settings (class attributes; defaults from the environment when the module is imported):
+Settings (`ctxactors.settings.WorkspaceSettings`, from the runtime's settings):
 
 - ``CTXACTORS_WORKSPACE_ROOT``: where working directories go (default
   ``<tempdir>/ctxactors-workspaces``);
@@ -43,7 +43,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import msgspec
 
@@ -51,7 +51,7 @@ from ctxactors import sandbox as sandboxes
 from ctxactors.context import ToolContext
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolError
-from ctxactors.settings import env_float, env_int
+from ctxactors.settings import DEFAULTS, WorkspaceSettings
 from ctxactors.tools import Scope, Server, pick, tool
 
 _TICK = 0.5  # seconds a watcher sleeps at most between checks of its deadline and stop flag
@@ -215,24 +215,27 @@ class Workspace(Server):
     name = "workspace"
     scope = Scope.SESSION
 
-    root: ClassVar[str] = os.environ.get("CTXACTORS_WORKSPACE_ROOT") or os.path.join(
-        tempfile.gettempdir(), "ctxactors-workspaces"
-    )
-    max_output_bytes: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES", 256 << 10)
-    default_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT", 600.0)
-    max_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_MAX_TIMEOUT", 3600.0)
-    max_running: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_RUNNING", 16)
-    sandbox: ClassVar[sandboxes.SandboxSettings] = sandboxes.SandboxSettings.from_env()
-
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Refuse to serve commands that can't be sandboxed (probed once, cached)."""
-        if cls.sandbox.enabled:
-            sandboxes.check(cls.sandbox, cls.root)
+        settings: WorkspaceSettings = runtime.settings.workspace
+        if settings.sandbox.enabled:
+            sandboxes.check(settings.sandbox, settings.root)
         else:
             _warn_unsandboxed(get_logger("ctxactors.workspace"), "workspace_unsandboxed")
 
-    def __init__(self) -> None:
+    @classmethod
+    def create(cls, runtime: Any) -> Workspace:
+        return cls(runtime.settings.workspace)
+
+    def __init__(self, settings: WorkspaceSettings = DEFAULTS.workspace) -> None:
+        self.settings = settings
+        self.sandbox = settings.sandbox
+        self.root = settings.root
+        self.max_output_bytes = settings.max_output_bytes
+        self.default_timeout = settings.default_timeout
+        self.max_timeout = settings.max_timeout
+        self.max_running = settings.max_running
         self._procs: dict[str, _Process] = {}
         self._dir: str | None = None
         self._active = 0  # watchers still running; read by is_busy() from another thread
