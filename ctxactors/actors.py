@@ -22,11 +22,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import pykka
-import structlog
 
+from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
 
-_log = structlog.get_logger("ctxactors.actors")
+_log = lazy_logger("ctxactors.actors")
 
 
 class Reply(Protocol):
@@ -177,7 +177,7 @@ class KeyActor(pykka.ThreadingActor):
             self._server = self._factory()
         except BaseException as exc:  # noqa: BLE001 - report it on every call instead
             self._start_error = exc
-            _log.error("server_start_failed", error=f"{type(exc).__name__}: {exc}")
+            _log.error("server_start_failed", exc_info=exc)
         self._lifecycle.server = self._server
 
     def on_receive(self, message: Any) -> None:
@@ -200,13 +200,13 @@ class KeyActor(pykka.ThreadingActor):
             try:
                 call.after(result)
             except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
-                _log.error("after_call_failed", error=f"{type(exc).__name__}: {exc}")
+                _log.error("after_call_failed", exc_info=exc)
 
     def on_stop(self) -> None:
         try:
             if self._server is not None:
                 self._server.close()
         except BaseException as exc:  # noqa: BLE001
-            _log.error("server_close_failed", error=f"{type(exc).__name__}: {exc}")
+            _log.error("server_close_failed", exc_info=exc)
         finally:
             self._lifecycle.closed.set()

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from ctxactors.logs import configure_logging
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ctxactors.demo", "run a scripted multi-session scenario on the embedded runtime"),
     "serve": ("ctxactors.transports.serve", "serve the tools over MCP (stdio or HTTP) and REST"),
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         if args_list[:1] == [name]:
             importlib.import_module(module_name).add_arguments(p)
     args = parser.parse_args(args_list)
+    # The application configures logging (from CTXACTORS_LOG_*), never the library.
+    configure_logging()
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.run(args) or 0)
 

@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
-import structlog
 
 from ctxactors.actors import Call, KeyActor, Lifecycle
 from ctxactors.context import SessionKey
+from ctxactors.logs import get_logger
 from ctxactors.results import RuntimeClosedError
 
 Key = tuple[Any, ...]
@@ -79,7 +79,7 @@ class Registry:
         self.max_actors = max_actors
         self.max_actors_per_principal = max_actors_per_principal
         self._clock = clock
-        self._log = log if log is not None else structlog.get_logger("ctxactors").bind()
+        self._log = log if log is not None else get_logger("ctxactors")
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
         self._by_session: dict[SessionKey, set[Key]] = {}
@@ -266,7 +266,7 @@ class Registry:
                 if self.on_pass is not None:
                     self.on_pass()
             except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad pass
-                self._log.error("reap_failed", error=f"{type(exc).__name__}: {exc}")
+                self._log.error("reap_failed", exc_info=exc)
 
     # -- lifecycle -----------------------------------------------------------------------
 

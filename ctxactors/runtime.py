@@ -255,7 +255,7 @@ class Runtime:
                 try:
                     observer(ctx, spec, args, result)
                 except Exception as exc:  # noqa: BLE001 - recording never fails a call
-                    log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("observer_failed", exc_info=exc)
             return result
 
         def after(result: ToolResult) -> None:
@@ -273,7 +273,7 @@ class Runtime:
                 try:
                     observer(ctx, spec, args, result)
                 except Exception as exc:  # noqa: BLE001 - recording never fails a call
-                    log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
+                    log.error("observer_failed", exc_info=exc)
 
         self._registry.submit(key, self._factories[spec.server], Call(run, reply, after))
 
