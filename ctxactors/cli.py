@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
 
 from ctxactors.logs import configure_logging
+from ctxactors.settings import Settings, assign
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ctxactors.demo", "run a scripted multi-session scenario on the embedded runtime"),
@@ -18,6 +20,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "loadtest": ("ctxactors.loadtest", "fire many concurrent sessions and check for cross-talk"),
     "logs": ("ctxactors.logtool", "filter and summarise ctxactors JSON log lines"),
 }
+
+
+def add_settings_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set NAME=VALUE``: any setting of the README's limits table, for the runtime a
+    command makes; the others come from the ``CTXACTORS_*`` variables."""
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a runtime setting, e.g. content.max_item_bytes=65536 (repeatable; the rest come "
+        "from the CTXACTORS_* variables)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, **shortcuts: Any) -> Settings:
+    """The environment's settings, then ``--set``, then the command's own flags (`shortcuts`,
+    None for a flag not given); `ValueError` names the variable or flag that is wrong."""
+    return assign(Settings.from_env(), getattr(args, "settings", None) or ()).replace(**shortcuts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, Literal, NamedTuple, TypeVar
 
 import msgspec
@@ -131,6 +131,37 @@ def fields(cls: type[Group], prefix: str = "") -> list[tuple[str, str | None, An
         else:
             out.append((prefix + field.name, names.get(field.name), field.default))
     return out
+
+
+def assign(settings: G, assignments: Iterable[str], *, source: str = "--set") -> G:
+    """`settings` with ``NAME=VALUE`` assignments applied (dotted names, as in the README's
+    table: ``content.max_items=10``); each value is read as its variable's would be, and a
+    bad one raises `ValueError` naming it (``--set content.max_items must be ...``)."""
+    for item in assignments:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{source} {item!r}: expected NAME=VALUE")
+        label = f"{source} {name.strip()}"
+        settings = _assign(settings, name.strip().split("."), text, label)
+    return validate(settings)
+
+
+def _assign(group: G, path: list[str], text: str, label: str) -> G:
+    known = {f.name: f for f in mi.type_info(type(group)).fields}  # type: ignore[attr-defined]
+    field = known.get(path[0])
+    inner = getattr(group, path[0], None)
+    if field is None or isinstance(inner, Group) != (len(path) > 1):
+        raise ValueError(f"{label}: no such setting (see the README's limits table)")
+    if isinstance(inner, Group):
+        return msgspec.structs.replace(group, **{path[0]: _assign(inner, path[1:], text, label)})
+    found = _variable(field.type)
+    kind = field.type.type if isinstance(field.type, mi.Metadata) else field.type
+    if isinstance(kind, mi.UnionType):  # `int | None`: a value is the int
+        kind = next(t for t in kind.types if not isinstance(t, mi.NoneType))
+    value = _read(kind, label, found[1] if found else None, text)
+    if value is _UNSET:
+        raise ValueError(f"{label}: needs a value")
+    return msgspec.structs.replace(group, **{path[0]: value})
 
 
 def validate(settings: G) -> G:
@@ -353,6 +384,7 @@ __all__ = [
     "SandboxSettings",
     "Settings",
     "WorkspaceSettings",
+    "assign",
     "fields",
     "validate",
     "variables",

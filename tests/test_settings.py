@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import argparse
 import re
+import subprocess
+import sys
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 from conftest import ctx_args
+from mcp import Client
+from mcp_support import serve_env, stdio_params
 
-from ctxactors import Runtime
+from ctxactors import Runtime, loadtest
 from ctxactors.servers.content import Content
 from ctxactors.servers.history import History
 from ctxactors.settings import ContentSettings, HistorySettings, Settings, fields
@@ -96,3 +102,69 @@ def test_the_readme_table_lists_every_setting_with_its_variable() -> None:
     for name, variable, _ in fields(Settings):
         assert name in rows, f"README's limits table has no row for {name}"
         assert rows[name] == (variable or "—"), name
+
+
+def test_serve_fills_the_settings_from_its_flags_and_the_environment() -> None:
+    params = stdio_params("--set", "content.max_item_bytes=10")
+    assert params.env is not None
+    params.env["CTXACTORS_CONTENT_MAX_ITEMS"] = "1"
+
+    async def main() -> list[str]:
+        texts = []
+        async with Client(params) as client:
+            for content in ("x" * 11, "x" * 10, "y"):
+                args = {"filename": "f", "content": content, "__sessionId": "s1"}
+                result = await client.call_tool("add_content", args)
+                texts.append(result.content[0].text if result.is_error else "stored")
+        return texts
+
+    assert anyio.run(main) == [
+        "content of 'f' is 11 bytes; one item may hold at most 10 bytes",  # the flag
+        "stored",
+        "content store full: it holds the maximum of 1 items; delete something first",  # env
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "message"),
+    [
+        (
+            ["serve"],
+            {"CTXACTORS_CONTENT_MAX_ITEMS": "lots"},
+            "ctxactors serve: CTXACTORS_CONTENT_MAX_ITEMS must be an integer, got 'lots'",
+        ),
+        (
+            ["serve", "--set", "content.max_items=0"],
+            {},
+            "ctxactors serve: --set content.max_items must be at least 1, got 0",
+        ),
+        (
+            ["demo", "--set", "content.nope=1"],
+            {},
+            "ctxactors demo: --set content.nope: no such setting (see the README's limits table)",
+        ),
+    ],
+)
+def test_a_bad_setting_stops_a_command_with_one_line_naming_it(
+    command: list[str], env: dict[str, str], message: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "ctxactors", *command],
+        env=serve_env() | env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", message + "\n")
+
+
+def test_loadtest_refuses_a_bad_setting_before_it_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser()
+    loadtest.add_arguments(parser)
+    args = parser.parse_args(["--set", "history.ttl=soon", "--no-progress"])
+    assert loadtest.run(args) == 2
+    err = capsys.readouterr().err
+    assert err == "ctxactors loadtest: --set history.ttl must be a number, got 'soon'\n"
