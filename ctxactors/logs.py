@@ -35,6 +35,7 @@ import msgspec
 import structlog
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
+_METHOD_LEVELS = {**_LEVELS, "exception": 40, "fatal": 50}
 _lock = threading.Lock()
 _configured_by_us = False
 _json_encode = msgspec.json.Encoder().encode
@@ -142,14 +143,24 @@ def get_logger(name: str = "ctxactors", **context: Any) -> Any:
         return structlog.get_logger(name).bind(logger=name, **context)
     return structlog.wrap_logger(
         logging.getLogger(name),
-        processors=[
-            structlog.stdlib.filter_by_level,
-            structlog.contextvars.merge_contextvars,
-            _to_stdlib,
-        ],
-        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[structlog.contextvars.merge_contextvars, _to_stdlib],
+        wrapper_class=_StdlibLogger,
         cache_logger_on_first_use=False,
     ).bind(**context)
+
+
+class _StdlibLogger(structlog.stdlib.BoundLogger):
+    """Asks the standard library's (cached) level check before building anything: a line
+    the host filters out costs about what a filtered structlog line does, not an event
+    dict and a `DropEvent` (8x more, measured)."""
+
+    def _proxy_to_logger(
+        self, method_name: str, event: str | None = None, *event_args: str, **event_kw: Any
+    ) -> Any:
+        level = _METHOD_LEVELS.get(method_name, logging.ERROR)
+        if not self._logger.isEnabledFor(level):
+            return None
+        return super()._proxy_to_logger(method_name, event, *event_args, **event_kw)
 
 
 def _to_stdlib(

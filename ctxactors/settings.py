@@ -155,13 +155,18 @@ def _assign(group: G, path: list[str], text: str, label: str) -> G:
     if isinstance(inner, Group):
         return msgspec.structs.replace(group, **{path[0]: _assign(inner, path[1:], text, label)})
     found = _variable(field.type)
-    kind = field.type.type if isinstance(field.type, mi.Metadata) else field.type
-    if isinstance(kind, mi.UnionType):  # `int | None`: a value is the int
-        kind = next(t for t in kind.types if not isinstance(t, mi.NoneType))
-    value = _read(kind, label, found[1] if found else None, text)
+    value = _read(_value_type(field.type), label, found[1] if found else None, text)
     if value is _UNSET:
         raise ValueError(f"{label}: needs a value")
     return msgspec.structs.replace(group, **{path[0]: value})
+
+
+def _value_type(kind: Any) -> Any:
+    """The type a field's value has: its metadata's, and of `int | None` the int."""
+    kind = kind.type if isinstance(kind, mi.Metadata) else kind
+    if isinstance(kind, mi.UnionType):
+        kind = next((t for t in kind.types if not isinstance(t, mi.NoneType)), kind)
+    return kind
 
 
 def validate(settings: G) -> G:
@@ -183,12 +188,9 @@ def _check_bounds(group: Group, prefix: str) -> None:
         if isinstance(value, Group):
             _check_bounds(value, f"{prefix}{field.name}.")
             continue
-        kind = field.type.type if isinstance(field.type, mi.Metadata) else field.type
-        if isinstance(kind, mi.UnionType):  # `int | None`: the bounds of the int
-            kind = next((t for t in kind.types if not isinstance(t, mi.NoneType)), kind)
         if value is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
-        problem = _bound_problem(kind, value)
+        problem = _bound_problem(_value_type(field.type), value)
         if problem is not None:
             where = f"{prefix}{field.name}" + (
                 f" ({names[field.name]})" if field.name in names else ""
