@@ -34,12 +34,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
-import structlog
 
 from ctxactors._actors import KeyActor, Lifecycle, current_actor
 from ctxactors._call import Envelope
 from ctxactors.context import SessionKey
 from ctxactors.errors import RuntimeClosedError
+from ctxactors.logs import get_logger
 from ctxactors.tools import Key
 
 
@@ -134,7 +134,7 @@ class Registry:
         self.max_actors = max_actors
         self.max_actors_per_principal = max_actors_per_principal
         self.clock = clock
-        self._log = log if log is not None else structlog.get_logger("ctxactors").bind()
+        self._log = log if log is not None else get_logger("ctxactors")
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
         self._by_session: dict[SessionKey, set[Key]] = {}
@@ -330,7 +330,7 @@ class Registry:
                 if self.on_pass is not None:
                     self.on_pass()
             except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad pass
-                self._log.error("reap_failed", error=f"{type(exc).__name__}: {exc}")
+                self._log.error("reap_failed", exc_info=exc)
 
     # -- lifecycle -----------------------------------------------------------------------
 

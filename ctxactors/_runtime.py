@@ -41,6 +41,7 @@ from ctxactors.durable import Durability, is_durable
 from ctxactors.errors import CallTimeoutError, UnknownToolError
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
+from ctxactors.settings import Settings, validate
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
@@ -56,7 +57,9 @@ class Runtime:
     least recently used idle one is passivated to make room), `max_actors_per_principal`
     caps each principal's (passivating that principal's own least recently used idle key,
     never another's); `clock` is an injectable
-    monotonic clock for tests. With an injected clock and no `scan_interval` there is no
+    monotonic clock for tests (the reaper's and the operation history's). `settings` holds
+    every limit (`ctxactors.settings.Settings`; default: read from the environment now).
+    With an injected clock and no `scan_interval` there is no
     background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
     `list_tools()` publish only the batch and preset tools, whose description lists every
     other tool; every tool can still be called either way.
@@ -66,15 +69,29 @@ class Runtime:
         self,
         servers: Iterable[type[Server]] | None = None,
         *,
-        ttl: float = 3600.0,
+        ttl: float | None = None,
         scan_interval: float | None = None,
-        max_actors: int = 10_000,
+        max_actors: int | None = None,
         max_actors_per_principal: int | None = None,
-        call_timeout: float = 30.0,
+        call_timeout: float | None = None,
         clock: Callable[[], float] | None = None,
         tools: str = "all",
         store: StateStore | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        # Every limit, read from the environment now (not at import) unless given; the
+        # keywords are shortcuts that override their settings.
+        given = validate(settings) if settings is not None else Settings.from_env()
+        self.settings = given.replace(
+            ttl=ttl,
+            max_actors=max_actors,
+            max_actors_per_principal=max_actors_per_principal,
+            call_timeout=call_timeout,
+        )
+        ttl, max_actors = self.settings.ttl, self.settings.max_actors
+        max_actors_per_principal = self.settings.max_actors_per_principal
+        call_timeout = self.settings.call_timeout
+        self.clock = clock or time.monotonic
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
         if servers is None:
@@ -103,7 +120,7 @@ class Runtime:
             ttl=ttl,
             max_actors=max_actors,
             max_actors_per_principal=max_actors_per_principal,
-            clock=clock or time.monotonic,
+            clock=self.clock,
             scan_interval=scan_interval,
             log=self._log,
         )

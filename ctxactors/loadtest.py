@@ -32,6 +32,7 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ctxactors.cli import add_settings_argument
 from ctxactors.context import ToolContext
 from ctxactors.loadtest_chaos import RestartedServer
 from ctxactors.loadtest_targets import McpTarget, Target, TransportError, make_target
@@ -103,6 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --restart-every: the served store (sqlite, the default, or a redis:// URL)",
     )
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call")
+    add_settings_argument(parser)
     parser.add_argument("--seed", type=int, default=1, help="workload random seed")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

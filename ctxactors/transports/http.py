@@ -353,7 +353,7 @@ def create_app(
         return _error(exc.status_code, code, message)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.error("http_unexpected", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        log.error("http_unexpected", path=request.url.path, exc_info=exc)
         return _error(500, "internal", "internal error (logged on the server)")
 
     api: list[BaseRoute] = [

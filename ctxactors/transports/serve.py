@@ -28,6 +28,7 @@ from starlette.applications import Starlette
 
 from ctxactors import metrics
 from ctxactors._runtime import Runtime
+from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
@@ -55,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ttl",
         type=float,
-        default=3600.0,
-        help="idle seconds before a key's actor leaves memory (its stored state stays)",
+        help="idle seconds before a key's actor leaves memory (its stored state stays; "
+        "default 3600)",
     )
     parser.add_argument(
         "--store",
@@ -79,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long the store keeps a session after its last use",
     )
-    parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
+    parser.add_argument("--max-actors", type=int, help="cap on live actors (default 10,000)")
+    add_settings_argument(parser)
     parser.add_argument(
         "--tools",
         choices=("all", "unified"),
@@ -137,17 +139,24 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
     extra = [load_server(s) for s in args.server]
     try:
+        settings = settings_from_args(
+            args,
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+        )
+    except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
+        raise SystemExit(f"ctxactors serve: {exc}") from None
+    try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
     try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
-            ttl=args.ttl,
-            max_actors=args.max_actors,
-            max_actors_per_principal=args.max_actors_per_principal,
             tools=args.tools,
             store=store,
+            settings=settings,
         )
     except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
         if store is not None:
