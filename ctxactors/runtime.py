@@ -35,7 +35,7 @@ from ctxactors.context import (
 from ctxactors.durable import Durability, is_durable
 from ctxactors.logs import get_logger
 from ctxactors.registry import Registry
-from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
+from ctxactors.results import CallTimeoutError, CtxActorsError, ToolResult, UnknownToolError
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
@@ -70,6 +70,7 @@ class Runtime:
         clock: Callable[[], float] | None = None,
         tools: str = "all",
         store: StateStore | None = None,
+        backend: Any = None,
     ) -> None:
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
@@ -110,9 +111,14 @@ class Runtime:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
+        # Where key actors run: None is here; a `ctxactors.ray.RayBackend` runs them in Ray
+        # shards, which attach the servers themselves (this runtime only validates and routes).
+        self._backend = backend
         try:
-            for server in self._servers:
+            for server in self._servers if backend is None else ():
                 server.attach(self)
+            if backend is not None:
+                backend.start(self._servers)
         except BaseException:
             # A server that refuses to start (no sandbox, say) must not leave the reaper
             # thread and the store's writer running behind a runtime nobody can close.
@@ -149,6 +155,8 @@ class Runtime:
         if not reply.wait(wait):
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
         result: ToolResult = reply.value
+        if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
+            raise result
         return result
 
     async def acall(
@@ -172,6 +180,8 @@ class Runtime:
             result: ToolResult = await asyncio.wait_for(reply.future, wait)
         except TimeoutError:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
+        if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
+            raise result
         return result
 
     def _dispatch(
@@ -204,6 +214,9 @@ class Runtime:
             )
         if defaulted and session_fallback == DEFAULT_SESSION:
             self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
+        if self._backend is not None:
+            self._backend.submit(spec, ctx, args, reply)
+            return
         self.submit(spec, ctx, validated, args, reply)
 
     def submit(
@@ -295,6 +308,8 @@ class Runtime:
         `StoreUnavailableError` if the store can't be reached: the actors are stopped, the
         stored state stays until its retention ends or a retry succeeds).
         """
+        if self._backend is not None:
+            return int(self._backend.end_session(session_id, principal))
         session = (principal, session_id)
         stopped = self._registry.end_session(session, wait=self.call_timeout)
         if self._durable is not None:
@@ -303,11 +318,15 @@ class Runtime:
 
     def has_session(self, session_id: str, *, principal: str | None = None) -> bool:
         """Whether `principal`'s session has a live actor (so live state) now."""
+        if self._backend is not None:
+            return bool(self._backend.has_session(session_id, principal))
         return self._registry.has_session((principal, session_id))
 
     def reap(self) -> int:
         """One reaper pass now; returns how many idle actors it stopped. With a store, it
         also forgets the sessions past their retention."""
+        if self._backend is not None:
+            return int(self._backend.reap())
         reaped = self._registry.reap()
         if self._durable is not None:
             self._durable.purge(every=0.0)
@@ -328,6 +347,8 @@ class Runtime:
         return self._durable
 
     def stats(self) -> dict[str, int]:
+        if self._backend is not None:
+            return dict(self._backend.stats())
         return self._registry.stats()
 
     @property
@@ -337,6 +358,8 @@ class Runtime:
     def close(self) -> None:
         """Refuse new calls, stop every actor and wait for their cleanup. Idempotent."""
         self._registry.close(timeout=self.call_timeout)
+        if self._backend is not None:
+            self._backend.close()
         if self._durable is not None:
             self._durable.close()  # after the actors: their last saves are written
 
