@@ -18,6 +18,8 @@ from typing import Any
 
 from state_support import RedisServer
 
+from ctxactors import Scope, Server, ToolContext, tool
+
 SHARD_RESOURCE = "ctxactors_shard"
 SHARD_OPTIONS = {"resources": {SHARD_RESOURCE: 1}}
 
@@ -80,3 +82,37 @@ def ray_cluster(directory: Path) -> Iterator[RayCluster]:
         finally:
             cluster.shutdown()
             redis.stop(kill=True)
+
+
+class CrashOnce(Server):
+    """A host server loaded by import path on the shards: its tools kill the shard's process
+    the first time they see a marker file's path (and create the file), so a call is in
+    flight when its shard dies, at a known moment."""
+
+    name = "crash_once"
+    scope = Scope.SESSION
+
+    @tool(read_only=True)
+    def crash_reading(self, ctx: ToolContext, marker: str) -> dict[str, Any]:
+        """Die once, then answer."""
+        return _crash_once(marker)
+
+    @tool
+    def crash_writing(self, ctx: ToolContext, marker: str) -> dict[str, Any]:
+        """Die once, then answer (a call that changes state)."""
+        return _crash_once(marker)
+
+
+def _crash_once(marker: str) -> dict[str, Any]:
+    import os
+
+    try:
+        with open(marker, "x"):
+            pass
+    except FileExistsError:
+        return {"pid": os.getpid()}
+    os._exit(1)
+
+
+# The shards import CrashOnce from this directory (a host adds its own modules the same way).
+TESTS_ENV = {"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parent)}}

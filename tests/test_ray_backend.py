@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from ray_support import SHARD_OPTIONS, RayCluster, ray_cluster
+from ray_support import SHARD_OPTIONS, TESTS_ENV, CrashOnce, RayCluster, ray_cluster
 
 from ctxactors import Runtime
 from ctxactors.ray import RayBackend, ShardUnavailableError, owner
@@ -39,16 +39,16 @@ def front_ends(cluster: RayCluster) -> Iterator[Callable[..., FrontEnd]]:
     namespace = cluster.namespace()
     made: list[FrontEnd] = []
 
-    def make(shards: int = 2, **limits: Any) -> FrontEnd:
+    def make(shards: int = 2, servers: Any = None, **limits: Any) -> FrontEnd:
         backend = RayBackend(
             cluster.cluster.address,
             shards=shards,
             store=cluster.redis.url,
             namespace=namespace,
-            shard_options=SHARD_OPTIONS,
+            shard_options={**SHARD_OPTIONS, "runtime_env": TESTS_ENV},
             **limits,
         )
-        made.append((Runtime(backend=backend), backend))
+        made.append((Runtime(servers, backend=backend), backend))
         return made[-1]
 
     yield make
@@ -164,6 +164,39 @@ def test_end_session_through_the_backend_stops_its_actors_and_deletes_its_state(
     assert not runtime.has_session("end-1")
     assert goals(runtime, "end-1") == []
     assert goals(runtime, "end-2") == ["stays"]
+
+
+def test_a_read_only_call_whose_shard_dies_is_retried_on_the_restarted_shard(
+    front_ends: Callable[..., FrontEnd], tmp_path: Any
+) -> None:
+    from ctxactors.servers import BUILTIN
+
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime.call("create_goal", {"goal": "before", "__sessionId": "crash-1"})
+    pid = runtime.call("crash_reading", {"marker": str(tmp_path / "m0"), "__sessionId": "crash-1"})
+    first_pid = pid.structured
+    marker = str(tmp_path / "m1")
+    result = runtime.call("crash_reading", {"marker": marker, "__sessionId": "crash-1"})
+    assert backend.retries >= 1
+    assert result.structured is not None and result.structured != first_pid  # a new process
+    assert goals(runtime, "crash-1") == ["before"]  # loaded from Redis by the new incarnation
+
+
+def test_a_changing_call_whose_shard_dies_fails_as_retryable_and_in_doubt(
+    front_ends: Callable[..., FrontEnd], tmp_path: Any
+) -> None:
+    from ctxactors.servers import BUILTIN
+
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime.call("create_goal", {"goal": "before", "__sessionId": "crash-2"})
+    marker = str(tmp_path / "m")
+    with pytest.raises(ShardUnavailableError, match="may or may not have been applied") as err:
+        runtime.call("crash_writing", {"marker": marker, "__sessionId": "crash-2"})
+    assert err.value.retryable and err.value.code == -32020
+    assert backend.retries == 0
+    # Retrying is the caller's choice; the restarted shard serves it and the state is there.
+    assert not runtime.call("crash_writing", {"marker": marker, "__sessionId": "crash-2"}).is_error
+    assert goals(runtime, "crash-2") == ["before"]
 
 
 # -- many sessions, two front ends, failures -------------------------------------------------

@@ -19,7 +19,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 from ctxactors.context import ToolContext
 from ctxactors.ray._directory import Directory
@@ -43,6 +43,10 @@ class ShardUnavailableError(CtxActorsError):
 
     code = -32020
     retryable = True
+
+
+def _name(index: int) -> str:
+    return f"ctxactors-shard-{index}"
 
 
 def server_path(server: type[Server]) -> str:
@@ -104,10 +108,6 @@ class RayBackend:
 
     def start(self, servers: Iterable[type[Server]]) -> None:
         """Connect to Ray and create or find the shards (the runtime calls this once)."""
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False)
         self._config = ShardConfig(
             namespace=self.namespace,
             store=self._store,
@@ -115,13 +115,23 @@ class RayBackend:
             shards=self.count,
             **self._limits,
         )
+        self.connect()
+        for index in range(self.count):
+            self._shard(index)
+
+    def connect(self) -> None:
+        """Join the Ray cluster (once per process) and start this backend's loop thread."""
+        import ray
+
+        if self._thread is not None:
+            return
+        if not ray.is_initialized():
+            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False)
         self._actor_class = ray.remote(Shard)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="ctxactors-ray", daemon=True
         )
         self._thread.start()
-        for index in range(self.count):
-            self._shard(index)
 
     def submit(self, spec: ToolSpec, ctx: ToolContext, args: dict[str, Any], reply: Any) -> None:
         """Send a validated call to its shard; `reply.set` gets the result or the error."""
@@ -191,11 +201,13 @@ class RayBackend:
     # -- shards ----------------------------------------------------------------------------
 
     def _shard(self, index: int) -> Any:
+        if self._thread is None:
+            raise RuntimeClosedError("the Ray backend is not connected (or closed)")
         with self._lock:
             handle = self._handles.get(index)
             if handle is None:
                 options = {
-                    "name": f"ctxactors-shard-{index}",
+                    "name": _name(index),
                     "namespace": self.namespace,
                     "lifetime": "detached",
                     "get_if_exists": True,
@@ -227,8 +239,17 @@ class RayBackend:
 
         if count < 1:
             raise ValueError(f"count must be at least 1, got {count}")
+        self.connect()
         old = max(self.count, self._directory.count(self.count))
         new = old + count
+        if self._config is None:  # not a front end (the CLI): serve what shard 0 serves
+            try:
+                first = ray.get_actor(_name(0), namespace=self.namespace)
+            except ValueError:
+                raise ValueError(
+                    f"no shards in Ray namespace {self.namespace!r}: start a front end first"
+                ) from None
+            self._config = cast(ShardConfig, ray.get(first.config.remote()))
         for index in range(old, new):
             ray.get(self._shard(index).ping.remote())
         ray.get([self._shard(index).resize.remote(new) for index in range(old)])

@@ -67,7 +67,7 @@ class Shard:
         from ctxactors.state import RedisStore
 
         self.index = index
-        self.config = config
+        self.shard_config = config
         self._directory = Directory(config.store, config.namespace)
         self.count = self._directory.count(config.shards)
         self.runtime = Runtime(
@@ -106,7 +106,7 @@ class Shard:
     def _passivate(self, sessions: set[SessionKey]) -> None:
         for session in sessions:
             # The registry's end_session retires the actors without deleting stored state.
-            self.runtime.registry.end_session(session, wait=self.config.call_timeout)
+            self.runtime.registry.end_session(session, wait=self.shard_config.call_timeout)
 
     async def call(
         self,
@@ -172,3 +172,7 @@ class Shard:
 
     async def ping(self) -> int:
         return self.index
+
+    async def config(self) -> ShardConfig:
+        """What this shard serves: a shard added from outside a front end copies it."""
+        return self.shard_config
