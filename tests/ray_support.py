@@ -50,8 +50,9 @@ class RayCluster:
 
 
 @contextmanager
-def ray_cluster(directory: Path) -> Iterator[RayCluster]:
-    """Start Redis (data in `directory`) and the cluster; shut both down however it ends."""
+def ray_cluster(directory: Path, workers: int = 2) -> Iterator[RayCluster]:
+    """Start Redis (data in `directory`) and the cluster (a head and `workers` worker
+    nodes); shut both down however it ends."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -72,8 +73,8 @@ def ray_cluster(directory: Path) -> Iterator[RayCluster]:
     )
     try:
         state = RayCluster(cluster, redis, 0.0)
-        state.add_worker()
-        state.add_worker()
+        for _ in range(workers):
+            state.add_worker()
         state.started_s = time.monotonic() - started
         yield state
     finally:

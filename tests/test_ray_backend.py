@@ -357,3 +357,72 @@ def test_adding_a_shard_under_load_moves_only_its_sessions_and_loses_nothing(
     assert by_shard[2]["spawned"] == len(moving)
     assert by_shard[0]["moved_away"] + by_shard[1]["moved_away"] == len(moving)
     assert by_shard[0]["spawned"] + by_shard[1]["spawned"] == len(sessions)
+
+
+# -- the command line: two `serve --backend ray` front ends, a shard added by `shards --add` --
+
+
+def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
+    cluster: RayCluster, tmp_path: Any
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from mcp_support import free_port, serve_env, wait_until
+    from served_support import SERVE, _healthy, no_traceback
+
+    namespace = cluster.namespace()
+    ray_flags = ["--ray-address", cluster.cluster.address, "--ray-namespace", namespace]
+    cli = [sys.executable, "-m", "ctxactors.cli"]
+    bases, procs, logs = [], [], []
+    try:
+        for i in range(2):
+            port = free_port()
+            logs.append(tmp_path / f"serve{i}.err")
+            procs.append(
+                subprocess.Popen(
+                    [*SERVE, "--transport", "http", "--port", str(port), "--backend", "ray"]
+                    + [*ray_flags, "--shards", "2", "--store", cluster.redis.url],
+                    stdin=subprocess.DEVNULL,
+                    stderr=logs[-1].open("wb"),
+                    env=serve_env(),
+                )
+            )
+            bases.append(f"http://127.0.0.1:{port}")
+        for base, proc, log in zip(bases, procs, logs, strict=True):
+            assert wait_until(lambda b=base, p=proc: _healthy(b) or p.poll() is not None, 90)
+            assert proc.poll() is None, log.read_text()
+        loads = [
+            subprocess.Popen(
+                [*cli, "loadtest", "--url", f"{base}/mcp", "--sessions", "12", "--calls", "40"]
+                + ["--async", "--no-progress", "--json", str(tmp_path / f"load{i}.json")],
+                stdout=subprocess.DEVNULL,
+                env=serve_env(),
+            )
+            for i, base in enumerate(bases)
+        ]
+        grow = subprocess.run(
+            [*cli, "shards", "--add", "1", *ray_flags, "--store", cluster.redis.url],
+            capture_output=True,
+            text=True,
+            env=serve_env(),
+            timeout=120,
+        )
+        assert grow.returncode == 0, grow.stderr
+        assert grow.stdout.splitlines()[0] == "shards: 3"
+        assert [json.loads(line)["shard"] for line in grow.stdout.splitlines()[1:]] == [0, 1, 2]
+        for i, load in enumerate(loads):
+            assert load.wait(180) == 0
+            report = json.loads((tmp_path / f"load{i}.json").read_text())
+            assert (report["violations_count"], report["passed"]) == (0, True), report
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+        RayBackend(
+            cluster.cluster.address, store=cluster.redis.url, namespace=namespace
+        ).kill_shards()
+    for log in logs:
+        no_traceback(log.read_text())

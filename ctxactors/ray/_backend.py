@@ -103,6 +103,7 @@ class RayBackend:
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
         self.retries = 0  # read-only calls sent again after their shard failed
+        self._suspect: set[int] = set()  # shards that failed a call (loop thread only)
 
     # -- the seam the runtime calls ------------------------------------------------------
 
@@ -181,10 +182,14 @@ class RayBackend:
                 raise CallTimeoutError(f"{method}: no answer from the shard in time")
             count = self.count
             index = owner(session, count)
+            shard = self._shard(index)
             try:
-                answer = await getattr(self._shard(index), method).remote(*make(count, left))
+                if index in self._suspect and not read_only:
+                    await self._until_alive(index, shard, deadline)
+                answer = await getattr(shard, method).remote(*make(count, left))
             except (rex.RayActorError, rex.ActorUnavailableError) as exc:
                 if not read_only:
+                    self._suspect.add(index)
                     raise ShardUnavailableError(
                         f"shard {index} became unavailable during the call (Ray: "
                         f"{type(exc).__name__}); the call may or may not have been applied: "
@@ -197,6 +202,24 @@ class RayBackend:
                 self._grow_to(answer.count)
                 continue
             return answer
+
+    async def _until_alive(self, index: int, shard: Any, deadline: float) -> None:
+        """Wait until a shard that failed a call answers again, before sending it a call that
+        changes state: Ray fails calls to a restarting actor at once, and each such call
+        would be one more in doubt."""
+        import ray.exceptions as rex
+
+        delays = iter(_RETRY_DELAYS)
+        while True:
+            try:
+                await shard.ping.remote()
+                self._suspect.discard(index)
+                return
+            except (rex.RayActorError, rex.ActorUnavailableError):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CallTimeoutError(f"shard {index} did not come back in time") from None
+                await asyncio.sleep(min(next(delays, _RETRY_DELAYS[-1]), left))
 
     # -- shards ----------------------------------------------------------------------------
 
@@ -232,8 +255,10 @@ class RayBackend:
 
         Order matters: the new shards are created, then every old shard adopts the new
         count (refusing the sessions that moved, and waiting for their last calls), and
-        only then do this front end and the stored count switch. Other front ends learn it
+        only then do the stored count and this front end switch. Other front ends learn it
         from their next `Moved` answer. Moved sessions load their state on their new shard.
+        The old shards are told twice, before and after the stored count changes, so one
+        that Ray restarted in between (reading the old count) learns it too.
         """
         import ray
 
@@ -251,11 +276,29 @@ class RayBackend:
                 ) from None
             self._config = cast(ShardConfig, ray.get(first.config.remote()))
         for index in range(old, new):
-            ray.get(self._shard(index).ping.remote())
-        ray.get([self._shard(index).resize.remote(new) for index in range(old)])
-        self._directory.raise_to(new)
+            self._until(lambda i=index: self._shard(i).ping.remote())
+        for _ in range(2):
+            for index in range(old):
+                self._until(lambda i=index: self._shard(i).resize.remote(new))
+            self._directory.raise_to(new)
         self._grow_to(new)
         return new
+
+    def _until(self, send: Any) -> Any:
+        """``ray.get(send())``, sent again while the shard is restarting (within the call
+        timeout): what it sends is safe to repeat."""
+        import ray
+        import ray.exceptions as rex
+
+        deadline = time.monotonic() + self._limits["call_timeout"]
+        delays = iter(_RETRY_DELAYS)
+        while True:
+            try:
+                return ray.get(send())
+            except (rex.RayActorError, rex.ActorUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(next(delays, _RETRY_DELAYS[-1]))
 
     # -- session and runtime operations ------------------------------------------------------
 
@@ -300,7 +343,7 @@ class RayBackend:
         total: dict[str, int] = {}
         for shard in self.shard_stats():
             for name, value in shard.items():
-                if name not in ("shard", "count", "node_id", "peak_actors"):
+                if name not in ("shard", "count", "node_id", "pid", "peak_actors"):
                     total[name] = total.get(name, 0) + int(value)
         return {**total, "shards": self.count, "retries": self.retries}
 
@@ -313,8 +356,11 @@ class RayBackend:
         """Stop every shard of the namespace (their state stays in the store)."""
         import ray
 
-        for index in range(self.count):
-            ray.kill(self._shard(index), no_restart=True)
+        for index in range(max(self.count, self._directory.count(self.count))):
+            try:
+                ray.kill(ray.get_actor(_name(index), namespace=self.namespace), no_restart=True)
+            except ValueError:  # never created
+                pass
         with self._lock:
             self._handles.clear()
 

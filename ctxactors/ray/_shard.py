@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 from typing import Any
 
 import msgspec
@@ -168,6 +169,7 @@ class Shard:
             "count": self.count,
             "moved_away": self.moved_away,
             "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
         }
 
     async def ping(self) -> int:
