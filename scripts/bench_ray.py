@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from ray_support import ray_cluster  # noqa: E402 - the tests' cluster and Redis helpers
 
 from ctxactors import Runtime  # noqa: E402
+from ctxactors.logs import configure_logging  # noqa: E402
 from ctxactors.ray import RayBackend, owner  # noqa: E402
 from ctxactors.servers import Planning  # noqa: E402
 from ctxactors.state import RedisStore  # noqa: E402
@@ -177,6 +179,8 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=2000, help="live keys for the memory figure")
     parser.add_argument("--json", metavar="FILE")
     args = parser.parse_args()
+    os.environ["CTXACTORS_LOG_LEVEL"] = "warning"  # here and in the shards: no line per call
+    configure_logging()
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp, ray_cluster(Path(tmp), workers=1) as cluster:
         report["cluster_start_s"] = round(cluster.started_s, 2)

@@ -166,6 +166,33 @@ def test_end_session_through_the_backend_stops_its_actors_and_deletes_its_state(
     assert goals(runtime, "end-2") == ["stays"]
 
 
+def test_a_batch_and_the_history_run_on_the_session_s_shard_with_the_caller_s_context(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, _ = front_ends()
+    ops = [
+        {"id": "g", "tool": "create_goal", "arguments": {"goal": "Learn Rust"}},
+        {"id": "a", "tool": "add_todo", "arguments": {"name": "book", "goal_id": "${g.id}"}},
+    ]
+    done = runtime.call("batch", {"operations": ops, "__sessionId": "batch-1"})
+    assert done.structured is not None, done.text
+    assert done.structured["summary"]["successful"] == 2
+    state = runtime.call("get_planning_state", {"__sessionId": "batch-1"}).structured
+    assert state == {
+        "goals": [{"id": "g1", "goal": "Learn Rust"}],
+        "todos": [{"id": "t2", "name": "book", "goal_id": "g1", "done": False}],
+    }
+    history = runtime.call("get_recent_context", {"__sessionId": "batch-1"}).structured
+    assert history is not None
+    assert [op["tool"] for op in history["operations"]] == [
+        "get_planning_state",
+        "batch",
+        "add_todo",
+        "create_goal",
+    ]
+    assert goals(runtime, "batch-2") == []
+
+
 def test_a_read_only_call_whose_shard_dies_is_retried_on_the_restarted_shard(
     front_ends: Callable[..., FrontEnd], tmp_path: Any
 ) -> None:

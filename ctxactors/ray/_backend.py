@@ -16,6 +16,7 @@ to name a shard creates it with its own configuration; later ones get the existi
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -93,6 +94,9 @@ class RayBackend:
             "max_actors": max_actors,
             "max_actors_per_principal": max_actors_per_principal,
             "call_timeout": call_timeout,
+            # The shards log as this process was told to (CTXACTORS_LOG_LEVEL/_FORMAT).
+            "log_level": os.environ.get("CTXACTORS_LOG_LEVEL") or "info",
+            "log_format": os.environ.get("CTXACTORS_LOG_FORMAT") or "json",
         }
         self._options = dict(shard_options or {})
         self._directory = Directory(store, namespace)

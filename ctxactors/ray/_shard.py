@@ -39,6 +39,10 @@ class ShardConfig(msgspec.Struct, frozen=True):
     max_actors: int = 10_000
     max_actors_per_principal: int | None = None
     call_timeout: float = 30.0
+    # The shard process is an entry point of its own: it configures logging (to its stderr,
+    # which Ray keeps in the node's log directory) as the front end's command line did.
+    log_level: str = "info"
+    log_format: str = "json"
 
 
 class Moved(msgspec.Struct, frozen=True):
@@ -64,8 +68,11 @@ class Shard:
     """
 
     def __init__(self, index: int, config: ShardConfig) -> None:
+        from ctxactors.logs import configure_logging
         from ctxactors.runtime import Runtime
         from ctxactors.state import RedisStore
+
+        configure_logging(level=config.log_level, format=config.log_format)
 
         self.index = index
         self.shard_config = config
