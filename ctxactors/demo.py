@@ -13,9 +13,9 @@ import os
 import threading
 from typing import Any
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import ToolContext, inject_context
 from ctxactors.logs import configure_logging
-from ctxactors.runtime import Runtime
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
 

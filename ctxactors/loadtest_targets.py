@@ -15,10 +15,10 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import META_KEYS, ToolContext, inject_context
 from ctxactors.loadtest_workload import Outcome
 from ctxactors.results import ToolResult
-from ctxactors.runtime import Runtime
 
 
 class TransportError(Exception):

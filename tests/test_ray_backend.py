@@ -18,8 +18,8 @@ import pytest
 from ray_support import SHARD_OPTIONS, TESTS_ENV, CrashOnce, RayCluster, ray_cluster
 
 from ctxactors import Runtime
+from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
 from ctxactors.ray import RayBackend, ShardUnavailableError, owner
-from ctxactors.results import CallTimeoutError, InvalidArgumentsError, UnknownToolError
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 

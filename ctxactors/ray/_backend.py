@@ -23,27 +23,20 @@ from collections.abc import Iterable
 from typing import Any, cast
 
 from ctxactors.context import ToolContext
+from ctxactors.errors import (
+    CallTimeoutError,
+    CtxActorsError,
+    RuntimeClosedError,
+    ShardUnavailableError,
+)
 from ctxactors.ray._directory import Directory
 from ctxactors.ray._hashing import owner
 from ctxactors.ray._shard import Moved, Shard, ShardConfig
-from ctxactors.results import CallTimeoutError, CtxActorsError, RuntimeClosedError, ToolResult
+from ctxactors.results import ToolResult
 from ctxactors.tools import Server, ToolSpec
 
 # Waits between retries of a read-only call while its shard restarts.
 _RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
-
-
-class ShardUnavailableError(CtxActorsError):
-    """The shard that owns the session died or could not be reached during the call.
-
-    Retryable: Ray restarts the shard and the session's state is loaded from the store on
-    its next call. A call that changes state may or may not have been applied (it is in
-    doubt: retry it only if doing it twice is harmless, or read the state first); a
-    read-only call is retried automatically until its timeout.
-    """
-
-    code = -32020
-    retryable = True
 
 
 def _name(index: int) -> str:

@@ -68,8 +68,8 @@ class Shard:
     """
 
     def __init__(self, index: int, config: ShardConfig) -> None:
+        from ctxactors import Runtime
         from ctxactors.logs import configure_logging
-        from ctxactors.runtime import Runtime
         from ctxactors.state import RedisStore
 
         configure_logging(level=config.log_level, format=config.log_format)
@@ -86,6 +86,8 @@ class Shard:
             call_timeout=config.call_timeout,
             store=RedisStore(config.store, retention=config.retention),
         )
+        # Passivating moved sessions is the registry's end_session: it keeps stored state.
+        self._registry = self.runtime._registry  # noqa: SLF001 - same package family
         self.moved_away = 0  # sessions passivated because another shard owns them now
         self._draining: list[asyncio.Future[None]] = []
 
@@ -105,7 +107,7 @@ class Shard:
         answers.
         """
         self.count = count
-        gone = {key[1] for key in self.runtime.registry.keys()}
+        gone = {key[1] for key in self._registry.keys()}
         gone = {s for s in gone if owner(s, count) != self.index}
         self.moved_away += len(gone)
         if gone:
@@ -114,7 +116,7 @@ class Shard:
     def _passivate(self, sessions: set[SessionKey]) -> None:
         for session in sessions:
             # The registry's end_session retires the actors without deleting stored state.
-            self.runtime.registry.end_session(session, wait=self.shard_config.call_timeout)
+            self._registry.end_session(session, wait=self.shard_config.call_timeout)
 
     async def call(
         self,
