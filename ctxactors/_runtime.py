@@ -38,7 +38,7 @@ from ctxactors.context import (
     read_context,
 )
 from ctxactors.durable import Durability, is_durable
-from ctxactors.errors import CallTimeoutError, UnknownToolError
+from ctxactors.errors import CallTimeoutError, CtxActorsError, UnknownToolError
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings, validate
@@ -62,7 +62,9 @@ class Runtime:
     With an injected clock and no `scan_interval` there is no
     background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
     `list_tools()` publish only the batch and preset tools, whose description lists every
-    other tool; every tool can still be called either way.
+    other tool; every tool can still be called either way. `backend` runs the key actors
+    elsewhere: a `ctxactors.ray.RayBackend` sends each validated call to the Ray shard that
+    owns its session (this runtime then keeps no key state; the backend's limits apply).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class Runtime:
         tools: str = "all",
         store: StateStore | None = None,
         settings: Settings | None = None,
+        backend: Any = None,
     ) -> None:
         # Every limit, read from the environment now (not at import) unless given; the
         # keywords are shortcuts that override their settings.
@@ -139,6 +142,9 @@ class Runtime:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
+        # Where key actors run: None is here; a `ctxactors.ray.RayBackend` runs them in Ray
+        # shards, which attach the servers themselves (this runtime only validates and routes).
+        self._backend = backend
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
         if self._durable is not None:  # retention counts from a session's last use
             durable = self._durable
@@ -148,8 +154,10 @@ class Runtime:
             )
         tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
-            for server in self._servers:
+            for server in self._servers if backend is None else ():
                 server.attach(self)
+            if backend is not None:
+                backend.start(self._servers)
         except BaseException:
             # A server that refuses to start (no sandbox, say) must not leave the reaper
             # thread and the store's writer running behind a runtime nobody can close.
@@ -186,6 +194,8 @@ class Runtime:
         if not reply.wait(wait):
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
         result: ToolResult = reply.value
+        if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
+            raise result
         return result
 
     async def acall(
@@ -209,6 +219,8 @@ class Runtime:
             result: ToolResult = await asyncio.wait_for(reply.future, wait)
         except TimeoutError:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
+        if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
+            raise result
         return result
 
     def _dispatch(
@@ -241,6 +253,9 @@ class Runtime:
             )
         if defaulted and session_fallback == DEFAULT_SESSION:
             self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
+        if self._backend is not None:
+            self._backend.submit(spec, ctx, args, reply)
+            return
         self._submit(spec, ctx, validated, args, reply, deadline=reply.deadline)
 
     def _submit(
@@ -324,6 +339,8 @@ class Runtime:
         `StoreUnavailableError` if the store can't be reached: the actors are stopped, the
         stored state stays until its retention ends or a retry succeeds).
         """
+        if self._backend is not None:
+            return int(self._backend.end_session(session_id, principal))
         session = (principal, session_id)
         stopped = self._registry.end_session(session, wait=self.call_timeout)
         if self._durable is not None:
@@ -332,11 +349,15 @@ class Runtime:
 
     def has_session(self, session_id: str, *, principal: str | None = None) -> bool:
         """Whether `principal`'s session has a live actor (so live state) now."""
+        if self._backend is not None:
+            return bool(self._backend.has_session(session_id, principal))
         return self._registry.has_session((principal, session_id))
 
     def reap(self) -> int:
         """One reaper pass now; returns how many idle actors it stopped. With a store, it
         also forgets the sessions past their retention."""
+        if self._backend is not None:
+            return int(self._backend.reap())
         reaped = self._registry.reap()
         if self._durable is not None:
             self._durable.purge(every=0.0)
@@ -357,6 +378,8 @@ class Runtime:
         return self._durable
 
     def stats(self) -> dict[str, int]:
+        if self._backend is not None:
+            return dict(self._backend.stats())
         return self._registry.stats()
 
     @property
@@ -367,6 +390,8 @@ class Runtime:
     def close(self) -> None:
         """Refuse new calls, stop every actor and wait for their cleanup. Idempotent."""
         self._registry.close(timeout=self.call_timeout)
+        if self._backend is not None:
+            self._backend.close()
         if self._durable is not None:
             self._durable.close()  # after the actors: their last saves are written
 

@@ -12,6 +12,7 @@
     ├── StoreError                      the state store could not do what was asked (-32010)
     │   ├── StaleStateError             another writer saved first: reload (-32011)
     │   └── StoreUnavailableError       the store is down, full or unreachable (-32012)
+    ├── ShardUnavailableError           a Ray shard died during the call; retryable (-32020)
     ├── ContextBudgetError (ValueError)  a conversation window can't hold its minimum
     └── ModelError (RuntimeError)       the model gave no usable reply
 
@@ -37,6 +38,7 @@ __all__ = [
     "RuntimeClosedError",
     "SandboxUnavailableError",
     "ServerDefinitionError",
+    "ShardUnavailableError",
     "StaleStateError",
     "StoreError",
     "StoreUnavailableError",
@@ -132,6 +134,19 @@ class StoreUnavailableError(StoreError):
     """The store is down, full or unreachable; nothing of the failed batch was written."""
 
     code = -32012
+
+
+class ShardUnavailableError(CtxActorsError):
+    """The Ray shard that owns the session died or could not be reached during the call.
+
+    Retryable: Ray restarts the shard and the session's state loads from the store on its
+    next call. A call that changes state may or may not have been applied (it is in doubt:
+    retry it only if doing it twice is harmless, or read the state first); the Ray backend
+    retries a read-only call itself until its timeout.
+    """
+
+    code = -32020
+    retryable = True
 
 
 class ContextBudgetError(CtxActorsError, ValueError):

@@ -27,6 +27,7 @@ EXPORTED = [
     "Scope",
     "Server",
     "ServerDefinitionError",
+    "ShardUnavailableError",
     "StaleStateError",
     "StoreError",
     "StoreUnavailableError",

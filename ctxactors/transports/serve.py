@@ -111,6 +111,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     access.add_arguments(parser)
     observe.add_arguments(parser)
+    ray = parser.add_argument_group("Ray backend (key actors in Ray shard actors; see README)")
+    ray.add_argument("--backend", choices=("embedded", "ray"), default="embedded")
+    ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: local)")
+    ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
+    ray.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
 
 
 def _positive(text: str) -> int:
@@ -138,6 +143,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
     extra = [load_server(s) for s in args.server]
+    if args.backend == "ray":
+        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args)
     try:
         settings = settings_from_args(
             args,
@@ -162,6 +169,26 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
+
+
+def _ray_runtime(servers: list[type[Server]], args: argparse.Namespace) -> Runtime:
+    """A stateless front end: the shards keep the state, in the Redis of ``--store``."""
+    from ctxactors.ray import RayBackend
+
+    try:
+        backend = RayBackend(
+            args.ray_address,
+            shards=args.shards,
+            store=args.store,
+            namespace=args.ray_namespace,
+            ttl=args.ttl,
+            retention=args.retention,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--backend ray: {exc}") from None
+    return Runtime(servers, tools=args.tools, backend=backend)
 
 
 def run(args: argparse.Namespace) -> int:
