@@ -19,6 +19,7 @@ looked-up tool, the runtime's hooks), built once per call from plain references.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,11 @@ from ctxactors.tools import Key, ToolSpec
 
 # An observer sees every call that reached a server: (ctx, spec, clean arguments, result).
 Observer = Callable[[ToolContext, ToolSpec, dict[str, Any], ToolResult], None]
+# The body of a call in its actor: steps 1-3 below, given the key's server.
+Body = Callable[[Any], ToolResult]
+# A call wrapper (metrics, tracing) is called in the caller's thread with the call's body and
+# returns the body the actor runs instead: ``wrap(body, spec, ctx) -> body``.
+CallWrapper = Callable[[Body, ToolSpec, ToolContext], Body]
 
 
 class Undo(msgspec.Struct, frozen=True):
@@ -94,7 +100,7 @@ class CallHost:
     One per runtime; the lists are the runtime's own, so observers added later apply.
     """
 
-    __slots__ = ("log", "durable", "observers", "early_observers")
+    __slots__ = ("log", "durable", "observers", "early_observers", "wrappers")
 
     def __init__(
         self,
@@ -107,12 +113,13 @@ class CallHost:
         self.durable = durable  # a `ctxactors.durable.Durability`, or None
         self.observers = observers
         self.early_observers = early_observers
+        self.wrappers: tuple[CallWrapper, ...] = ()
 
 
 class Envelope:
     """A `ToolCall` on its way to an actor in this process, with its reply slot."""
 
-    __slots__ = ("call", "spec", "validated", "key", "reply", "host", "started")
+    __slots__ = ("call", "spec", "validated", "key", "reply", "host", "started", "body")
 
     def __init__(
         self,
@@ -130,6 +137,14 @@ class Envelope:
         self.reply = reply
         self.host = host
         self.started = time.perf_counter()
+        self.body: Body | None = None  # set only when the runtime has call wrappers
+
+    def wrap(self, wrappers: tuple[CallWrapper, ...]) -> None:
+        """In the caller's thread: let each wrapper wrap the call's body (see `CallWrapper`)."""
+        body: Body = functools.partial(_run, self)
+        for wrapper in wrappers:
+            body = wrapper(body, self.spec, self.call.ctx)
+        self.body = body
 
 
 _running = threading.local()
@@ -161,7 +176,7 @@ def execute(
     try:
         if start_error is not None:
             raise RuntimeError(f"server failed to start: {start_error}")
-        result = _run(envelope, server)
+        result = _run(envelope, server) if envelope.body is None else envelope.body(server)
         if call.observe:
             _notify(host.early_observers, envelope, result)
     except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down

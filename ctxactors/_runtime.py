@@ -26,8 +26,9 @@ from typing import Any
 
 import msgspec
 
+from ctxactors import tracing
 from ctxactors._actors import AsyncReply, SyncReply
-from ctxactors._call import CallHost, Envelope, Observer, Reply, ToolCall, Undo
+from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
 from ctxactors.context import (
     DEFAULT_SESSION,
@@ -43,7 +44,7 @@ from ctxactors.results import ToolResult
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
-__all__ = ["Observer", "Runtime"]
+__all__ = ["CallWrapper", "Observer", "Runtime"]
 
 
 class Runtime:
@@ -107,12 +108,28 @@ class Runtime:
             log=self._log,
         )
         # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
-        self._durable = Durability(store, save_timeout=call_timeout) if store is not None else None
+        self._durable = (
+            Durability(
+                store,
+                save_timeout=call_timeout,
+                clock=clock or time.monotonic,
+                live=lambda: {key[1] for key in self._registry.keys()},
+            )
+            if store is not None
+            else None
+        )
         if self._durable is not None:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        if self._durable is not None:  # retention counts from a session's last use
+            durable = self._durable
+            # Before the reply (a dict lookup), so a flush after a call sees its use.
+            self.add_observer(
+                lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
+            )
+        tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
             for server in self._servers:
                 server.attach(self)
@@ -242,6 +259,8 @@ class Runtime:
         )
         key = server.scope.key(server.name, ctx)
         envelope = Envelope(call, spec, validated, key, reply, self._host)
+        if self._host.wrappers and call.observe:
+            envelope.wrap(self._host.wrappers)
         self._registry.submit(key, self._factories[server], envelope)
 
     def add_observer(self, observer: Observer, *, before_reply: bool = False) -> None:
@@ -252,6 +271,15 @@ class Runtime:
         (the operation history: "what did I just do?" must include the call that returned).
         """
         (self._early_observers if before_reply else self._observers).append(observer)
+
+    def add_call_wrapper(self, wrapper: CallWrapper) -> None:
+        """Wrap the body of every later call that reached a server (not the undo of a batch).
+
+        `wrapper` runs in the caller's thread (where a trace context or a start time is
+        read) and the body it returns runs in the key's actor. No wrapper, no cost: this is
+        how `ctxactors.metrics` and `ctxactors.tracing` hook in.
+        """
+        self._host.wrappers = (*self._host.wrappers, wrapper)
 
     # -- introspection and lifecycle -----------------------------------------------------
 

@@ -187,3 +187,18 @@ def test_ids_beyond_ascii_are_fine_and_are_one_session() -> None:
         rt.call("create_goal", {"goal": "g", "__sessionId": "café-세션"})
         state = rt.call("get_planning_state", {}, meta={"ctxactors/sessionId": "café-세션"})
         assert [g["goal"] for g in state.structured["goals"]] == ["g"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("", "must be 1 to 256 characters"),
+        ("x" * 257, "must be 1 to 256 characters"),
+        ("a\r\nb", "contains the character '\\r', which no header carries"),
+        (" s1", "starts or ends with a space or tab"),
+    ],
+)
+def test_a_bad_id_in_meta_is_refused_naming_the_meta_field(value: str, reason: str) -> None:
+    with Runtime() as rt, pytest.raises(InvalidArgumentsError) as caught:
+        rt.call("create_goal", {"goal": "g"}, meta={"ctxactors/sessionId": value})
+    assert str(caught.value) == f"_meta field 'ctxactors/sessionId' {reason}"

@@ -480,3 +480,19 @@ def test_a_failing_after_hook_is_logged_and_the_actor_keeps_serving() -> None:
     assert failed == [
         {"event": "after_call_failed", "log_level": "error", "error": "ValueError: after bug"}
     ]
+
+
+def test_ending_a_principals_session_logs_that_principal() -> None:
+    with capture_logs() as logs, Runtime([Counter]) as rt:
+        rt.call("bump", ctx_args("s", "a"), principal="p1")
+        assert rt.end_session("s", principal="p1") == 1
+    assert [e for e in logs if e["event"] == "session_ended"] == [
+        {
+            "logger": "ctxactors",
+            "event": "session_ended",
+            "log_level": "info",
+            "principal": "p1",
+            "session_id": "s",
+            "actors": 1,
+        }
+    ]

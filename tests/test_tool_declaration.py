@@ -467,3 +467,33 @@ def test_a_subclass_overriding_a_tools_method_replaces_the_tool() -> None:
     assert list(Child.tools) == ["greet", "other"]
     assert Child.tools["greet"].description == "Hello, louder."
     assert Child.tools["greet"].field_names == ("loud",)
+
+
+def test_a_server_declared_at_run_time_checks_keys_under_untyped_values() -> None:
+    class Loose(Server):
+        name = "loose"
+        scope = Scope.SESSION
+
+        @tool
+        def keep(self, ctx: ToolContext, data: dict[str, Any]) -> dict[str, Any]:
+            """Keep an untyped object."""
+            return {"data": data}
+
+    with Runtime([Loose]) as rt:
+        with pytest.raises(InvalidArgumentsError) as caught:
+            rt.call("keep", ctx_args("s", data={"a": {1: "x"}}))
+        assert str(caught.value) == (
+            "invalid arguments for 'keep': object keys must be strings, got int - at `$.data.a`"
+        )
+        kept = rt.call("keep", ctx_args("s", data={"a": {"1": "é"}}))
+        assert kept.structured == {"data": {"a": {"1": "é"}}}
+
+
+def test_a_server_without_a_state_type_says_it_is_not_durable() -> None:
+    server = declare()()
+    with pytest.raises(NotImplementedError) as caught:
+        server.snapshot()
+    assert str(caught.value) == "Kit is not durable"
+    with pytest.raises(NotImplementedError) as caught:
+        server.restore(None)
+    assert str(caught.value) == "Kit is not durable"

@@ -166,8 +166,13 @@ class SessionHistory:
                 self._merge_stored(self._saver)
             self._ops.append(record)
             if self._saver is not None:
-                # The scope is stored beside the operation: it decides who may read it.
-                self._saver.save([(wall, [scope.value, op]) for _, wall, scope, op in self._ops])
+                self._saver.save(self._stored)
+
+    def _stored(self) -> list[tuple[float, Any]]:
+        """The records as the store keeps them: the scope beside the operation, since it
+        decides who may read it."""
+        with self._lock:
+            return [(wall, [scope.value, op]) for _, wall, scope, op in self._ops]
 
     def _merge_stored(self, saver: HistorySaver) -> None:
         """Take in what the store holds (once, or again after a failed write); records
