@@ -198,6 +198,8 @@ class Registry:
         one is reaped, evicted or ended, and a session with no live actor gets None (so
         nothing is kept for a session that is gone). For what all of a session's actors
         add to, like the operation history; it must be thread-safe, as they all use it.
+        From one of the session's own actors (every call's history record) it takes no
+        registry lock: the actor's entry holds the session's state, until it is retired.
         """
         here = current_actor()
         if isinstance(here, Entry) and here.key.session == session:

@@ -133,7 +133,7 @@ class Runtime:
                 store,
                 save_timeout=call_timeout,
                 clock=clock or time.monotonic,
-                live=lambda: {key[1] for key in self._registry.keys()},
+                live=lambda: {key.session for key in self._registry.keys()},
             )
             if store is not None
             else None

@@ -53,7 +53,7 @@ from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
 __all__ = [
     "History",
-    "Operation",
+    "OperationRecord",
     "RecentContext",
     "compact",
     "extract_metadata",
@@ -62,8 +62,9 @@ __all__ = [
 ]
 
 
-class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One recorded call, as `get_recent_context` returns it."""
+class OperationRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One recorded call, as `get_recent_context` returns it (not the batch tool's input
+    operation, `ctxactors.batch_plan.Operation`)."""
 
     timestamp: str  # ISO 8601, UTC, milliseconds
     tool: str
@@ -81,7 +82,7 @@ class RecentContext(msgspec.Struct, frozen=True, omit_defaults=True):
     it holds the newest that do, ``truncated`` is true and ``total`` says how many there were.
     """
 
-    operations: list[Operation]
+    operations: list[OperationRecord]
     count: int
     truncated: bool = False
     total: int | None = None
@@ -110,7 +111,7 @@ def runtime_config(runtime: Any) -> HistoryConfig:
 # (config clock for the TTL, wall clock, the tool's scope, the operation without its
 # timestamp): the timestamp is formatted when read, as most records never are; the scope
 # decides who may read it.
-_Record = tuple[float, float, Scope, Operation]
+_Record = tuple[float, float, Scope, OperationRecord]
 
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
@@ -174,7 +175,7 @@ class SessionHistory:
         ours = [r for r in self._ops if r[1] > newest]
         self._ops.clear()
         for wall, (scope, op) in stored:
-            record = msgspec.convert(op, Operation)
+            record = msgspec.convert(op, OperationRecord)
             self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record))
         self._ops.extend(ours)
 
@@ -219,7 +220,7 @@ class History(Server):
         Use it to answer follow-up questions about earlier tool calls. `tool_filter` keeps
         only the named tool(s); `limit` (default 5) is capped at the number kept."""
         wanted = {tool_filter} if isinstance(tool_filter, str) else tool_filter
-        found: list[Operation] = []
+        found: list[OperationRecord] = []
         history = self._histories(ctx.session_key)
         records = history.current() if history is not None else []
         for _, wall, scope, op in reversed(records):
@@ -252,7 +253,7 @@ class _Recorder:
         if history is None:
             return  # the session was ended meanwhile: nothing to add to
         arguments = compact(args)
-        op = Operation(
+        op = OperationRecord(
             timestamp="",
             tool=spec.name,
             arguments=arguments,
@@ -264,7 +265,7 @@ class _Recorder:
         history.add((history.config.clock(), time.time(), spec.server.scope, op))
 
 
-def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:
+def visible(scope: Scope, op: OperationRecord, ctx: ToolContext) -> bool:
     """Whether `ctx` could have seen what `op` did by calling the tool itself.
 
     The history is the session's, but its records are not: another assistant's calls
