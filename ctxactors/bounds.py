@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.settings import Cap
 
 T = TypeVar("T")

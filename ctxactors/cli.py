@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ctxactors.transports.serve", "serve the tools over MCP (stdio or HTTP) and REST"),
     "loadtest": ("ctxactors.loadtest", "fire many concurrent sessions and check for cross-talk"),
     "logs": ("ctxactors.logtool", "filter and summarise ctxactors JSON log lines"),
+    "top": ("ctxactors.top", "a live view of a running server (calls/s, latency, sessions)"),
 }
 
 

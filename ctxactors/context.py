@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
+from ctxactors.errors import InvalidArgumentsError
 from ctxactors.logs import get_logger
-from ctxactors.results import InvalidArgumentsError
 
 SESSION_ID = "__sessionId"
 ASSISTANT_ID = "__assistantId"

@@ -13,10 +13,10 @@ import os
 import threading
 from typing import Any
 
+from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.context import ToolContext, inject_context
 from ctxactors.logs import configure_logging
-from ctxactors.runtime import Runtime
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
 from ctxactors.settings import Settings

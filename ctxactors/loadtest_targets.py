@@ -15,11 +15,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from ctxactors._runtime import Runtime
 from ctxactors.cli import settings_from_args
 from ctxactors.context import META_KEYS, ToolContext, inject_context
 from ctxactors.loadtest_workload import Outcome
 from ctxactors.results import ToolResult
-from ctxactors.runtime import Runtime
 from ctxactors.settings import Settings
 
 

@@ -58,6 +58,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ctxactors.errors import SandboxUnavailableError
 from ctxactors.settings import SandboxSettings
 
 WORKDIR = "/workspace"  # where the session's directory appears inside the sandbox
@@ -78,10 +79,6 @@ INSTALL_HINT = (
     "kernel that allows user namespaces, or set CTXACTORS_WORKSPACE_SANDBOX=none to run commands "
     "unsandboxed (unsafe: they then see the server's files and processes)"
 )
-
-
-class SandboxUnavailableError(RuntimeError):
-    """bubblewrap is missing or can't create its namespaces here; the message says why."""
 
 
 def clean_env(settings: SandboxSettings, home: str) -> dict[str, str]:

@@ -5,7 +5,7 @@
     python scripts/mutation.py --jobs 3        # workers (a hung mutant waits, using no CPU)
     python scripts/mutation.py --report-only   # rewrite mutation/report.md from the results
     python scripts/mutation.py --retry-survivors   # re-run survivors (after new tests)
-    python scripts/mutation.py --group core 'ctxactors.registry.*'   # matching mutants only
+    python scripts/mutation.py --group core 'ctxactors._registry.*'  # matching mutants only
 
 Each group (`GROUPS`) is a set of modules and the test files relevant to them; mutmut's
 shared settings are ``[tool.mutmut]`` in pyproject.toml. Within a group mutmut runs the
@@ -50,7 +50,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "core": (
         [
             f"ctxactors/{m}.py"
-            for m in ("context", "tools", "registry", "actors", "runtime", "encodable")
+            for m in ("context", "tools", "_registry", "_actors", "_call", "_runtime", "encodable")
         ],
         [
             f"tests/test_{t}.py"
@@ -65,6 +65,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "lifecycle_logs",
                 "history",
                 "hostile_input",
+                "call_message",
             )
         ]
         # It starts an MCP stdio server whose stderr is ours, which mutmut has closed.

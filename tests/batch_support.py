@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.settings import Settings
 

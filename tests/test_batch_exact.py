@@ -14,7 +14,7 @@ from batch_support import WAIT, Probe, batch, by_id
 from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.actors import caller_deadline
+from ctxactors._call import caller_deadline
 from ctxactors.batch_engine import BatchRun, _margin, _OpReply
 from ctxactors.batch_plan import (
     BadReference,
@@ -26,7 +26,8 @@ from ctxactors.batch_plan import (
     references,
     resolve,
 )
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.settings import BatchSettings, Settings
 

@@ -20,7 +20,7 @@ from test_http_api import call, error_of, serve
 
 from ctxactors import Runtime
 from ctxactors.batch_template import PLACEHOLDERS, REFERENCES
-from ctxactors.results import CallTimeoutError, InvalidArgumentsError
+from ctxactors.errors import CallTimeoutError, InvalidArgumentsError
 from ctxactors.settings import BatchSettings, Settings
 from ctxactors.transports.http import create_app
 

@@ -12,7 +12,8 @@ from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import InvalidArgumentsError, RuntimeClosedError, ToolError, ToolResult
+from ctxactors.errors import InvalidArgumentsError, RuntimeClosedError, ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.history import compact, generic_metadata, pick
 from ctxactors.settings import HistorySettings, Settings
@@ -333,13 +334,13 @@ def test_ending_the_session_removes_its_history(rt: Runtime) -> None:
     rt.end_session("s1")
     assert recent(rt, "s1") == []
     assert len(recent(rt, "s2")) == 1
-    assert ("history", (None, "s1")) in rt.registry.keys()  # the fresh, empty one just asked
+    assert ("history", (None, "s1")) in rt._registry.keys()  # the fresh, empty one just asked
 
 
 def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualClock) -> None:
     with Runtime(servers=SERVERS, clock=clock, ttl=60) as rt:
         rt.call("create_goal", ctx_args("s1", "a1", goal="early"))
-        assert rt.registry.keys() == [("planning", (None, "s1"), "a1", None)]  # no history actor
+        assert rt._registry.keys() == [("planning", (None, "s1"), "a1", None)]  # no history actor
         clock.advance(40)
         rt.call("create_goal", ctx_args("s1", "a2", goal="later"))
         clock.advance(30)
@@ -464,9 +465,9 @@ def test_recording_after_close_is_dropped_quietly() -> None:
         assert Held.running.wait(20)
         closer = threading.Thread(target=rt.close)
         closer.start()
-        while not rt.registry.closed:
+        while not rt._registry.closed:
             closer.join(0.005)  # until close() has retired every actor, the held one too
-        assert rt.stats()["actors"] == 0 and rt.registry.session_state("s1", "x", dict) is None
+        assert rt.stats()["actors"] == 0 and rt._registry.session_state("s1", "x", dict) is None
         Held.release.set()
         caller.join(20)
         closer.join(20)

@@ -19,7 +19,8 @@ from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.encodable import argument_problem, may_hold_untyped
-from ctxactors.results import InvalidArgumentsError, ToolError, ToolResult
+from ctxactors.errors import InvalidArgumentsError, ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 
 SURROGATE = json.loads('"\\ud800"')  # what a host's json.loads gives for "\ud800"

@@ -89,7 +89,7 @@ def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualCloc
         rt.call("count", ctx_args("s4"))
         stats = rt.stats()
         assert stats["actors"] == 3 and stats["evicted"] == 1
-        assert {k[1][1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
+        assert {k[1][1] for k in rt._registry.keys()} == {"s1", "s3", "s4"}
         assert rt.call("count", ctx_args("s1")).structured == {"n": 3}
         assert rt.call("count", ctx_args("s2")).structured == {"n": 1}  # fresh incarnation
 
@@ -152,7 +152,7 @@ def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> N
         assert rt.stats()["actors"] == 6
         assert rt.end_session("s1") == 3
         assert rt.end_session("s1") == 0
-        assert {k[1][1] for k in rt.registry.keys()} == {"s2"}
+        assert {k[1][1] for k in rt._registry.keys()} == {"s2"}
         assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured["goals"] == []
         assert len(rt.call("get_planning_state", ctx_args("s2", "a1")).structured["goals"]) == 1
 
@@ -174,7 +174,7 @@ def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
         deadline = time.monotonic() + 10
         while rt.stats()["ended"] == 0 and time.monotonic() < deadline:
             time.sleep(0.005)  # until end_session has retired the key
-        assert rt.registry.keys() == []
+        assert rt._registry.keys() == []
         # It waits for the call in flight, which holds the actor (a join that can only
         # return early if end_session does not wait).
         ender.join(0.5)
@@ -204,7 +204,7 @@ def test_session_state_lives_exactly_as_long_as_the_sessions_actors(clock: Manua
         return made[-1]
 
     with make(clock, ttl=60, max_actors=2) as rt:
-        registry = rt.registry
+        registry = rt._registry
         assert registry.session_state((None, "s1"), "x", new) is None  # no live actor: nothing kept
         rt.call("count", ctx_args("s1"))
         first = registry.session_state((None, "s1"), "x", new)

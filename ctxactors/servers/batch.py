@@ -23,12 +23,13 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ctxactors.actors import caller_deadline
+from ctxactors._call import caller_deadline
 from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
 from ctxactors.batch_template import PLACEHOLDERS, size_of
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.tools import Scope, Server, ToolSpec, tool
 
 Operations = Annotated[list[Operation], msgspec.Meta(max_length=1000)]

@@ -115,7 +115,7 @@ _Record = tuple[float, float, Scope, Operation]
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
     """``(principal, session_id) -> its SessionHistory`` (None once the session is gone)."""
-    registry = runtime.registry
+    registry = runtime._registry
     durable = getattr(runtime, "durability", None)
     config = runtime_config(runtime)
     if durable is None:
@@ -155,8 +155,13 @@ class SessionHistory:
                 self._merge_stored(self._saver)
             self._ops.append(record)
             if self._saver is not None:
-                # The scope is stored beside the operation: it decides who may read it.
-                self._saver.save([(wall, [scope.value, op]) for _, wall, scope, op in self._ops])
+                self._saver.save(self._stored)
+
+    def _stored(self) -> list[tuple[float, Any]]:
+        """The records as the store keeps them: the scope beside the operation, since it
+        decides who may read it."""
+        with self._lock:
+            return [(wall, [scope.value, op]) for _, wall, scope, op in self._ops]
 
     def _merge_stored(self, saver: HistorySaver) -> None:
         """Take in what the store holds (once, or again after a failed write); records
@@ -203,29 +208,7 @@ class History(Server):
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Record every call of this runtime in the caller's session history."""
-        histories = _session_histories(runtime)
-
-        def observe(
-            ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: ToolResult
-        ) -> None:
-            if issubclass(spec.server, History):
-                return  # asking about the history is not an operation
-            history = histories(ctx.session_key)
-            if history is None:
-                return  # the session was ended meanwhile: nothing to add to
-            arguments = compact(args)
-            op = Operation(
-                timestamp="",
-                tool=spec.name,
-                arguments=arguments,
-                is_error=result.is_error,
-                metadata=extract_metadata(spec, arguments, result),
-                assistant_id=ctx.assistant_id,
-                thread_id=ctx.thread_id,
-            )
-            history.add((history.config.clock(), time.time(), spec.server.scope, op))
-
-        runtime.add_observer(observe, before_reply=True)
+        runtime.add_observer(_Recorder(_session_histories(runtime)), before_reply=True)
 
     @tool(read_only=True)
     def get_recent_context(
@@ -249,6 +232,36 @@ class History(Server):
         if budget.cut:
             return RecentContext(kept, len(kept), truncated=True, total=len(found))
         return RecentContext(kept, len(kept))
+
+
+class _Recorder:
+    """The observer that adds each call to its session's history, in the calling actor's
+    thread just before the reply (the session's own actor reaches the history unlocked)."""
+
+    __slots__ = ("_histories",)
+
+    def __init__(self, histories: Callable[[SessionKey], SessionHistory | None]) -> None:
+        self._histories = histories
+
+    def __call__(
+        self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: ToolResult
+    ) -> None:
+        if issubclass(spec.server, History):
+            return  # asking about the history is not an operation
+        history = self._histories(ctx.session_key)
+        if history is None:
+            return  # the session was ended meanwhile: nothing to add to
+        arguments = compact(args)
+        op = Operation(
+            timestamp="",
+            tool=spec.name,
+            arguments=arguments,
+            is_error=result.is_error,
+            metadata=extract_metadata(spec, arguments, result),
+            assistant_id=ctx.assistant_id,
+            thread_id=ctx.thread_id,
+        )
+        history.add((history.config.clock(), time.time(), spec.server.scope, op))
 
 
 def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:

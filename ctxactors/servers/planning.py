@@ -16,7 +16,8 @@ import msgspec
 from ctxactors.bounds import AnswerBudget, check_text, text_size
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.settings import DEFAULTS, Cap, Settings
 from ctxactors.tools import Scope, Server, pick, tool
 

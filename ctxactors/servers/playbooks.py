@@ -15,7 +15,7 @@ import msgspec
 
 from ctxactors.bounds import AnswerBudget, check_texts, text_size
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.settings import DEFAULTS, Settings
 from ctxactors.tools import Scope, Server, pick, tool
 

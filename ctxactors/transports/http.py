@@ -40,15 +40,15 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxactors.context import MAX_ID, ToolContext, check_id, inject_context
-from ctxactors.logs import get_logger
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
-    ToolResult,
     UnknownToolError,
 )
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolResult
 from ctxactors.servers.history import Operation
 from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
 from ctxactors.transports.auth import principal_of
@@ -324,7 +324,7 @@ def create_app(
         return _json(runtime.stats())
 
     async def healthz(request: Request) -> Response:
-        closed = runtime.registry.closed
+        closed = runtime.closed
         return _json(
             Health("closed" if closed else "ok", len(runtime.tools)), 503 if closed else 200
         )
