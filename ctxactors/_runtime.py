@@ -56,10 +56,10 @@ class Runtime:
     `ctxactors.durable`); `max_actors` caps the live actors (the
     least recently used idle one is passivated to make room), `max_actors_per_principal`
     caps each principal's (passivating that principal's own least recently used idle key,
-    never another's); `clock` is an injectable
-    monotonic clock for tests (the reaper's and the operation history's). `settings` holds
-    every limit (`ctxactors.settings.Settings`; default: read from the environment now).
-    With an injected clock and no `scan_interval` there is no
+    never another's); `clock` is an injectable monotonic clock for tests (the reaper's and
+    the operation history's). `settings` holds every limit (`ctxactors.settings.Settings`;
+    default: read from the environment now). With an injected clock and no `scan_interval`
+    there is no
     background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
     `list_tools()` publish only the batch and preset tools, whose description lists every
     other tool; every tool can still be called either way. `backend` runs the key actors
@@ -132,7 +132,7 @@ class Runtime:
             Durability(
                 store,
                 save_timeout=call_timeout,
-                clock=clock or time.monotonic,
+                clock=self.clock,
                 live=lambda: {key.session for key in self._registry.keys()},
             )
             if store is not None

@@ -58,8 +58,7 @@ def test_the_runtime_keywords_are_shortcuts_that_override_the_settings() -> None
     given = Settings(ttl=100.0, max_actors=7, call_timeout=9.0)
     with Runtime(servers=[Content], settings=given, ttl=5.0) as rt:
         assert (rt.settings.ttl, rt.settings.max_actors, rt.settings.call_timeout) == (5.0, 7, 9.0)
-        registry = rt._registry  # noqa: SLF001 - the settings must reach the registry
-        assert (registry.ttl, registry.max_actors, rt.call_timeout) == (5.0, 7, 9.0)
+        assert (rt._registry.ttl, rt._registry.max_actors, rt.call_timeout) == (5.0, 7, 9.0)
 
 
 def test_a_bad_setting_is_refused_at_construction_naming_field_and_variable() -> None:
