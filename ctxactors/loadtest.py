@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import httpx
 import msgspec
 import psutil
 from rich.console import Console
@@ -50,7 +51,7 @@ DEFAULT_MAX_ACTORS = 10_000
 
 
 class Owner(Protocol):
-    def record(self, call: PlannedCall, outcome: Outcome | None) -> None: ...
+    def record(self, call: PlannedCall, outcome: Outcome | None, refused: bool = False) -> None: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,7 +191,9 @@ def _settle(owner: Owner, call: PlannedCall, metrics: Metrics, started: float, r
         owner.record(call, result)
     else:
         metrics.failed(call, result)
-        owner.record(call, None)
+        # Refused before the request left (nothing listens: a server being restarted): the
+        # call certainly did not run. Any other failure may have come after it ran.
+        owner.record(call, None, refused=isinstance(result, httpx.ConnectError))
 
 
 def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> bool:
@@ -398,7 +401,8 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
     if "restarts" in report:
         out(
             f"  restarts     {report['restarts']} (SIGKILL); {report['in_doubt_calls']} calls in"
-            " doubt (cut off: present or absent, each checked whole)"
+            " doubt (cut off: present or absent, each checked whole), "
+            f"{report['refused_calls']} refused while it was down (not run)"
         )
         if report["restart_failure"]:
             out(f"  RESTART FAILED {report['restart_failure']}")
@@ -517,6 +521,7 @@ def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
     if chaos is not None:
         report["restarts"] = chaos.restarts
         report["restart_failure"] = chaos.failure
+        report["refused_calls"] = sum(u.refused for u in units)
         # Calls cut off by a restart are in doubt, not failures: the checker judged them.
         report["passed"] = report["violations_count"] == 0 and chaos.failure is None
     print_report(report)
