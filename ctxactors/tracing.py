@@ -43,6 +43,7 @@ TRACER_NAME = "ctxactors"
 _TOOL_CALL_ID = otel_context.create_key("ctxactors.tool_call_id")
 # Over MCP the host may name the tool call in ``_meta`` (a vendor-prefixed key, as MCP asks).
 META_TOOL_CALL_ID = "ctxactors/toolCallId"
+MAX_TOOL_CALL_ID = 256  # a longer id is not recorded: spans are not a place to store data
 
 Body = Callable[[Server], ToolResult]
 
@@ -71,8 +72,9 @@ def instrument_if_enabled(runtime: Any) -> bool:
 @contextmanager
 def tool_call(call_id: str | None) -> Iterator[None]:
     """Name the model's tool call that the calls made inside this block run, for their
-    spans' ``gen_ai.tool.call.id`` (a host's agent loop knows it; the runtime does not)."""
-    if not call_id:
+    spans' ``gen_ai.tool.call.id`` (a host's agent loop knows it; the runtime does not).
+    An empty id, or one over `MAX_TOOL_CALL_ID` characters, is not recorded."""
+    if not call_id or len(call_id) > MAX_TOOL_CALL_ID:
         yield
         return
     token = otel_context.attach(otel_context.set_value(_TOOL_CALL_ID, call_id))

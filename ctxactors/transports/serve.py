@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ctxactors serve: {exc}", file=sys.stderr)
         return 2
     if args.tracing:  # before the runtime: it traces its calls when a provider is installed
-        _start_tracing()
+        _start_tracing(args.transport)
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -182,9 +182,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_tracing() -> None:
+def _start_tracing(transport: str) -> None:
     from ctxactors import tracing
 
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    if transport == "stdio" and "console" in exporters:
+        # The console exporter writes to standard output, the stdio protocol's channel.
+        raise SystemExit(
+            "ctxactors serve --tracing: OTEL_TRACES_EXPORTER=console needs --transport http"
+        )
     try:
         tracing.configure_from_env()
     except RuntimeError as exc:
