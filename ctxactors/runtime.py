@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -24,7 +25,6 @@ from typing import Any
 
 import msgspec
 
-from ctxactors import tracing
 from ctxactors.actors import AsyncReply, Call, Reply, SyncReply
 from ctxactors.context import (
     DEFAULT_SESSION,
@@ -117,7 +117,10 @@ class Runtime:
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
         self._call_wrappers: tuple[CallWrapper, ...] = ()
-        tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
+        if "opentelemetry.trace" in sys.modules:  # else no tracer provider can be installed
+            from ctxactors import tracing
+
+            tracing.instrument_if_enabled(self)  # only with a provider installed: no cost
         try:
             for server in self._servers:
                 server.attach(self)

@@ -13,7 +13,8 @@ Where the caller's context comes from:
 - in-process, the current OpenTelemetry context of the caller (an embedded host's own span);
 - over MCP, the SDK's server span for ``tools/call``, itself the child of the
   ``traceparent`` the client put in ``_meta``;
-- over REST, the W3C ``traceparent``/``tracestate`` headers (`TraceContextMiddleware`).
+- over REST, the W3C ``traceparent``/``tracestate`` headers
+  (`ctxactors.transports.observe.TraceContextMiddleware`).
 
 Spans go to the global tracer provider (`opentelemetry-api`): without an SDK they cost
 nothing but the wrapper, and a runtime is only instrumented when a provider is installed
@@ -30,9 +31,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.propagate import extract
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, StatusCode
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolResult
@@ -132,33 +131,6 @@ def _attributes(spec: ToolSpec, ctx: ToolContext, parent: otel_context.Context) 
     if ctx.principal is not None:
         attributes["ctxactors.principal"] = ctx.principal
     return attributes
-
-
-class TraceContextMiddleware:
-    """ASGI middleware: a request's W3C ``traceparent`` (and ``tracestate``) header becomes
-    the current trace context while it is served, so a REST call's span continues the
-    caller's trace. A request without one costs a header scan."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        carrier = {
-            name.decode("latin-1"): value.decode("latin-1")
-            for name, value in scope.get("headers", ())
-            if name in (b"traceparent", b"tracestate")
-        }
-        if "traceparent" not in carrier:
-            await self.app(scope, receive, send)
-            return
-        token = otel_context.attach(extract(carrier))
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            otel_context.detach(token)
 
 
 def configure_from_env() -> None:

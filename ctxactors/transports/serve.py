@@ -33,7 +33,6 @@ from ctxactors.runtime import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.state import open_store
 from ctxactors.tools import Server
-from ctxactors.tracing import TraceContextMiddleware
 from ctxactors.transports import access, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
@@ -235,7 +234,7 @@ def http_app(
         in_flight=frontend.in_flight,
         security=security,
     )
-    app.add_middleware(TraceContextMiddleware)  # REST calls continue the caller's trace
+    app.add_middleware(observe.TraceContextMiddleware)  # REST calls continue the caller's trace
     return app, frontend
 
 
