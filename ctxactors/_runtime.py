@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -26,7 +27,6 @@ from typing import Any
 
 import msgspec
 
-from ctxactors import tracing
 from ctxactors._actors import AsyncReply, SyncReply
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
@@ -152,7 +152,10 @@ class Runtime:
             self.add_observer(
                 lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
             )
-        tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
+        if "opentelemetry.trace" in sys.modules:  # else no tracer provider can be installed
+            from ctxactors import tracing
+
+            tracing.instrument_if_enabled(self)  # only with a provider installed: no cost
         try:
             for server in self._servers if backend is None else ():
                 server.attach(self)

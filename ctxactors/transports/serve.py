@@ -34,7 +34,6 @@ from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.state import open_store
 from ctxactors.tools import Server
-from ctxactors.tracing import TraceContextMiddleware
 from ctxactors.transports import access, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
@@ -200,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ctxactors serve: {exc}", file=sys.stderr)
         return 2
     if args.tracing:  # before the runtime: it traces its calls when a provider is installed
-        _start_tracing()
+        _start_tracing(args.transport)
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -218,9 +217,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_tracing() -> None:
+def _start_tracing(transport: str) -> None:
     from ctxactors import tracing
 
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    if transport == "stdio" and "console" in exporters:
+        # The console exporter writes to standard output, the stdio protocol's channel.
+        raise SystemExit(
+            "ctxactors serve --tracing: OTEL_TRACES_EXPORTER=console needs --transport http"
+        )
     try:
         tracing.configure_from_env()
     except RuntimeError as exc:
@@ -265,7 +270,7 @@ def http_app(
         in_flight=frontend.in_flight,
         security=security,
     )
-    app.add_middleware(TraceContextMiddleware)  # REST calls continue the caller's trace
+    app.add_middleware(observe.TraceContextMiddleware)  # REST calls continue the caller's trace
     return app, frontend
 
 
