@@ -402,7 +402,7 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         out(
             f"  restarts     {report['restarts']} (SIGKILL); {report['in_doubt_calls']} calls in"
             " doubt (cut off: present or absent, each checked whole), "
-            f"{report['refused_calls']} refused while it was down (not run)"
+            f"{report['refused_calls']} refusals while it was down (not run: sent again)"
         )
         if report["restart_failure"]:
             out(f"  RESTART FAILED {report['restart_failure']}")

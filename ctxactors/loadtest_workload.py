@@ -16,7 +16,8 @@ the actors the runtime says it retired, so a silent state loss can't hide behind
 Calls in doubt (`tolerate_doubt`, for a server restarted under load). A call that failed in
 transit may or may not have run. The unit then reads its key back before anything else
 (`get_planning_state`, repeated until it answers) and accepts exactly two states: the model
-without the call, or with its whole effect; either becomes the model. A playbook in doubt
+without the call, or with its whole effect; either becomes the model. A call refused before
+it was sent (nothing listening) did not run: it is sent again. A playbook in doubt
 may be present or absent in the final listing. Acknowledged calls stay exact.
 """
 
@@ -99,6 +100,7 @@ class Unit:
         self.doubt: PlannedCall | None = None  # the call in doubt, until the key is read back
         self.in_doubt = 0  # calls cut off in transit: they may have run
         self.refused = 0  # calls refused before they were sent: they did not run
+        self.again: PlannedCall | None = None  # a refused call, to send again
         self.name = label(ctx)
         self.remaining = calls
         self.book = book
@@ -121,6 +123,9 @@ class Unit:
         """The next workload call, or None when the unit has sent all of them."""
         if self.doubt is not None:
             return PlannedCall("get_planning_state", {}, self.ctx, resync=True)
+        if self.again is not None:
+            call, self.again = self.again, None
+            return call
         if self.remaining <= 0:
             return None
         self.remaining -= 1
@@ -153,7 +158,9 @@ class Unit:
         """Check a reply against the model and advance it. None: the call failed in transit
         (`refused`: before it was sent, so it certainly did not run)."""
         if outcome is None and self.tolerate_doubt and refused:
-            self.refused += 0 if call.resync else 1
+            self.refused += 1
+            if not call.resync:
+                self.again = call  # it did not run: send it again
             return
         if outcome is None and self.tolerate_doubt:
             self.in_doubt += 0 if call.resync else 1

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ManualClock, ctx_args
-from workspace_support import call, session_dirs, start, temporary_root, wait_done
+from workspace_support import WAIT, call, session_dirs, start, temporary_root, wait_done
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
@@ -111,4 +111,7 @@ def test_without_a_store_the_directory_goes_with_the_actor(
         run(rt, "echo x > note.txt")
         clock.advance(61)
         assert rt.reap() == 1
+        deadline = time.monotonic() + WAIT  # the actor's cleanup runs after the reap
+        while session_dirs(workspace_root) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert session_dirs(workspace_root) == []
