@@ -18,7 +18,7 @@ import msgspec
 from ctxactors.batch_template import REFERENCES, Path, Template
 from ctxactors.compensation import Compensation, as_compensation
 from ctxactors.context import ToolContext, clean_args
-from ctxactors.results import CtxActorsError, ToolError
+from ctxactors.errors import CtxActorsError, ToolError
 from ctxactors.tools import ToolSpec
 
 OpId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]

@@ -24,15 +24,18 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import httpx
 import msgspec
 import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ctxactors.cli import add_settings_argument
 from ctxactors.context import ToolContext
+from ctxactors.loadtest_chaos import RestartedServer
 from ctxactors.loadtest_targets import McpTarget, Target, TransportError, make_target
 from ctxactors.loadtest_workload import (
     Outcome,
@@ -48,7 +51,7 @@ DEFAULT_MAX_ACTORS = 10_000
 
 
 class Owner(Protocol):
-    def record(self, call: PlannedCall, outcome: Outcome | None) -> None: ...
+    def record(self, call: PlannedCall, outcome: Outcome | None, refused: bool = False) -> None: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +91,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept state reset by reaping (implied by --ttl/--max-actors; for --url servers)",
     )
+    parser.add_argument(
+        "--restart-every",
+        type=float,
+        metavar="SECONDS",
+        help="start a `ctxactors serve --transport http` and SIGKILL and restart it every "
+        "SECONDS during the workload; calls cut off are counted in doubt (present or absent), "
+        "acknowledged ones must be present",
+    )
+    parser.add_argument(
+        "--serve-store",
+        default="sqlite",
+        help="with --restart-every: the served store (sqlite, the default, or a redis:// URL)",
+    )
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call")
+    add_settings_argument(parser)
     parser.add_argument("--seed", type=int, default=1, help="workload random seed")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -132,7 +149,7 @@ class Metrics:
 
 
 def build_workload(
-    args: argparse.Namespace, allow_resets: bool
+    args: argparse.Namespace, allow_resets: bool, tolerate_doubt: bool = False
 ) -> tuple[list[Unit], list[PlaybookBook]]:
     """The units (planning keys) and playbook books of every session, deterministic by seed."""
     mix = parse_mix(args.mix)
@@ -151,7 +168,7 @@ def build_workload(
             ctx = ToolContext(session, assistant, thread)
             seed = args.seed * 1_000_003 + len(units)
             calls = share + (1 if i < extra else 0)
-            units.append(Unit(ctx, calls, mix, seed, book, allow_resets))
+            units.append(Unit(ctx, calls, mix, seed, book, allow_resets, tolerate_doubt))
     return units, books
 
 
@@ -174,16 +191,20 @@ def _settle(owner: Owner, call: PlannedCall, metrics: Metrics, started: float, r
         owner.record(call, result)
     else:
         metrics.failed(call, result)
-        owner.record(call, None)
+        # Refused before the request left (nothing listens: a server being restarted): the
+        # call certainly did not run. Any other failure may have come after it ran.
+        owner.record(call, None, refused=isinstance(result, httpx.ConnectError))
 
 
-def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
+def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> bool:
+    """Send and check one call; False when it failed in transit."""
     started = time.perf_counter()
     try:
         result: Any = target.call(call.tool, call.args, call.ctx)
     except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
         result = exc
     _settle(owner, call, metrics, started, result)
+    return isinstance(result, Outcome)
 
 
 async def _asend(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
@@ -196,9 +217,20 @@ async def _asend(target: Target, owner: Owner, call: PlannedCall, metrics: Metri
 
 
 def run_threads(
-    target: Target, units: list[Unit], books: list[PlaybookBook], workers: int, metrics: Metrics
+    target: Target,
+    units: list[Unit],
+    books: list[PlaybookBook],
+    workers: int,
+    metrics: Metrics,
+    *,
+    between: Callable[[], None] | None = None,
+    pause: float = 0.0,
 ) -> None:
-    """Workload phase round-robin over the units, then the verification calls."""
+    """Workload phase round-robin over the units, then the verification calls.
+
+    `between` runs after the workload (the restarts stop there); a call that failed in
+    transit makes its worker wait `pause` seconds (a server being restarted refuses fast).
+    """
     pending: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
     for unit in units:
         pending.put(unit)
@@ -215,7 +247,8 @@ def run_threads(
                         for _ in range(workers):
                             pending.put(None)
                 continue
-            _send(target, unit, call, metrics)
+            if not _send(target, unit, call, metrics) and pause:
+                time.sleep(pause)
             pending.put(unit)
 
     checks: list[tuple[Owner, PlannedCall]] = []
@@ -230,6 +263,8 @@ def run_threads(
 
     for phase in (workload, verify):
         if phase is verify:  # built only now: the probes depend on what the workload made
+            if between is not None:
+                between()
             checks.extend(reversed(verification_calls(units, books)))
         pool = [threading.Thread(target=phase, name=f"loadtest-{i}") for i in range(workers)]
         for t in pool:
@@ -326,6 +361,7 @@ def build_report(
         },
         "expect_reaping": allow_resets,
         "state_resets_seen": resets,
+        "in_doubt_calls": sum(u.in_doubt for u in units),
         "peak_rss_mb": round(metrics.peak_rss / 2**20, 1),
         "rss_of": "the load generator only" if args.url else "runtime and load generator",
         "violations_count": len(violations),
@@ -362,6 +398,14 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         f" ({'accepted: reaping expected' if report['expect_reaping'] else 'none allowed'})\n"
         f"  peak RSS     {report['peak_rss_mb']:.1f} MB ({report['rss_of']})"
     )
+    if "restarts" in report:
+        out(
+            f"  restarts     {report['restarts']} (SIGKILL); {report['in_doubt_calls']} calls in"
+            " doubt (cut off: present or absent, each checked whole), "
+            f"{report['refused_calls']} refused while it was down (not run)"
+        )
+        if report["restart_failure"]:
+            out(f"  RESTART FAILED {report['restart_failure']}")
     for sample in report["error_samples"][:5]:
         out(f"  error        {sample}")
     for violation in report["violations"][:20]:
@@ -385,6 +429,31 @@ def run(args: argparse.Namespace) -> int:
     if args.threads < 0:
         print("ctxactors loadtest: --threads must not be negative", file=sys.stderr)
         return 2
+    chaos: RestartedServer | None = None
+    if args.restart_every is not None:
+        if not args.restart_every > 0 or args.url or args.use_async:
+            print(
+                "ctxactors loadtest: --restart-every takes a positive number of seconds and "
+                "starts its own server: not with --url or --async",
+                file=sys.stderr,
+            )
+            return 2
+        chaos = RestartedServer(args.restart_every, store=args.serve_store)
+        try:
+            chaos.start()
+        except RuntimeError as exc:
+            chaos.close()
+            print(f"ctxactors loadtest: {exc}", file=sys.stderr)
+            return 2
+        args.url, args.transport = chaos.url, "rest"
+    try:
+        return _run(args, chaos)
+    finally:
+        if chaos is not None:
+            chaos.close()
+
+
+def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
     if not os.environ.get("CTXACTORS_LOG_LEVEL"):
         configure_logging(level="warning")  # one JSON line per call would drown the figures
     allow_resets = args.expect_reaping or (
@@ -395,7 +464,7 @@ def run(args: argparse.Namespace) -> int:
     if args.max_actors is None:
         args.max_actors = max(DEFAULT_MAX_ACTORS, keys + 16)
     try:
-        units, books = build_workload(args, allow_resets)
+        units, books = build_workload(args, allow_resets, tolerate_doubt=chaos is not None)
         target = make_target(args)
     except ValueError as exc:
         print(f"ctxactors loadtest: {exc}", file=sys.stderr)
@@ -431,7 +500,15 @@ def run(args: argparse.Namespace) -> int:
             if args.use_async:
                 asyncio.run(run_tasks(target, units, books, args.concurrency, metrics))
             else:
-                run_threads(target, units, books, args.workers, metrics)
+                run_threads(
+                    target,
+                    units,
+                    books,
+                    args.workers,
+                    metrics,
+                    between=None if chaos is None else chaos.stop_restarting,
+                    pause=0.0 if chaos is None else 0.05,
+                )
             elapsed = time.perf_counter() - started
             stop.set()
             watcher.join()
@@ -441,6 +518,12 @@ def run(args: argparse.Namespace) -> int:
         stop.set()
         target.close()
     report = build_report(args, target, units, books, metrics, elapsed, stats, allow_resets)
+    if chaos is not None:
+        report["restarts"] = chaos.restarts
+        report["restart_failure"] = chaos.failure
+        report["refused_calls"] = sum(u.refused for u in units)
+        # Calls cut off by a restart are in doubt, not failures: the checker judged them.
+        report["passed"] = report["violations_count"] == 0 and chaos.failure is None
     print_report(report)
     if args.json:
         with open(args.json, "wb") as f:

@@ -157,7 +157,7 @@ class CallMetrics:
         table is only pruned once it has doubled)."""
         with self._lock:
             sessions = list(self._sessions)
-        has = self.runtime.registry.has_session
+        has = self.runtime._registry.has_session  # noqa: SLF001 - a (principal, session) key
         gone = [s for s in sessions if not has(s)]
         with self._lock:
             for s in gone:
@@ -216,7 +216,7 @@ class CallMetrics:
                 for (p, s), c in self._sessions.items()
                 if principal is ... or p == principal
             ]
-        has = self.runtime.registry.has_session
+        has = self.runtime._registry.has_session  # noqa: SLF001 - a (principal, session) key
         items.sort(key=lambda item: -item[2])
         return [item for item in items if has((item[0], item[1]))][:n]
 

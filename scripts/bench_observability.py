@@ -94,7 +94,7 @@ def wrapper_alone(rt: Runtime, calls: int, trials: int = 15) -> float:
             b(None)
         return time.process_time_ns() - started
 
-    wrappers = rt._call_wrappers  # noqa: SLF001 - measuring exactly what submit applies
+    wrappers = rt._host.wrappers  # noqa: SLF001 - measuring exactly what submit applies
     with_them = min(loop(wrappers) for _ in range(trials))
     without = min(loop(()) for _ in range(trials))
     return (with_them - without) / calls / 1000

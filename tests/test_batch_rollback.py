@@ -12,7 +12,7 @@ import pytest
 from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 
 
 class Ledger(Server):

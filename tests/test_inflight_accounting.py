@@ -16,7 +16,7 @@ from conftest import ctx_args
 
 from ctxactors import CallTimeoutError, InvalidArgumentsError, Runtime, Scope, Server, tool
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.servers import BUILTIN
 
 WAIT = 20.0  # a bound for waits that succeed at once unless the code is broken

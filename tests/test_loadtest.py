@@ -193,7 +193,7 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
 def keys_by_server(rt: Any) -> dict[str, int]:
     """Live keys of the servers the load test calls (one per session/assistant/thread)."""
     counts: dict[str, int] = {}
-    for key in rt.registry.keys():
+    for key in rt._registry.keys():
         if key[0] in ("planning", "playbooks"):
             counts[key[0]] = counts.get(key[0], 0) + 1
     return counts
@@ -309,3 +309,78 @@ def test_published_stats_are_read_when_the_server_has_them_and_none_otherwise() 
     assert published_stats(answer(404, {"error": {}}), "http://x") is None  # type: ignore[arg-type]
     assert published_stats(answer(200, [1, 2]), "http://x") is None  # type: ignore[arg-type]
     assert published_stats(unreachable, "http://x") is None
+
+
+# -- --restart-every: a server killed and restarted under load ----------------------------
+
+
+def test_a_server_restarted_under_load_loses_no_acknowledged_call(tmp_path: Path) -> None:
+    code, report = run_cli(
+        tmp_path, "--restart-every", "0.5", "--sessions", "10", "--calls", "40", "--workers", "4"
+    )
+    assert (code, report["passed"], report["violations"]) == (0, True, [])
+    assert report["restarts"] >= 1 and report["restart_failure"] is None
+    assert report["in_doubt_calls"] >= 0
+    assert set(report["errors"]) <= {"ConnectError", "ReadError", "RemoteProtocolError"}
+
+
+def test_restart_every_starts_its_own_server_only(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ("--restart-every", "1", "--url", "http://127.0.0.1:1"),
+        ("--restart-every", "1", "--async"),
+        ("--restart-every", "0"),
+    ):
+        assert loadtest.run(parse(*argv)) == 2
+        assert "--restart-every takes a positive number of seconds" in capsys.readouterr().err
+
+
+def _doubtful_unit() -> tuple[Unit, ToolContext]:
+    ctx = ToolContext("s1", "a1")
+    unit = Unit(ctx, 5, parse_mix(None), 1, PlaybookBook("s1", ["a1"], False), False, True)
+    first = PlannedCall("create_goal", {"goal": "first"}, ctx)
+    unit.record(first, Outcome({"id": "g1", "goal": "first"}, False))  # acknowledged
+    unit.record(PlannedCall("create_goal", {"goal": "doubt"}, ctx), None)  # cut off
+    assert unit.in_doubt == 1
+    resync = unit.next_call()
+    assert resync == PlannedCall("get_planning_state", {}, ctx, resync=True)
+    unit.record(resync, None)  # the server is still down: read it back again
+    assert unit.next_call() == resync and unit.in_doubt == 1
+    return unit, ctx
+
+
+G1 = {"id": "g1", "goal": "first"}
+
+
+@pytest.mark.parametrize(
+    ("goals", "model", "violation"),
+    [
+        ([G1], ["g1"], None),  # the call in doubt did not run
+        ([G1, {"id": "g2", "goal": "doubt"}], ["g1", "g2"], None),  # it ran, whole
+        ([], [], "missing goals ['g1', 'g2']"),  # an acknowledged goal lost
+        ([G1, {"id": "g2", "goal": "dou"}], ["g1"], "g2: {'id': 'g2', 'goal': 'dou'}"),  # half
+    ],
+)
+def test_a_call_in_doubt_may_be_present_or_absent_but_never_half(
+    goals: list[dict[str, str]], model: list[str], violation: str | None
+) -> None:
+    unit, ctx = _doubtful_unit()
+    read = PlannedCall("get_planning_state", {}, ctx, resync=True)
+    unit.record(read, Outcome({"goals": goals, "todos": []}, False))
+    assert unit.doubt is None and unit.next_call() is not None
+    if violation is None:
+        assert unit.violations == [] and list(unit.goals) == model
+    else:
+        [found] = unit.violations
+        assert found.startswith("session 's1' (s1/a1/-) get_planning_state: after create_goal in")
+        assert violation in found
+
+
+def test_a_call_refused_before_it_was_sent_is_not_in_doubt() -> None:
+    ctx = ToolContext("s1", "a1")
+    unit = Unit(ctx, 5, parse_mix(None), 1, PlaybookBook("s1", ["a1"], False), False, True)
+    unit.record(PlannedCall("create_goal", {"goal": "refused"}, ctx), None, refused=True)
+    assert (unit.refused, unit.in_doubt, unit.doubt) == (1, 0, None)
+    assert unit.next_call() is not None and not unit.next_call().resync  # type: ignore[union-attr]
+    created = PlannedCall("create_goal", {"goal": "next"}, ctx)
+    unit.record(created, Outcome({"id": "g1", "goal": "next"}, False))  # g1: nothing ran
+    assert unit.violations == [] and list(unit.goals) == ["g1"]

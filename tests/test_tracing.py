@@ -207,7 +207,7 @@ def test_without_a_tracer_provider_a_runtime_adds_no_wrapper() -> None:
     """No SDK installed globally (this test process installs none): no per-call cost."""
     assert not tracing.provider_installed()
     with Runtime(ttl=600) as rt:
-        assert rt._call_wrappers == ()  # noqa: SLF001 - the absence of cost is the point
+        assert rt._host.wrappers == ()  # noqa: SLF001 - the absence of cost is the point
 
 
 def test_serve_refuses_the_console_exporter_on_stdio(monkeypatch: pytest.MonkeyPatch) -> None:

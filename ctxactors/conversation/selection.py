@@ -21,13 +21,10 @@ import msgspec
 from ctxactors.conversation.messages import Message
 from ctxactors.conversation.shorten import marker_cost, shorten_text
 from ctxactors.conversation.tokens import REPLY_PRIMING, TokenCounter
+from ctxactors.errors import ContextBudgetError
 
 # A unit of the window: one message, or an assistant message with all its tool results.
 Unit = tuple[Message, ...]
-
-
-class ContextBudgetError(ValueError):
-    """The budget cannot hold even the system message and the newest step, shortened."""
 
 
 def select_messages_within_context(

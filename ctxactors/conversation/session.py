@@ -22,13 +22,9 @@ from ctxactors.conversation.messages import Message, ToolCall
 from ctxactors.conversation.models import ChatModel, ModelError, ToolDefinition
 from ctxactors.conversation.prompt import DEFAULT_RESTATE_SHARE, build_prompt
 from ctxactors.conversation.tokens import BPETokenCounter, TokenCounter, count_prompt
+from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
 from ctxactors.logs import get_logger
-from ctxactors.results import (
-    CallTimeoutError,
-    InvalidArgumentsError,
-    ToolResult,
-    UnknownToolError,
-)
+from ctxactors.results import ToolResult
 from ctxactors.tracing import tool_call
 
 # What a model can get wrong about a call, and can fix once it reads why: sent back to it

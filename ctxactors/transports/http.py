@@ -40,16 +40,16 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxactors.context import MAX_ID, ToolContext, check_id, inject_context
-from ctxactors.logs import get_logger
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
-    ToolResult,
     UnknownToolError,
 )
-from ctxactors.servers.history import Operation
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolResult
+from ctxactors.servers.history import OperationRecord
 from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
 from ctxactors.transports.auth import principal_of
 from ctxactors.transports.inflight import InFlight
@@ -93,7 +93,7 @@ class ToolCallResponse(msgspec.Struct, frozen=True):
 
 class SessionContext(msgspec.Struct, frozen=True):
     session_id: str
-    operations: list[Operation]
+    operations: list[OperationRecord]
     count: int
 
 
@@ -324,7 +324,7 @@ def create_app(
         return _json(runtime.stats())
 
     async def healthz(request: Request) -> Response:
-        closed = runtime.registry.closed
+        closed = runtime.closed
         return _json(
             Health("closed" if closed else "ok", len(runtime.tools)), 503 if closed else 200
         )
@@ -353,7 +353,7 @@ def create_app(
         return _error(exc.status_code, code, message)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.error("http_unexpected", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        log.error("http_unexpected", path=request.url.path, exc_info=exc)
         return _error(500, "internal", "internal error (logged on the server)")
 
     api: list[BaseRoute] = [
@@ -446,7 +446,7 @@ class BodyLimit:
 
 
 def _operations(structured: dict[str, Any]) -> dict[str, Any]:
-    ops = msgspec.convert(structured["operations"], list[Operation])
+    ops = msgspec.convert(structured["operations"], list[OperationRecord])
     return {"operations": ops, "count": len(ops)}
 
 

@@ -46,16 +46,16 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import DEFAULT_SESSION
-from ctxactors.logs import get_logger
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
-    ToolResult,
 )
-from ctxactors.runtime import Runtime
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolResult
 from ctxactors.tracing import META_TOOL_CALL_ID, tool_call
 from ctxactors.transports.access import HttpSecurity
 from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of

@@ -27,9 +27,10 @@ import uvicorn
 from starlette.applications import Starlette
 
 from ctxactors import metrics
+from ctxactors._runtime import Runtime
+from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
-from ctxactors.runtime import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.state import open_store
 from ctxactors.tools import Server
@@ -54,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ttl",
         type=float,
-        default=3600.0,
-        help="idle seconds before a key's actor leaves memory (its stored state stays)",
+        help="idle seconds before a key's actor leaves memory (its stored state stays; "
+        "default 3600)",
     )
     parser.add_argument(
         "--store",
@@ -76,9 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="how long the store keeps a session after its last change or load",
+        help="how long the store keeps a session after its last use",
     )
-    parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
+    parser.add_argument("--max-actors", type=int, help="cap on live actors (default 10,000)")
+    add_settings_argument(parser)
     parser.add_argument(
         "--tools",
         choices=("all", "unified"),
@@ -108,6 +110,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     access.add_arguments(parser)
     observe.add_arguments(parser)
+    ray = parser.add_argument_group("Ray backend (key actors in Ray shard actors; see README)")
+    ray.add_argument("--backend", choices=("embedded", "ray"), default="embedded")
+    ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: local)")
+    ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
+    ray.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
 
 
 def _positive(text: str) -> int:
@@ -135,6 +142,17 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
     extra = [load_server(s) for s in args.server]
+    if args.backend == "ray":
+        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args)
+    try:
+        settings = settings_from_args(
+            args,
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+        )
+    except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
+        raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
@@ -142,16 +160,34 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
-            ttl=args.ttl,
-            max_actors=args.max_actors,
-            max_actors_per_principal=args.max_actors_per_principal,
             tools=args.tools,
             store=store,
+            settings=settings,
         )
     except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
+
+
+def _ray_runtime(servers: list[type[Server]], args: argparse.Namespace) -> Runtime:
+    """A stateless front end: the shards keep the state, in the Redis of ``--store``."""
+    from ctxactors.ray import RayBackend
+
+    try:
+        backend = RayBackend(
+            args.ray_address,
+            shards=args.shards,
+            store=args.store,
+            namespace=args.ray_namespace,
+            ttl=args.ttl,
+            retention=args.retention,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+        )
+    except ValueError as exc:
+        raise SystemExit(f"--backend ray: {exc}") from None
+    return Runtime(servers, tools=args.tools, backend=backend)
 
 
 def run(args: argparse.Namespace) -> int:

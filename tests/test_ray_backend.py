@@ -1,0 +1,459 @@
+"""The Ray backend on a real multi-node Ray cluster (head + two workers) and a real Redis.
+
+The core contract holds through it unchanged (isolation, spoofing, bad input refused in the
+caller, reaping on the shard); two front ends share the shards with no coordination but
+the hash; killing a worker node mid-load loses no acknowledged call; adding a shard under
+load moves only the sessions it must, and loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from ray_support import SHARD_OPTIONS, TESTS_ENV, CrashOnce, RayCluster, ray_cluster
+
+from ctxactors import Runtime
+from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
+from ctxactors.ray import RayBackend, ShardUnavailableError, owner
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+
+FrontEnd = tuple[Runtime, RayBackend]
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """One cluster for the whole test session (it takes seconds to start)."""
+    with ray_cluster(tmp_path_factory.mktemp("ray-redis")) as started:
+        yield started
+
+
+@pytest.fixture
+def front_ends(cluster: RayCluster) -> Iterator[Callable[..., FrontEnd]]:
+    """Make front ends on one fresh namespace (so fresh shards); kills the shards after."""
+    namespace = cluster.namespace()
+    made: list[FrontEnd] = []
+
+    def make(shards: int = 2, servers: Any = None, **limits: Any) -> FrontEnd:
+        backend = RayBackend(
+            cluster.cluster.address,
+            shards=shards,
+            store=cluster.redis.url,
+            namespace=namespace,
+            shard_options={**SHARD_OPTIONS, "runtime_env": TESTS_ENV},
+            **limits,
+        )
+        made.append((Runtime(servers, backend=backend), backend))
+        return made[-1]
+
+    yield make
+    for runtime, _ in made:
+        runtime.close()
+    if made:
+        made[0][1].kill_shards()
+
+
+def sessions_on(shard: int, shards: int, count: int, prefix: str) -> list[str]:
+    """`count` session ids (no principal) that `owner` places on `shard`."""
+    found = []
+    i = 0
+    while len(found) < count:
+        if owner((None, f"{prefix}{i}"), shards) == shard:
+            found.append(f"{prefix}{i}")
+        i += 1
+    return found
+
+
+def goals(runtime: Runtime, session: str, **kw: Any) -> list[str]:
+    result = runtime.call("get_planning_state", {"__sessionId": session}, **kw)
+    assert not result.is_error, result.text
+    assert result.structured is not None
+    return [g["goal"] for g in result.structured["goals"]]
+
+
+def calls_served(backend: RayBackend) -> int:
+    return sum(s["calls"] for s in backend.shard_stats())
+
+
+# -- the core contract through the backend ---------------------------------------------------
+
+
+def test_sessions_on_different_shards_and_principals_never_see_each_other(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, backend = front_ends()
+    (a,) = sessions_on(0, 2, 1, "iso-")
+    (b,) = sessions_on(1, 2, 1, "iso-")
+    assert runtime.call("create_goal", {"goal": "A's", "__sessionId": a}).structured == {
+        "id": "g1",
+        "goal": "A's",
+    }
+    runtime.call("create_goal", {"goal": "B's", "__sessionId": b})
+    runtime.call("create_goal", {"goal": "P's", "__sessionId": a}, principal="p")
+
+    assert goals(runtime, a) == ["A's"]
+    assert goals(runtime, b) == ["B's"]
+    assert goals(runtime, a, principal="p") == ["P's"]
+    assert goals(runtime, "iso-nobody") == []
+    by_shard = {s["shard"]: s for s in backend.shard_stats()}
+    # Each session's planning key was spawned on its owner shard and nowhere else.
+    used = [(None, a), (None, b), ("p", a), (None, "iso-nobody")]
+    for shard in (0, 1):
+        assert by_shard[shard]["spawned"] == sum(owner(s, 2) == shard for s in used)
+    assert by_shard[0]["node_id"] != by_shard[1]["node_id"]  # SPREAD: one shard per worker
+
+
+def test_context_in_meta_wins_and_spoofed_arguments_are_dropped(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, _ = front_ends()
+    meta = {"ctxactors/sessionId": "spoof-me", "ctxactors/assistantId": "asst"}
+    created = runtime.call(
+        "create_goal", {"goal": "mine", "__sessionId": "spoof-victim"}, meta=meta
+    )
+    assert created.structured == {"id": "g1", "goal": "mine"}
+    assert goals(runtime, "spoof-victim") == []
+    state = runtime.call("get_planning_state", {}, meta=meta)
+    assert state.structured == {"goals": [{"id": "g1", "goal": "mine"}], "todos": []}
+
+
+def test_bad_input_is_refused_in_the_caller_and_never_reaches_a_shard(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, backend = front_ends()
+    runtime.call("get_planning_state", {"__sessionId": "bad-1"})
+    before = calls_served(backend)
+    with pytest.raises(InvalidArgumentsError, match="Expected `str`, got `int`"):
+        runtime.call("create_goal", {"goal": 5, "__sessionId": "bad-1"})
+    with pytest.raises(InvalidArgumentsError):
+        runtime.call("create_goal", "[1, 2]")
+    with pytest.raises(UnknownToolError, match="unknown tool 'no_such_tool'"):
+        runtime.call("no_such_tool", {"__sessionId": "bad-1"})
+    assert calls_served(backend) == before
+    assert goals(runtime, "bad-1") == []
+
+
+def test_idle_keys_are_reaped_on_their_shard_and_reload_from_redis(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, _ = front_ends(ttl=0.3)
+    runtime.call("create_goal", {"goal": "kept", "__sessionId": "reap-1"})
+    assert runtime.has_session("reap-1")
+    deadline = time.monotonic() + 30
+    while runtime.stats()["actors"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = runtime.stats()
+    assert (stats["actors"], stats["reaped"], stats["spawned"]) == (0, 1, 1)
+    assert not runtime.has_session("reap-1")
+    assert goals(runtime, "reap-1") == ["kept"]  # the next call loads it from Redis
+    assert runtime.stats()["spawned"] == 2
+
+
+def test_end_session_through_the_backend_stops_its_actors_and_deletes_its_state(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, _ = front_ends()
+    runtime.call("create_goal", {"goal": "gone", "__sessionId": "end-1"})
+    runtime.call("create_goal", {"goal": "stays", "__sessionId": "end-2"})
+    assert runtime.end_session("end-1") == 1
+    assert not runtime.has_session("end-1")
+    assert goals(runtime, "end-1") == []
+    assert goals(runtime, "end-2") == ["stays"]
+
+
+def test_a_batch_and_the_history_run_on_the_session_s_shard_with_the_caller_s_context(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, _ = front_ends()
+    ops = [
+        {"id": "g", "tool": "create_goal", "arguments": {"goal": "Learn Rust"}},
+        {"id": "a", "tool": "add_todo", "arguments": {"name": "book", "goal_id": "${g.id}"}},
+    ]
+    done = runtime.call("batch", {"operations": ops, "__sessionId": "batch-1"})
+    assert done.structured is not None, done.text
+    assert done.structured["summary"]["successful"] == 2
+    state = runtime.call("get_planning_state", {"__sessionId": "batch-1"}).structured
+    assert state == {
+        "goals": [{"id": "g1", "goal": "Learn Rust"}],
+        "todos": [{"id": "t2", "name": "book", "goal_id": "g1", "done": False}],
+    }
+    history = runtime.call("get_recent_context", {"__sessionId": "batch-1"}).structured
+    assert history is not None
+    assert [op["tool"] for op in history["operations"]] == [
+        "get_planning_state",
+        "batch",
+        "add_todo",
+        "create_goal",
+    ]
+    assert goals(runtime, "batch-2") == []
+
+
+def test_a_read_only_call_whose_shard_dies_is_retried_on_the_restarted_shard(
+    front_ends: Callable[..., FrontEnd], tmp_path: Any
+) -> None:
+    from ctxactors.servers import BUILTIN
+
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime.call("create_goal", {"goal": "before", "__sessionId": "crash-1"})
+    pid = runtime.call("crash_reading", {"marker": str(tmp_path / "m0"), "__sessionId": "crash-1"})
+    first_pid = pid.structured
+    marker = str(tmp_path / "m1")
+    result = runtime.call("crash_reading", {"marker": marker, "__sessionId": "crash-1"})
+    assert backend.retries >= 1
+    assert result.structured is not None and result.structured != first_pid  # a new process
+    assert goals(runtime, "crash-1") == ["before"]  # loaded from Redis by the new incarnation
+
+
+def test_a_changing_call_whose_shard_dies_fails_as_retryable_and_in_doubt(
+    front_ends: Callable[..., FrontEnd], tmp_path: Any
+) -> None:
+    from ctxactors.servers import BUILTIN
+
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime.call("create_goal", {"goal": "before", "__sessionId": "crash-2"})
+    marker = str(tmp_path / "m")
+    with pytest.raises(ShardUnavailableError, match="may or may not have been applied") as err:
+        runtime.call("crash_writing", {"marker": marker, "__sessionId": "crash-2"})
+    assert err.value.retryable and err.value.code == -32020
+    assert backend.retries == 0
+    # Retrying is the caller's choice; the restarted shard serves it and the state is there.
+    assert not runtime.call("crash_writing", {"marker": marker, "__sessionId": "crash-2"}).is_error
+    assert goals(runtime, "crash-2") == ["before"]
+
+
+# -- many sessions, two front ends, failures -------------------------------------------------
+
+
+class Ledger:
+    """What each session was told: acknowledged goals, and goals whose outcome is in doubt."""
+
+    def __init__(self) -> None:
+        self.acked: dict[str, list[str]] = {}
+        self.doubt: dict[str, set[str]] = {}
+        self.errors: list[str] = []
+        self.acked_count = 0
+        self.acked_after: dict[str, int] = {}  # acknowledged once the action was done
+
+    async def run(
+        self,
+        runtimes: list[Runtime],
+        session: str,
+        count: int,
+        acted: asyncio.Future[Any],
+        every: Callable[[int], None],
+        after: int,
+    ) -> None:
+        """`count` calls, then more until `after` were acknowledged once `acted` is done."""
+        k = 0
+        while k < count or self.acked_after.get(session, 0) < after:
+            goal = f"{session}/{k}"
+            k += 1
+            done = acted.done()
+            try:
+                # Each call through the next front end: both serve every session.
+                runtime = runtimes[k % len(runtimes)]
+                result = await runtime.acall("create_goal", {"goal": goal, "__sessionId": session})
+            except (ShardUnavailableError, CallTimeoutError):
+                self.doubt.setdefault(session, set()).add(goal)
+                continue
+            if result.is_error:
+                self.errors.append(result.text)
+                continue
+            self.acked.setdefault(session, []).append(goal)
+            self.acked_count += 1
+            if done:
+                self.acked_after[session] = self.acked_after.get(session, 0) + 1
+            every(self.acked_count)
+
+    def check(self, runtime: Runtime, sessions: list[str]) -> None:
+        """Every acknowledged goal is present, in order; nothing else but in-doubt ones."""
+        for session in sessions:
+            final = goals(runtime, session)
+            acked = self.acked.get(session, [])
+            assert [g for g in final if g in set(acked)] == acked, session
+            assert set(final) - set(acked) <= self.doubt.get(session, set()), session
+
+
+async def run_load(
+    runtimes: list[Runtime],
+    sessions: list[str],
+    count: int,
+    at: int,
+    action: Callable[[], Any],
+    after: int = 3,
+) -> tuple[Ledger, Any]:
+    """Every session creates `count` goals concurrently; `action` runs in a thread once
+    `at` calls have been acknowledged, while the load goes on; each session goes on until
+    `after` of its calls were acknowledged once the action was done."""
+    ledger = Ledger()
+    reached = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def every(n: int) -> None:
+        if n == at:
+            reached.set()
+
+    async def act() -> Any:
+        await reached.wait()
+        return await loop.run_in_executor(None, action)
+
+    acted = asyncio.ensure_future(act())
+    await asyncio.gather(*(ledger.run(runtimes, s, count, acted, every, after) for s in sessions))
+    return ledger, await acted
+
+
+def test_two_front_ends_many_concurrent_sessions_exact_final_states(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    first, _ = front_ends()
+    second, _ = front_ends()
+    sessions = [f"many-{i}" for i in range(40)]
+    ledger, _ = asyncio.run(run_load([first, second], sessions, 10, 1, lambda: None, after=0))
+    assert ledger.errors == [] and ledger.doubt == {}
+    for session in sessions:
+        expected = [f"{session}/{k}" for k in range(10)]
+        assert goals(first, session) == expected
+        assert goals(second, session) == expected
+
+
+def test_killing_a_worker_node_mid_load_loses_no_acknowledged_call(
+    cluster: RayCluster, front_ends: Callable[..., FrontEnd]
+) -> None:
+    first, backend = front_ends()
+    second, _ = front_ends()
+    victim_shard = 0
+    stats = {s["shard"]: s for s in backend.shard_stats()}
+    node = cluster.worker(stats[victim_shard]["node_id"])
+    on_victim = sessions_on(victim_shard, 2, 8, "kill-")
+    elsewhere = sessions_on(1, 2, 8, "kill-")
+    sessions = on_victim + elsewhere
+    killed_at: list[int] = []
+
+    def kill() -> None:
+        cluster.cluster.remove_node(node, allow_graceful=False)  # SIGKILL, no drain
+        killed_at.append(ledger_ref[0].acked_count if ledger_ref else -1)
+
+    ledger_ref: list[Ledger] = []
+    try:
+        ledger, _ = asyncio.run(run_load([first, second], sessions, 25, 60, kill))
+        # A read of a session on the restarted shard is served (retried if it must be).
+        ledger.check(first, sessions)
+        ledger.check(second, sessions)
+        after = {s["shard"]: s for s in backend.shard_stats()}
+        assert after[victim_shard]["node_id"] != stats[victim_shard]["node_id"]
+        # Calls resumed on the restarted shard: every session got 3 calls acknowledged once
+        # the node was gone (run_load goes on until they have).
+        assert all(ledger.acked_after[s] >= 3 for s in on_victim)
+        assert ledger.errors == []
+        print(
+            f"\nkill: in doubt {sum(map(len, ledger.doubt.values()))}, "
+            f"acknowledged {ledger.acked_count}, read retries {backend.retries}"
+        )
+    finally:
+        cluster.add_worker()
+
+
+def test_adding_a_shard_under_load_moves_only_its_sessions_and_loses_nothing(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    first, backend = front_ends()
+    second, other = front_ends()
+    moving = sessions_on(2, 3, 6, "grow-")
+    staying = [s for s in (f"grow-{i}" for i in range(40)) if owner((None, s), 3) != 2][:12]
+    sessions = moving + staying
+    for session in sessions:  # every session has a live key before the shard is added
+        first.call("get_planning_state", {"__sessionId": session})
+    added: list[int] = []
+    grown = threading.Event()
+
+    def grow() -> None:
+        added.append(backend.add_shards(1))
+        grown.set()
+
+    ledger, _ = asyncio.run(run_load([first, second], sessions, 15, 40, grow))
+    assert added == [3] and grown.is_set()
+    assert ledger.errors == [] and ledger.doubt == {}
+    for session in sessions:
+        assert goals(first, session) == [
+            f"{session}/{k}" for k in range(len(ledger.acked[session]))
+        ]
+    assert other.count == 3  # the second front end learned the new count from a shard
+    by_shard = {s["shard"]: s for s in backend.shard_stats()}
+    # Only the moved sessions' keys were loaded again, on the new shard; no other key moved.
+    assert by_shard[2]["spawned"] == len(moving)
+    assert by_shard[0]["moved_away"] + by_shard[1]["moved_away"] == len(moving)
+    assert by_shard[0]["spawned"] + by_shard[1]["spawned"] == len(sessions)
+
+
+# -- the command line: two `serve --backend ray` front ends, a shard added by `shards --add` --
+
+
+def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
+    cluster: RayCluster, tmp_path: Any
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from mcp_support import free_port, serve_env, wait_until
+    from served_support import SERVE, _healthy, no_traceback
+
+    namespace = cluster.namespace()
+    ray_flags = ["--ray-address", cluster.cluster.address, "--ray-namespace", namespace]
+    cli = [sys.executable, "-m", "ctxactors.cli"]
+    bases, procs, logs = [], [], []
+    try:
+        for i in range(2):
+            port = free_port()
+            logs.append(tmp_path / f"serve{i}.err")
+            procs.append(
+                subprocess.Popen(
+                    [*SERVE, "--transport", "http", "--port", str(port), "--backend", "ray"]
+                    + [*ray_flags, "--shards", "2", "--store", cluster.redis.url],
+                    stdin=subprocess.DEVNULL,
+                    stderr=logs[-1].open("wb"),
+                    env=serve_env(),
+                )
+            )
+            bases.append(f"http://127.0.0.1:{port}")
+        for base, proc, log in zip(bases, procs, logs, strict=True):
+            assert wait_until(lambda b=base, p=proc: _healthy(b) or p.poll() is not None, 90)
+            assert proc.poll() is None, log.read_text()
+        loads = [
+            subprocess.Popen(
+                [*cli, "loadtest", "--url", f"{base}/mcp", "--sessions", "12", "--calls", "40"]
+                + ["--async", "--no-progress", "--json", str(tmp_path / f"load{i}.json")],
+                stdout=subprocess.DEVNULL,
+                env=serve_env(),
+            )
+            for i, base in enumerate(bases)
+        ]
+        grow = subprocess.run(
+            [*cli, "shards", "--add", "1", *ray_flags, "--store", cluster.redis.url],
+            capture_output=True,
+            text=True,
+            env=serve_env(),
+            timeout=120,
+        )
+        assert grow.returncode == 0, grow.stderr
+        assert grow.stdout.splitlines()[0] == "shards: 3"
+        assert [json.loads(line)["shard"] for line in grow.stdout.splitlines()[1:]] == [0, 1, 2]
+        for i, load in enumerate(loads):
+            assert load.wait(180) == 0
+            report = json.loads((tmp_path / f"load{i}.json").read_text())
+            assert (report["violations_count"], report["passed"]) == (0, True), report
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+        RayBackend(
+            cluster.cluster.address, store=cluster.redis.url, namespace=namespace
+        ).kill_shards()
+    for log in logs:
+        no_traceback(log.read_text())
