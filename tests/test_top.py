@@ -47,9 +47,9 @@ def load(base: str, headers: dict[str, str] | None = None) -> Iterator[None]:
             )
             i = 0
             while not stop.is_set():
-                client.post(
-                    "/api/v1/tools/create_goal",
-                    json={"goal": "g"},
+                client.post(  # read-only: the session's state doesn't grow to its cap
+                    "/api/v1/tools/get_planning_state",
+                    json={},
                     headers={"X-Session-Id": "busy-one"},
                 )
                 if i % 10 == 0:
