@@ -80,6 +80,8 @@ class Runtime:
     ) -> None:
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
+        if backend is not None and store is not None:
+            raise ValueError("a backend keeps key state in its own store: give the store to it")
         if servers is None:
             from ctxactors.servers import BUILTIN
 

@@ -226,6 +226,19 @@ def test_a_changing_call_whose_shard_dies_fails_as_retryable_and_in_doubt(
     assert goals(runtime, "crash-2") == ["before"]
 
 
+def test_a_front_end_keeps_no_state_so_a_store_beside_a_backend_is_refused(
+    cluster: RayCluster,
+) -> None:
+    from ctxactors.state import MemoryStore
+
+    backend = RayBackend(cluster.cluster.address, store=cluster.redis.url, namespace="unused")
+    with pytest.raises(ValueError, match="give the store to it"):
+        Runtime(store=MemoryStore(), backend=backend)
+    with pytest.raises(ValueError, match="store must be a redis:// URL, got 'sqlite'"):
+        RayBackend(store="sqlite")
+    backend.close()
+
+
 # -- many sessions, two front ends, failures -------------------------------------------------
 
 
