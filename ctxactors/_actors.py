@@ -23,11 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pykka
-import structlog
 
 from ctxactors._call import execute
+from ctxactors.logs import lazy_logger
 
-_log = structlog.get_logger("ctxactors.actors")
+_log = lazy_logger("ctxactors.actors")
 
 
 # The lifecycle of the actor whose thread this is (each actor has a thread of its own).
@@ -152,7 +152,7 @@ class KeyActor(pykka.ThreadingActor):
             self._server = self._factory()
         except BaseException as exc:  # noqa: BLE001 - report it on every call instead
             self._start_error = exc
-            _log.error("server_start_failed", error=f"{type(exc).__name__}: {exc}")
+            _log.error("server_start_failed", exc_info=exc)
         self._lifecycle.server = self._server
 
     def on_receive(self, message: Any) -> None:
@@ -163,6 +163,6 @@ class KeyActor(pykka.ThreadingActor):
             if self._server is not None:
                 self._server.close()
         except BaseException as exc:  # noqa: BLE001
-            _log.error("server_close_failed", error=f"{type(exc).__name__}: {exc}")
+            _log.error("server_close_failed", exc_info=exc)
         finally:
             self._lifecycle.closed.set()

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import msgspec
-import structlog
 
 from ctxactors.compensation import as_compensation
 from ctxactors.context import ToolContext
+from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
 from ctxactors.tools import Key, ToolSpec
 
@@ -149,7 +149,7 @@ class Envelope:
 
 _running = threading.local()
 # For a failing log line: the runtime's own logger may be what fails.
-_log = structlog.get_logger("ctxactors.call")
+_log = lazy_logger("ctxactors.call")
 
 
 def caller_deadline() -> float | None:
@@ -201,7 +201,7 @@ def execute(
         if call.observe:
             _notify(host.observers, envelope, result)
     except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
-        _log.error("after_call_failed", error=f"{type(exc).__name__}: {exc}")
+        _log.error("after_call_failed", exc_info=exc)
 
 
 def _run(envelope: Envelope, server: Any) -> ToolResult:
@@ -244,4 +244,4 @@ def _notify(observers: list[Observer], envelope: Envelope, result: ToolResult) -
         try:
             observer(call.ctx, envelope.spec, call.arguments, result)
         except Exception as exc:  # noqa: BLE001 - recording never fails a call
-            envelope.host.log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
+            envelope.host.log.error("observer_failed", exc_info=exc)

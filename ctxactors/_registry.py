@@ -34,12 +34,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
-import structlog
 
 from ctxactors._actors import KeyActor, Lifecycle, current_actor
 from ctxactors._call import Envelope
 from ctxactors.context import SessionKey
 from ctxactors.errors import RuntimeClosedError
+from ctxactors.logs import get_logger
 from ctxactors.tools import Key
 
 
@@ -134,7 +134,7 @@ class Registry:
         self.max_actors = max_actors
         self.max_actors_per_principal = max_actors_per_principal
         self.clock = clock
-        self._log = log if log is not None else structlog.get_logger("ctxactors").bind()
+        self._log = log if log is not None else get_logger("ctxactors")
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
         self._by_session: dict[SessionKey, set[Key]] = {}
@@ -198,6 +198,8 @@ class Registry:
         one is reaped, evicted or ended, and a session with no live actor gets None (so
         nothing is kept for a session that is gone). For what all of a session's actors
         add to, like the operation history; it must be thread-safe, as they all use it.
+        From one of the session's own actors (every call's history record) it takes no
+        registry lock: the actor's entry holds the session's state, until it is retired.
         """
         here = current_actor()
         if isinstance(here, Entry) and here.key.session == session:
@@ -330,7 +332,7 @@ class Registry:
                 if self.on_pass is not None:
                     self.on_pass()
             except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad pass
-                self._log.error("reap_failed", error=f"{type(exc).__name__}: {exc}")
+                self._log.error("reap_failed", exc_info=exc)
 
     # -- lifecycle -----------------------------------------------------------------------
 

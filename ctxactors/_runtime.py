@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -26,7 +27,6 @@ from typing import Any
 
 import msgspec
 
-from ctxactors import tracing
 from ctxactors._actors import AsyncReply, SyncReply
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
@@ -41,6 +41,7 @@ from ctxactors.durable import Durability, is_durable
 from ctxactors.errors import CallTimeoutError, CtxActorsError, UnknownToolError
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
+from ctxactors.settings import Settings, validate
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
@@ -55,8 +56,10 @@ class Runtime:
     `ctxactors.durable`); `max_actors` caps the live actors (the
     least recently used idle one is passivated to make room), `max_actors_per_principal`
     caps each principal's (passivating that principal's own least recently used idle key,
-    never another's); `clock` is an injectable
-    monotonic clock for tests. With an injected clock and no `scan_interval` there is no
+    never another's); `clock` is an injectable monotonic clock for tests (the reaper's and
+    the operation history's). `settings` holds every limit (`ctxactors.settings.Settings`;
+    default: read from the environment now). With an injected clock and no `scan_interval`
+    there is no
     background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
     `list_tools()` publish only the batch and preset tools, whose description lists every
     other tool; every tool can still be called either way. `backend` runs the key actors
@@ -68,16 +71,30 @@ class Runtime:
         self,
         servers: Iterable[type[Server]] | None = None,
         *,
-        ttl: float = 3600.0,
+        ttl: float | None = None,
         scan_interval: float | None = None,
-        max_actors: int = 10_000,
+        max_actors: int | None = None,
         max_actors_per_principal: int | None = None,
-        call_timeout: float = 30.0,
+        call_timeout: float | None = None,
         clock: Callable[[], float] | None = None,
         tools: str = "all",
         store: StateStore | None = None,
+        settings: Settings | None = None,
         backend: Any = None,
     ) -> None:
+        # Every limit, read from the environment now (not at import) unless given; the
+        # keywords are shortcuts that override their settings.
+        given = validate(settings) if settings is not None else Settings.from_env()
+        self.settings = given.replace(
+            ttl=ttl,
+            max_actors=max_actors,
+            max_actors_per_principal=max_actors_per_principal,
+            call_timeout=call_timeout,
+        )
+        ttl, max_actors = self.settings.ttl, self.settings.max_actors
+        max_actors_per_principal = self.settings.max_actors_per_principal
+        call_timeout = self.settings.call_timeout
+        self.clock = clock or time.monotonic
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
         if backend is not None and store is not None:
@@ -108,7 +125,7 @@ class Runtime:
             ttl=ttl,
             max_actors=max_actors,
             max_actors_per_principal=max_actors_per_principal,
-            clock=clock or time.monotonic,
+            clock=self.clock,
             scan_interval=scan_interval,
             log=self._log,
         )
@@ -117,8 +134,8 @@ class Runtime:
             Durability(
                 store,
                 save_timeout=call_timeout,
-                clock=clock or time.monotonic,
-                live=lambda: {key[1] for key in self._registry.keys()},
+                clock=self.clock,
+                live=lambda: {key.session for key in self._registry.keys()},
             )
             if store is not None
             else None
@@ -137,7 +154,10 @@ class Runtime:
             self.add_observer(
                 lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
             )
-        tracing.instrument_if_enabled(self)  # only with a tracer provider installed: no cost
+        if "opentelemetry.trace" in sys.modules:  # else no tracer provider can be installed
+            from ctxactors import tracing
+
+            tracing.instrument_if_enabled(self)  # only with a provider installed: no cost
         try:
             for server in self._servers if backend is None else ():
                 server.attach(self)

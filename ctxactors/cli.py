@@ -9,6 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import Any
+
+from ctxactors.logs import configure_logging
+from ctxactors.settings import Settings, assign
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ctxactors.demo", "run a scripted multi-session scenario on the embedded runtime"),
@@ -18,6 +22,26 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shards": ("ctxactors.ray._command", "show or add the shards of a Ray deployment"),
     "top": ("ctxactors.top", "a live view of a running server (calls/s, latency, sessions)"),
 }
+
+
+def add_settings_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set NAME=VALUE``: any setting of the README's limits table, for the runtime a
+    command makes; the others come from the ``CTXACTORS_*`` variables."""
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a runtime setting, e.g. content.max_item_bytes=65536 (repeatable; the rest come "
+        "from the CTXACTORS_* variables)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, **shortcuts: Any) -> Settings:
+    """The environment's settings, then ``--set``, then the command's own flags (`shortcuts`,
+    None for a flag not given); `ValueError` names the variable or flag that is wrong."""
+    return assign(Settings.from_env(), getattr(args, "settings", None) or ()).replace(**shortcuts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         if args_list[:1] == [name]:
             importlib.import_module(module_name).add_arguments(p)
     args = parser.parse_args(args_list)
+    # The application configures logging (from CTXACTORS_LOG_*), never the library.
+    configure_logging()
     module = importlib.import_module(COMMANDS[args.command][0])
     return int(module.run(args) or 0)
 

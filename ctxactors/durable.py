@@ -46,7 +46,7 @@ from ctxactors.state import (
     StoreUnavailableError,
     Write,
 )
-from ctxactors.tools import Server
+from ctxactors.tools import Key, Server
 
 _SLOT = "_ctxactors_durable"
 _BARRIER: StateKey = ("",)  # never a server's name: deleting it is a no-op write
@@ -90,9 +90,9 @@ def as_parted(server: Server) -> Parted | None:
     return cast(Parted, server) if found else None
 
 
-def state_key(key: tuple[Any, ...]) -> tuple[SessionRef, StateKey]:
+def state_key(key: Key) -> tuple[SessionRef, StateKey]:
     """A runtime key ``(server, (principal, session), ...)`` as the store's two halves."""
-    return key[1], (key[0], *key[2:])
+    return key.session, (key.server, *key[2:])
 
 
 def encode_state(server: Server) -> bytes:
@@ -186,7 +186,7 @@ class Durability:
         )
         self._flusher.start()
 
-    def load(self, server: Server, key: tuple[Any, ...]) -> ToolResult | None:
+    def load(self, server: Server, key: Key) -> ToolResult | None:
         """Before a call: load the key's state on its incarnation's first call (or after
         a failed one). None when ready, else the error result the call gets instead."""
         slot: _Slot | None = getattr(server, _SLOT, None)
@@ -201,7 +201,7 @@ class Durability:
                 return _unavailable(exc)
         return None
 
-    def save(self, server: Server, key: tuple[Any, ...], result: ToolResult) -> ToolResult:
+    def save(self, server: Server, key: Key, result: ToolResult) -> ToolResult:
         """After a call that may have written: save the state if it changed (see `_save`)."""
         slot: _Slot = getattr(server, _SLOT)
         return self._save(server, slot, *state_key(key), result)

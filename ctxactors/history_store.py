@@ -31,7 +31,7 @@ KEY = ("history",)
 
 
 class Stored(msgspec.Struct, array_like=True):
-    """One stored record: its wall-clock time and the operation (as `Operation` encodes)."""
+    """One stored record: its wall-clock time and the operation (as `OperationRecord` encodes)."""
 
     wall: float
     op: Any

@@ -27,11 +27,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+import httpx
 import msgspec
 import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ctxactors.cli import add_settings_argument
 from ctxactors.context import ToolContext
 from ctxactors.loadtest_chaos import RestartedServer
 from ctxactors.loadtest_targets import McpTarget, Target, TransportError, make_target
@@ -49,7 +51,7 @@ DEFAULT_MAX_ACTORS = 10_000
 
 
 class Owner(Protocol):
-    def record(self, call: PlannedCall, outcome: Outcome | None) -> None: ...
+    def record(self, call: PlannedCall, outcome: Outcome | None, refused: bool = False) -> None: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -103,6 +105,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --restart-every: the served store (sqlite, the default, or a redis:// URL)",
     )
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call")
+    add_settings_argument(parser)
     parser.add_argument("--seed", type=int, default=1, help="workload random seed")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -188,7 +191,9 @@ def _settle(owner: Owner, call: PlannedCall, metrics: Metrics, started: float, r
         owner.record(call, result)
     else:
         metrics.failed(call, result)
-        owner.record(call, None)
+        # Refused before the request left (nothing listens: a server being restarted): the
+        # call certainly did not run. Any other failure may have come after it ran.
+        owner.record(call, None, refused=isinstance(result, httpx.ConnectError))
 
 
 def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> bool:
@@ -396,7 +401,8 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
     if "restarts" in report:
         out(
             f"  restarts     {report['restarts']} (SIGKILL); {report['in_doubt_calls']} calls in"
-            " doubt (cut off: present or absent, each checked whole)"
+            " doubt (cut off: present or absent, each checked whole), "
+            f"{report['refused_calls']} refused while it was down (not run)"
         )
         if report["restart_failure"]:
             out(f"  RESTART FAILED {report['restart_failure']}")
@@ -515,6 +521,7 @@ def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
     if chaos is not None:
         report["restarts"] = chaos.restarts
         report["restart_failure"] = chaos.failure
+        report["refused_calls"] = sum(u.refused for u in units)
         # Calls cut off by a restart are in doubt, not failures: the checker judged them.
         report["passed"] = report["violations_count"] == 0 and chaos.failure is None
     print_report(report)

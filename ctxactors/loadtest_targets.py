@@ -16,9 +16,11 @@ from urllib.parse import urlsplit
 import httpx
 
 from ctxactors._runtime import Runtime
+from ctxactors.cli import settings_from_args
 from ctxactors.context import META_KEYS, ToolContext, inject_context
 from ctxactors.loadtest_workload import Outcome
 from ctxactors.results import ToolResult
+from ctxactors.settings import Settings
 
 
 class TransportError(Exception):
@@ -52,8 +54,12 @@ def _from_result(result: ToolResult) -> Outcome:
 class EmbeddedTarget:
     """A `Runtime` in this process, with the built-in planning and playbook servers."""
 
-    def __init__(self, *, ttl: float, max_actors: int, call_timeout: float) -> None:
-        self.runtime = Runtime(ttl=ttl, max_actors=max_actors, call_timeout=call_timeout)
+    def __init__(
+        self, *, ttl: float, max_actors: int, call_timeout: float, settings: Settings | None = None
+    ) -> None:
+        self.runtime = Runtime(
+            ttl=ttl, max_actors=max_actors, call_timeout=call_timeout, settings=settings
+        )
         self.description = f"embedded runtime (ttl {ttl:g} s, max_actors {max_actors})"
 
     def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
@@ -216,7 +222,10 @@ def make_target(args: Any) -> Target:
     """The target the command line asks for."""
     if not args.url:
         return EmbeddedTarget(
-            ttl=args.ttl, max_actors=args.max_actors, call_timeout=args.call_timeout
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            call_timeout=args.call_timeout,
+            settings=settings_from_args(args),  # a bad one: ValueError, reported by `run`
         )
     reachable(args.url)
     transport = args.transport

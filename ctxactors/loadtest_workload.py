@@ -97,7 +97,8 @@ class Unit:
         self.ctx = ctx
         self.tolerate_doubt = tolerate_doubt
         self.doubt: PlannedCall | None = None  # the call in doubt, until the key is read back
-        self.in_doubt = 0  # calls that failed in transit
+        self.in_doubt = 0  # calls cut off in transit: they may have run
+        self.refused = 0  # calls refused before they were sent: they did not run
         self.name = label(ctx)
         self.remaining = calls
         self.book = book
@@ -148,8 +149,12 @@ class Unit:
 
     # -- the checker ---------------------------------------------------------------------
 
-    def record(self, call: PlannedCall, outcome: Outcome | None) -> None:
-        """Check a reply against the model and advance it. None: the call failed in transit."""
+    def record(self, call: PlannedCall, outcome: Outcome | None, refused: bool = False) -> None:
+        """Check a reply against the model and advance it. None: the call failed in transit
+        (`refused`: before it was sent, so it certainly did not run)."""
+        if outcome is None and self.tolerate_doubt and refused:
+            self.refused += 0 if call.resync else 1
+            return
         if outcome is None and self.tolerate_doubt:
             self.in_doubt += 0 if call.resync else 1
             if self.doubt is None and not call.resync:
@@ -353,7 +358,7 @@ class PlaybookBook:
             args = {"id": target}
             yield PlannedCall("select_playbook", args, ToolContext(self.session_id, thief), True)
 
-    def record(self, call: PlannedCall, outcome: Outcome | None) -> None:
+    def record(self, call: PlannedCall, outcome: Outcome | None, refused: bool = False) -> None:
         where = f"session {self.session_id!r} ({self.session_id}/{call.ctx.assistant_id})"
         if outcome is None:
             self.uncertain = True

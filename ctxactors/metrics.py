@@ -24,6 +24,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -118,33 +119,34 @@ class CallMetrics:
     # -- the call path -------------------------------------------------------------------
 
     def __call__(self, body: Body, spec: ToolSpec, ctx: ToolContext) -> Body:
-        """The call wrapper. Inlined and kept to one short critical section: this is the
-        whole per-call cost of the metrics (`scripts/bench_observability.py`)."""
-        started = perf_counter()
-        lock, series, sessions = self._lock, self._series, self._sessions
-        key = (spec.name, ctx.principal) if self.principal_label else (spec.name, None)
+        """The call wrapper: this and `_timed` are the whole per-call cost of the metrics
+        (`scripts/bench_observability.py`). A `partial`, not a closure: no cell per
+        captured name, about a third of the cost."""
+        return partial(self._timed, body, perf_counter(), spec.name, ctx)
+
+    def _timed(
+        self, body: Body, started: float, tool: str, ctx: ToolContext, server: Server
+    ) -> ToolResult:
+        result = body(server)
+        seconds = perf_counter() - started
+        index = bisect_left(BUCKETS, seconds)
+        key = (tool, ctx.principal if self.principal_label else None)
         session = (ctx.principal, ctx.session_id)
-
-        def timed(server: Server) -> ToolResult:
-            result = body(server)
-            seconds = perf_counter() - started
-            index = bisect_left(BUCKETS, seconds)
-            with lock:
-                pair = series.get(key)
-                if pair is None:
-                    pair = series[key] = (Tally(len(BUCKETS)), Tally(len(BUCKETS)))
-                tally = pair[result.is_error]
-                tally.counts[index] += 1
-                tally.sum += seconds
-                sessions[session] = sessions.get(session, 0) + 1
-                crowded = len(sessions) > self._prune_at
-            if crowded:
-                self._prune()
-            if result.is_error:
-                self._error(spec.name, ctx, result)
-            return result
-
-        return timed
+        sessions = self._sessions
+        with self._lock:
+            pair = self._series.get(key)
+            if pair is None:
+                pair = self._series[key] = (Tally(len(BUCKETS)), Tally(len(BUCKETS)))
+            tally = pair[result.is_error]
+            tally.counts[index] += 1
+            tally.sum += seconds
+            sessions[session] = sessions.get(session, 0) + 1
+            crowded = len(sessions) > self._prune_at
+        if crowded:
+            self._prune()
+        if result.is_error:
+            self._error(tool, ctx, result)
+        return result
 
     def _error(self, tool: str, ctx: ToolContext, result: ToolResult) -> None:
         text = result.text[:_ERROR_TEXT]

@@ -13,7 +13,8 @@ Where the caller's context comes from:
 - in-process, the current OpenTelemetry context of the caller (an embedded host's own span);
 - over MCP, the SDK's server span for ``tools/call``, itself the child of the
   ``traceparent`` the client put in ``_meta``;
-- over REST, the W3C ``traceparent``/``tracestate`` headers (`TraceContextMiddleware`).
+- over REST, the W3C ``traceparent``/``tracestate`` headers
+  (`ctxactors.transports.observe.TraceContextMiddleware`).
 
 Spans go to the global tracer provider (`opentelemetry-api`): without an SDK they cost
 nothing but the wrapper, and a runtime is only instrumented when a provider is installed
@@ -30,9 +31,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.propagate import extract
 from opentelemetry.trace import ProxyTracerProvider, SpanKind, StatusCode
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolResult
@@ -43,6 +42,7 @@ TRACER_NAME = "ctxactors"
 _TOOL_CALL_ID = otel_context.create_key("ctxactors.tool_call_id")
 # Over MCP the host may name the tool call in ``_meta`` (a vendor-prefixed key, as MCP asks).
 META_TOOL_CALL_ID = "ctxactors/toolCallId"
+MAX_TOOL_CALL_ID = 256  # a longer id is not recorded: spans are not a place to store data
 
 Body = Callable[[Server], ToolResult]
 
@@ -71,8 +71,9 @@ def instrument_if_enabled(runtime: Any) -> bool:
 @contextmanager
 def tool_call(call_id: str | None) -> Iterator[None]:
     """Name the model's tool call that the calls made inside this block run, for their
-    spans' ``gen_ai.tool.call.id`` (a host's agent loop knows it; the runtime does not)."""
-    if not call_id:
+    spans' ``gen_ai.tool.call.id`` (a host's agent loop knows it; the runtime does not).
+    An empty id, or one over `MAX_TOOL_CALL_ID` characters, is not recorded."""
+    if not call_id or len(call_id) > MAX_TOOL_CALL_ID:
         yield
         return
     token = otel_context.attach(otel_context.set_value(_TOOL_CALL_ID, call_id))
@@ -130,33 +131,6 @@ def _attributes(spec: ToolSpec, ctx: ToolContext, parent: otel_context.Context) 
     if ctx.principal is not None:
         attributes["ctxactors.principal"] = ctx.principal
     return attributes
-
-
-class TraceContextMiddleware:
-    """ASGI middleware: a request's W3C ``traceparent`` (and ``tracestate``) header becomes
-    the current trace context while it is served, so a REST call's span continues the
-    caller's trace. A request without one costs a header scan."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        carrier = {
-            name.decode("latin-1"): value.decode("latin-1")
-            for name, value in scope.get("headers", ())
-            if name in (b"traceparent", b"tracestate")
-        }
-        if "traceparent" not in carrier:
-            await self.app(scope, receive, send)
-            return
-        token = otel_context.attach(extract(carrier))
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            otel_context.detach(token)
 
 
 def configure_from_env() -> None:

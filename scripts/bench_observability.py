@@ -4,7 +4,8 @@ not), metrics and sampled tracing together; one process, interleaved rounds, one
 
 Each variant is the router alone (`bench_router.py`'s echo tool, the history detached, log
 lines filtered out) with only its instrument added, so the difference from "off" in the same
-round is the instrument's cost; the median over rounds is shown. The routed call's own
+round is the instrument's cost; the median over rounds is shown. A second "off" runtime
+shows how far two identical variants differ on this machine now. The routed call's own
 noise on a shared machine is about a microsecond, so the wrapper alone (wrapped and run
 around a trivial body, no actor hop) is measured too, in CPU time: that is its cost.
 Sampled spans go through the SDK's `BatchSpanProcessor` to an exporter that drops them.
@@ -55,6 +56,7 @@ def instrument(rt: Runtime, with_metrics: bool, sampled: bool | None) -> None:
 
 VARIANTS: list[tuple[str, bool, bool | None]] = [
     ("off", False, None),
+    ("off again (the noise)", False, None),
     ("metrics on", True, None),
     ("tracing on, sampled", False, True),
     ("tracing on, not sampled", False, False),

@@ -28,7 +28,8 @@ from ctxactors.batch_plan import (
 )
 from ctxactors.errors import ToolError
 from ctxactors.results import ToolResult
-from ctxactors.servers import BUILTIN, Batch
+from ctxactors.servers import BUILTIN
+from ctxactors.settings import BatchSettings, Settings
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}
 
@@ -122,10 +123,12 @@ class Extra(Server):
 
 
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
+def rt(rt_settings: Settings) -> Iterator[Runtime]:
     Extra.gate = threading.Event()
     Extra.undone = []
-    runtime = Runtime(servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT)
+    runtime = Runtime(
+        servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT, settings=rt_settings
+    )
     try:
         yield runtime
     finally:
@@ -178,10 +181,10 @@ def test_arguments_filled_later_are_checked_by_name_and_the_rest_strictly(rt: Ru
     )
 
 
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_expanded_bytes=10))])
 def test_the_expansion_bound_is_inclusive_and_a_bad_reference_counts_nothing(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+    rt: Runtime,
 ) -> None:
-    monkeypatch.setattr(Batch, "max_expanded_bytes", 10)
     ops = [
         {"id": "r", "tool": "say", "arguments": {"text": "x" * 10}},
         {"id": "e", "tool": "say", "arguments": {"text": "${r}"}},  # exactly 10 bytes
@@ -272,10 +275,8 @@ def test_a_failure_stops_a_transaction_and_says_which(rt: Runtime) -> None:
     }
 
 
-def test_results_count_data_and_error_messages_up_to_an_inclusive_bound(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Batch, "max_result_bytes", 20)
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_result_bytes=20))])
+def test_results_count_data_and_error_messages_up_to_an_inclusive_bound(rt: Runtime) -> None:
     ops = [
         {"id": "a", "tool": "say", "arguments": {"text": "x" * 10}},  # 10 bytes
         {"id": "f", "tool": "fail", "arguments": {}},  # "boom": 4 bytes, no data

@@ -96,16 +96,21 @@ def test_inject_context_drops_spoofed_fields_with_a_warning(
     )
 
 
-def test_a_host_that_only_injects_context_logs_to_stderr_never_stdout() -> None:
-    # A host process that never made a Runtime (its stdout may be a protocol channel).
+def test_a_host_that_only_injects_context_logs_through_its_logging_never_stdout() -> None:
+    # A host process that never made a Runtime (its stdout may be a protocol channel) and
+    # set up only the standard library's logging (to stderr, its default).
     code = (
+        "import logging; logging.basicConfig();"
         "from ctxactors import ToolContext, inject_context;"
         "inject_context('{\"__sessionId\": \"forged\"}', ToolContext('s1'))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
-    assert "spoofed_context_dropped" in proc.stderr
+    assert proc.stderr.startswith(
+        "WARNING:ctxactors.context:spoofed_context_dropped fields=['__sessionId'] "
+        "session_id='s1' assistant_id=None thread_id=None"
+    )
 
 
 @pytest.mark.parametrize("bad", ["[1, 2]", "3", "null", "{not json", '"str"'])

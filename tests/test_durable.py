@@ -21,7 +21,7 @@ from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.servers import Planning
-from ctxactors.servers.history import History
+from ctxactors.settings import HistorySettings, Settings
 from ctxactors.state import MemoryStore, Outcome, RedisStore, SQLiteStore, StateStore, Write
 
 S = "s1"
@@ -529,12 +529,11 @@ def test_a_changing_call_replies_only_once_its_state_is_in_the_store(tmp_path: P
 
 def test_the_stored_history_keeps_its_bounds(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "state.db")
-    with Runtime(store=store) as rt:
-        History.configure(rt, max_operations=3)
+    limits = Settings(history=HistorySettings(max_operations=3))
+    with Runtime(store=store, settings=limits) as rt:
         for n in range(5):
             call(rt, "create_goal", goal=f"goal {n}")
-    with Runtime(store=store) as rt:
-        History.configure(rt, max_operations=3)
+    with Runtime(store=store, settings=limits) as rt:
         ops = call(rt, "get_recent_context", limit=50)["operations"]
         assert [op["arguments"]["goal"] for op in ops] == ["goal 4", "goal 3", "goal 2"]
         call(rt, "create_goal", goal="goal 5")

@@ -15,7 +15,8 @@ from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.errors import InvalidArgumentsError, RuntimeClosedError, ToolError
 from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
-from ctxactors.servers.history import History, compact, generic_metadata, pick
+from ctxactors.servers.history import compact, generic_metadata, pick
+from ctxactors.settings import HistorySettings, Settings
 
 
 class Survey(Server):
@@ -290,8 +291,8 @@ def test_batch_and_preset_calls_are_seen_only_by_their_own_context(rt: Runtime) 
 
 
 def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -> None:
-    with Runtime(servers=SERVERS) as rt:
-        History.configure(rt, max_operations=3, ttl=60, clock=clock)
+    limits = Settings(history=HistorySettings(max_operations=3, ttl=60))
+    with Runtime(servers=SERVERS, clock=clock, settings=limits) as rt:
         for i in range(5):
             rt.call("create_goal", ctx_args("s1", goal=f"g{i}"))
         assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["g4", "g3", "g2"]
@@ -304,8 +305,11 @@ def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -
 
 
 def test_bad_bounds_and_bad_arguments_are_refused_clearly(rt: Runtime) -> None:
-    with pytest.raises(ValueError, match="max_operations"):
-        History.configure(rt, max_operations=0)
+    with pytest.raises(ValueError) as bad:
+        Runtime(servers=SERVERS, settings=Settings(history=HistorySettings(max_operations=0)))
+    assert str(bad.value) == (
+        "history.max_operations (CTXACTORS_HISTORY_MAX_OPERATIONS) must be at least 1"
+    )
     with pytest.raises(InvalidArgumentsError, match="limit"):
         rt.call("get_recent_context", ctx_args("s1", limit=0))
     with pytest.raises(InvalidArgumentsError, match="tool_filter"):
@@ -355,7 +359,12 @@ def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
     assert result.structured == {"id": "x1"} and not result.is_error
     [failed] = [e for e in logs if e["event"] == "extract_failed"]
     assert isinstance(failed.pop("exc_info"), ZeroDivisionError)
-    assert failed == {"event": "extract_failed", "tool": "flaky_extract", "log_level": "warning"}
+    assert failed == {
+        "logger": "ctxactors.history",
+        "event": "extract_failed",
+        "tool": "flaky_extract",
+        "log_level": "warning",
+    }
     assert recent(rt, "s1")[0]["metadata"] == {"id": "x1"}  # the generic one instead
     rt.call("picked", ctx_args("s1"))
     assert recent(rt, "s1", limit=1)[0]["metadata"] == {"made": "p1"}
@@ -393,8 +402,9 @@ def test_batch_operations_are_recorded_one_by_one(rt: Runtime) -> None:
 
 
 def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
-    with Runtime(servers=SERVERS) as rt:
-        History.configure(rt, max_operations=500)
+    with Runtime(
+        servers=SERVERS, settings=Settings(history=HistorySettings(max_operations=500))
+    ) as rt:
         errors: list[BaseException] = []
 
         def worker(n: int) -> None:

@@ -32,6 +32,12 @@ from ctxactors.tools import Key
 WAIT = 20.0
 
 
+def traced(event: dict[str, Any]) -> dict[str, Any]:
+    """A captured line with its exception shown as ``repr``: errors are logged with
+    ``exc_info`` (the traceback reaches the reader), never as a pre-formatted string."""
+    return {**event, "exc_info": repr(event["exc_info"])}
+
+
 class Counter(Server):
     name = "counter"
     scope = Scope.ASSISTANT
@@ -256,13 +262,13 @@ def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
             ("batch", "s", True, ["operations", "options"]),
         ]
     )
-    failures = [e for e in logs if e["event"] == "observer_failed"]
+    failures = [traced(e) for e in logs if e["event"] == "observer_failed"]
     assert failures == 8 * [  # before and after the reply, for each of the 4 calls
         {
             "logger": "ctxactors",
             "event": "observer_failed",
             "log_level": "error",
-            "error": "ValueError: observer bug",
+            "exc_info": "ValueError('observer bug')",
         }
     ]
 
@@ -406,10 +412,21 @@ def test_start_and_close_failures_are_logged_with_the_error() -> None:
         with Runtime([Unstartable, BadClose]) as rt:
             rt.call("use", ctx_args("s"))
             rt.call("touch", ctx_args("s"))
-    failures = [e for e in logs if e["event"] in ("server_start_failed", "server_close_failed")]
+    events = ("server_start_failed", "server_close_failed")
+    failures = [traced(e) for e in logs if e["event"] in events]
     assert failures == [
-        {"event": "server_start_failed", "log_level": "error", "error": "ValueError: no database"},
-        {"event": "server_close_failed", "log_level": "error", "error": "RuntimeError: disk gone"},
+        {
+            "logger": "ctxactors.actors",
+            "event": "server_start_failed",
+            "log_level": "error",
+            "exc_info": "ValueError('no database')",
+        },
+        {
+            "logger": "ctxactors.actors",
+            "event": "server_close_failed",
+            "log_level": "error",
+            "exc_info": "RuntimeError('disk gone')",
+        },
     ]
 
 
@@ -450,11 +467,11 @@ def test_a_failing_reaper_pass_is_logged_and_the_reaper_goes_on() -> None:
             pause.wait(0.01)
     failed = [e for e in logs if e["event"] == "reap_failed"]
     assert len(failed) >= 2
-    assert failed[0] == {
+    assert traced(failed[0]) == {
         "logger": "ctxactors",
         "event": "reap_failed",
         "log_level": "error",
-        "error": "RuntimeError: cannot tell",
+        "exc_info": "RuntimeError('cannot tell')",
     }
 
 
@@ -476,9 +493,14 @@ def test_a_failing_after_hook_is_logged_and_the_actor_keeps_serving() -> None:
             rt._registry.submit(key, Counter, envelope)
         assert first.wait(WAIT) and second.wait(WAIT)
         assert (first.value.structured, second.value.structured) == ({"n": 1}, {"n": 2})
-    failed = [e for e in logs if e["event"] == "after_call_failed"]
+    failed = [traced(e) for e in logs if e["event"] == "after_call_failed"]
     assert failed == [
-        {"event": "after_call_failed", "log_level": "error", "error": "ValueError: after bug"}
+        {
+            "logger": "ctxactors.call",
+            "event": "after_call_failed",
+            "log_level": "error",
+            "exc_info": "ValueError('after bug')",
+        }
     ]
 
 

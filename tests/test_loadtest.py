@@ -373,3 +373,14 @@ def test_a_call_in_doubt_may_be_present_or_absent_but_never_half(
         [found] = unit.violations
         assert found.startswith("session 's1' (s1/a1/-) get_planning_state: after create_goal in")
         assert violation in found
+
+
+def test_a_call_refused_before_it_was_sent_is_not_in_doubt() -> None:
+    ctx = ToolContext("s1", "a1")
+    unit = Unit(ctx, 5, parse_mix(None), 1, PlaybookBook("s1", ["a1"], False), False, True)
+    unit.record(PlannedCall("create_goal", {"goal": "refused"}, ctx), None, refused=True)
+    assert (unit.refused, unit.in_doubt, unit.doubt) == (1, 0, None)
+    assert unit.next_call() is not None and not unit.next_call().resync  # type: ignore[union-attr]
+    created = PlannedCall("create_goal", {"goal": "next"}, ctx)
+    unit.record(created, Outcome({"id": "g1", "goal": "next"}, False))  # g1: nothing ran
+    assert unit.violations == [] and list(unit.goals) == ["g1"]

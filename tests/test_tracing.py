@@ -167,9 +167,12 @@ def test_the_model_tool_call_id_is_recorded_where_the_host_names_it(traced: Any)
     with tracing.tool_call("call_abc123"):
         rt.call("create_goal", {"goal": "g", "__sessionId": "s1"})
     rt.call("create_goal", {"goal": "h", "__sessionId": "s1"})
-    first, second = tool_spans(exporter)
+    with tracing.tool_call("x" * (tracing.MAX_TOOL_CALL_ID + 1)):  # too long: not kept
+        rt.call("create_goal", {"goal": "i", "__sessionId": "s1"})
+    first, second, third = tool_spans(exporter)
     assert first.attributes is not None and first.attributes["gen_ai.tool.call.id"] == "call_abc123"
-    assert second.attributes is not None and "gen_ai.tool.call.id" not in second.attributes
+    for span in (second, third):
+        assert span.attributes is not None and "gen_ai.tool.call.id" not in span.attributes
 
 
 def test_the_agent_loop_names_each_model_tool_call_under_the_hosts_span(traced: Any) -> None:
@@ -205,6 +208,18 @@ def test_without_a_tracer_provider_a_runtime_adds_no_wrapper() -> None:
     assert not tracing.provider_installed()
     with Runtime(ttl=600) as rt:
         assert rt._host.wrappers == ()  # noqa: SLF001 - the absence of cost is the point
+
+
+def test_serve_refuses_the_console_exporter_on_stdio(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It would write spans into the protocol's channel (standard output)."""
+    from ctxactors.cli import main as cli_main
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    with pytest.raises(SystemExit) as refused:
+        cli_main(["serve", "--tracing"])
+    assert str(refused.value) == (
+        "ctxactors serve --tracing: OTEL_TRACES_EXPORTER=console needs --transport http"
+    )
 
 
 # -- over HTTP, from a served process exporting OTLP --------------------------------------

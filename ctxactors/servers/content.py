@@ -16,7 +16,7 @@ A user query is never spliced into SQL or taken as FTS5 syntax: it is split on w
 each term becomes a quoted FTS5 phrase (quotes doubled), bound as a parameter. So ``*``,
 ``NEAR``, parentheses, quotes or a lone ``-`` search for themselves.
 
-Limits (class attributes, defaults from the environment when the module is imported):
+Limits (`ctxactors.settings.ContentSettings`, from the runtime's settings):
 
 - ``CTXACTORS_CONTENT_MAX_ITEM_BYTES``: one item's content, UTF-8 bytes (default 1 MiB);
 - ``CTXACTORS_CONTENT_MAX_SESSION_BYTES``: a session's whole store (default 64 MiB);
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import msgspec
 
@@ -38,7 +38,7 @@ from ctxactors.bounds import AnswerBudget
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
-from ctxactors.settings import env_int
+from ctxactors.settings import DEFAULTS, Settings
 from ctxactors.tools import Scope, Server, pick, tool
 
 MAX_RESULTS = 50  # search_content's `limit` is clamped to this
@@ -86,11 +86,15 @@ class Content(Server):
     scope = Scope.SESSION
     State = ContentState
 
-    max_item_bytes: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_ITEM_BYTES", 1 << 20)
-    max_session_bytes: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_SESSION_BYTES", 64 << 20)
-    max_items: ClassVar[int] = env_int("CTXACTORS_CONTENT_MAX_ITEMS", 100_000)
+    @classmethod
+    def create(cls, runtime: Any) -> Content:
+        return cls(runtime.settings)
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings = DEFAULTS) -> None:
+        self.settings = settings
+        self.max_item_bytes = settings.content.max_item_bytes
+        self.max_session_bytes = settings.content.max_session_bytes
+        self.max_items = settings.content.max_items
         # Autocommit: each statement is its own transaction, so a refused call leaves
         # nothing half-written.
         self._db = sqlite3.connect(":memory:", isolation_level=None)
@@ -268,7 +272,7 @@ class Content(Server):
     def list_content(self, ctx: ToolContext) -> dict[str, Any]:
         """List this session's stored documents (id, filename, size in bytes), oldest first
         (the first ones, with `truncated` and the total, if they don't all fit)."""
-        budget = AnswerBudget()
+        budget = AnswerBudget(self.settings.max_answer_bytes)
         items = budget.take(
             {"id": cid, "filename": item.filename, "size": item.size}
             for cid, item in self._items.items()

@@ -27,7 +27,8 @@ calling actor's thread before the reply: keep them quick, and let them only read
 arguments.
 
 Bounds: the newest ``CTXACTORS_HISTORY_MAX_OPERATIONS`` (50) operations per session, each
-kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600); per runtime with `History.configure`.
+kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600): the runtime's ``settings.history``, aged
+by the runtime's clock.
 ``get_recent_context`` itself is never recorded: asking must not push real operations out.
 """
 
@@ -37,24 +38,22 @@ import datetime
 import re
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
-import structlog
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.history_store import HistorySaver, wall_to_clock
+from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
-from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
 __all__ = [
     "History",
-    "Operation",
+    "OperationRecord",
     "RecentContext",
     "compact",
     "extract_metadata",
@@ -62,13 +61,10 @@ __all__ = [
     "pick",
 ]
 
-# A lazy proxy, not bound at import: bound here it would keep structlog's default
-# configuration (printing to stdout, the stdio protocol channel) whatever is configured later.
-_log = structlog.get_logger("ctxactors.history")
 
-
-class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One recorded call, as `get_recent_context` returns it."""
+class OperationRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One recorded call, as `get_recent_context` returns it (not the batch tool's input
+    operation, `ctxactors.batch_plan.Operation`)."""
 
     timestamp: str  # ISO 8601, UTC, milliseconds
     tool: str
@@ -86,7 +82,7 @@ class RecentContext(msgspec.Struct, frozen=True, omit_defaults=True):
     it holds the newest that do, ``truncated`` is true and ``total`` says how many there were.
     """
 
-    operations: list[Operation]
+    operations: list[OperationRecord]
     count: int
     truncated: bool = False
     total: int | None = None
@@ -106,36 +102,31 @@ class HistoryConfig(msgspec.Struct, frozen=True):
             raise ValueError(f"ttl must be positive, got {self.ttl}")
 
 
-def _env_config() -> HistoryConfig:
-    return HistoryConfig(
-        env_int("CTXACTORS_HISTORY_MAX_OPERATIONS", 50),
-        env_float("CTXACTORS_HISTORY_TTL", 3600.0),
-    )
-
-
-# Per-runtime settings; weak so a closed, dropped runtime doesn't stay alive through them.
-_configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDictionary()
+def runtime_config(runtime: Any) -> HistoryConfig:
+    """The history bounds of `runtime`: its settings, aged by its clock."""
+    limits = runtime.settings.history
+    return HistoryConfig(limits.max_operations, limits.ttl, runtime.clock)
 
 
 # (config clock for the TTL, wall clock, the tool's scope, the operation without its
 # timestamp): the timestamp is formatted when read, as most records never are; the scope
 # decides who may read it.
-_Record = tuple[float, float, Scope, Operation]
+_Record = tuple[float, float, Scope, OperationRecord]
 
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
     """``(principal, session_id) -> its SessionHistory`` (None once the session is gone)."""
     registry = runtime._registry
     durable = getattr(runtime, "durability", None)
+    config = runtime_config(runtime)
     if durable is None:
 
         def new() -> SessionHistory:
-            return SessionHistory(_configs.get(runtime) or HistoryConfig())
+            return SessionHistory(config)
 
         return lambda session: registry.session_state(session, "history", new)
 
     def stored(session: SessionKey) -> SessionHistory:
-        config = _configs.get(runtime) or HistoryConfig()
         return SessionHistory(config, HistorySaver(durable, session))
 
     return lambda session: registry.session_state(session, "history", lambda: stored(session))
@@ -184,7 +175,7 @@ class SessionHistory:
         ours = [r for r in self._ops if r[1] > newest]
         self._ops.clear()
         for wall, (scope, op) in stored:
-            record = msgspec.convert(op, Operation)
+            record = msgspec.convert(op, OperationRecord)
             self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record))
         self._ops.extend(ours)
 
@@ -205,34 +196,19 @@ class History(Server):
     name = "history"
     scope = Scope.SESSION
 
-    def __init__(self, histories: Callable[[SessionKey], SessionHistory | None]) -> None:
+    def __init__(
+        self, histories: Callable[[SessionKey], SessionHistory | None], max_answer_bytes: int
+    ) -> None:
         self._histories = histories
+        self._max_answer_bytes = max_answer_bytes
 
     @classmethod
     def create(cls, runtime: Any) -> History:
-        return cls(_session_histories(runtime))
-
-    @classmethod
-    def configure(
-        cls,
-        runtime: Any,
-        *,
-        max_operations: int | None = None,
-        ttl: float | None = None,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        """Set this runtime's bounds (applies to histories created from now on)."""
-        current = _configs.get(runtime) or _env_config()
-        _configs[runtime] = HistoryConfig(
-            max_operations if max_operations is not None else current.max_operations,
-            ttl if ttl is not None else current.ttl,
-            clock or current.clock,
-        )
+        return cls(_session_histories(runtime), runtime.settings.max_answer_bytes)
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Record every call of this runtime in the caller's session history."""
-        _configs.setdefault(runtime, _env_config())
         runtime.add_observer(_Recorder(_session_histories(runtime)), before_reply=True)
 
     @tool(read_only=True)
@@ -244,7 +220,7 @@ class History(Server):
         Use it to answer follow-up questions about earlier tool calls. `tool_filter` keeps
         only the named tool(s); `limit` (default 5) is capped at the number kept."""
         wanted = {tool_filter} if isinstance(tool_filter, str) else tool_filter
-        found: list[Operation] = []
+        found: list[OperationRecord] = []
         history = self._histories(ctx.session_key)
         records = history.current() if history is not None else []
         for _, wall, scope, op in reversed(records):
@@ -252,7 +228,7 @@ class History(Server):
                 break
             if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
                 found.append(msgspec.structs.replace(op, timestamp=_iso(wall)))
-        budget = AnswerBudget()
+        budget = AnswerBudget(self._max_answer_bytes)
         kept = budget.take(found)
         if budget.cut:
             return RecentContext(kept, len(kept), truncated=True, total=len(found))
@@ -277,7 +253,7 @@ class _Recorder:
         if history is None:
             return  # the session was ended meanwhile: nothing to add to
         arguments = compact(args)
-        op = Operation(
+        op = OperationRecord(
             timestamp="",
             tool=spec.name,
             arguments=arguments,
@@ -289,7 +265,7 @@ class _Recorder:
         history.add((history.config.clock(), time.time(), spec.server.scope, op))
 
 
-def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:
+def visible(scope: Scope, op: OperationRecord, ctx: ToolContext) -> bool:
     """Whether `ctx` could have seen what `op` did by calling the tool itself.
 
     The history is the session's, but its records are not: another assistant's calls
@@ -327,7 +303,7 @@ def extract_metadata(spec: ToolSpec, args: dict[str, Any], result: ToolResult) -
     try:
         found = extractor(args, result)
     except Exception as exc:  # noqa: BLE001 - a bad extractor costs metadata, not the record
-        _log.warning("extract_failed", tool=spec.name, exc_info=exc)
+        get_logger("ctxactors.history").warning("extract_failed", tool=spec.name, exc_info=exc)
         return generic_metadata(result.structured)
     return compact(dict(found or {}))
 

@@ -25,7 +25,7 @@ Registering the server (`Runtime(...)`) probes bubblewrap once and refuses to st
 (`SandboxUnavailableError`) when it can't sandbox, unless ``CTXACTORS_WORKSPACE_SANDBOX=none``,
 which logs a warning at start and on every command.
 
-Settings (class attributes; defaults from the environment when the module is imported):
+Settings (`ctxactors.settings.WorkspaceSettings`, from the runtime's settings):
 
 - ``CTXACTORS_WORKSPACE_ROOT``: where working directories go (default
   ``<tempdir>/ctxactors-workspaces``);
@@ -57,7 +57,7 @@ from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
 from ctxactors.servers.workspace_dirs import SessionDirs
-from ctxactors.settings import env_float, env_int
+from ctxactors.settings import DEFAULTS, WorkspaceSettings
 from ctxactors.tools import Scope, Server, pick, tool
 
 _TICK = 0.5  # seconds a watcher sleeps at most between checks of its deadline and stop flag
@@ -246,37 +246,36 @@ class Workspace(Server):
     scope = Scope.SESSION
     State = WorkspaceState
 
-    root: ClassVar[str] = os.environ.get("CTXACTORS_WORKSPACE_ROOT") or os.path.join(
-        tempfile.gettempdir(), "ctxactors-workspaces"
-    )
-    max_output_bytes: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES", 256 << 10)
-    default_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT", 600.0)
-    max_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_MAX_TIMEOUT", 3600.0)
-    max_running: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_RUNNING", 16)
-    sandbox: ClassVar[sandboxes.SandboxSettings] = sandboxes.SandboxSettings.from_env()
-
     # Per runtime with a store: its kept session directories.
     _kept: ClassVar[weakref.WeakKeyDictionary[Any, SessionDirs]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Refuse to serve commands that can't be sandboxed (probed once, cached)."""
-        if cls.sandbox.enabled:
-            sandboxes.check(cls.sandbox, cls.root)
+        settings: WorkspaceSettings = runtime.settings.workspace
+        if settings.sandbox.enabled:
+            sandboxes.check(settings.sandbox, settings.root)
         else:
             _warn_unsandboxed(get_logger("ctxactors.workspace"), "workspace_unsandboxed")
         durability = getattr(runtime, "durability", None)
         if durability is not None:
-            dirs = cls._kept[runtime] = SessionDirs(cls.root, cls.sandbox)
+            dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox)
             durability.listen(dirs)
 
     @classmethod
     def create(cls, runtime: Any) -> Workspace:
-        workspace = cls()
+        workspace = cls(runtime.settings.workspace)
         workspace._dirs = cls._kept.get(runtime)
         return workspace
 
-    def __init__(self) -> None:
+    def __init__(self, settings: WorkspaceSettings = DEFAULTS.workspace) -> None:
+        self.settings = settings
+        self.sandbox = settings.sandbox
+        self.root = settings.root
+        self.max_output_bytes = settings.max_output_bytes
+        self.default_timeout = settings.default_timeout
+        self.max_timeout = settings.max_timeout
+        self.max_running = settings.max_running
         self._procs: dict[str, _Process] = {}
         self._lost: set[str] = set()  # started by an earlier incarnation: gone with it
         self._dirs: SessionDirs | None = None  # with a store: the session's kept directory

@@ -36,19 +36,16 @@ class _Pending:
     def __init__(self, write: Write, done: Done | None) -> None:
         self.write = write
         self.done = done
-        self.wake: threading.Lock | None = None
-        if done is None:
-            self.wake = threading.Lock()
-            self.wake.acquire()
+        self.wake: threading.Lock | None = None  # made only when the caller must wait
         self.outcome: Outcome | StoreError | None = None
         self.batch: list[_Pending] | None = None  # set when handed the lead
 
     def answer(self, outcome: Outcome | StoreError) -> None:
         if self.done is not None:
             self.done(outcome)
-        else:
-            assert self.wake is not None
-            self.outcome = outcome
+            return
+        self.outcome = outcome
+        if self.wake is not None:
             self.wake.release()
 
 
@@ -84,8 +81,7 @@ class GroupCommit:
         pending = _Pending(write, None)
         if self._enqueue(pending):
             self._lead([pending])
-        else:
-            assert pending.wake is not None
+        elif pending.wake is not None:  # queued (else refused: answered already)
             woken = pending.wake.acquire(timeout=-1 if timeout is None else timeout)
             if not woken:
                 with self._lock:
@@ -110,6 +106,9 @@ class GroupCommit:
                 self._writing = True
                 return True
             else:
+                if pending.done is None:
+                    pending.wake = threading.Lock()
+                    pending.wake.acquire()
                 self._queue.append(pending)
                 return False
         pending.answer(refused)
@@ -128,7 +127,7 @@ class GroupCommit:
                     return
                 count = min(len(self._queue), self.max_batch)
                 batch = [self._queue.popleft() for _ in range(count)]
-                heir = next((p for p in batch if p.wake is not None), None)
+                heir = next((p for p in batch if p.done is None), None)
                 if heir is not None:
                     heir.batch = batch
             if heir is not None:

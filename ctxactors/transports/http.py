@@ -49,7 +49,7 @@ from ctxactors.errors import (
 )
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
-from ctxactors.servers.history import Operation
+from ctxactors.servers.history import OperationRecord
 from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
 from ctxactors.transports.auth import principal_of
 from ctxactors.transports.inflight import InFlight
@@ -93,7 +93,7 @@ class ToolCallResponse(msgspec.Struct, frozen=True):
 
 class SessionContext(msgspec.Struct, frozen=True):
     session_id: str
-    operations: list[Operation]
+    operations: list[OperationRecord]
     count: int
 
 
@@ -353,7 +353,7 @@ def create_app(
         return _error(exc.status_code, code, message)
 
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.error("http_unexpected", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        log.error("http_unexpected", path=request.url.path, exc_info=exc)
         return _error(500, "internal", "internal error (logged on the server)")
 
     api: list[BaseRoute] = [
@@ -446,7 +446,7 @@ class BodyLimit:
 
 
 def _operations(structured: dict[str, Any]) -> dict[str, Any]:
-    ops = msgspec.convert(structured["operations"], list[Operation])
+    ops = msgspec.convert(structured["operations"], list[OperationRecord])
     return {"operations": ops, "count": len(ops)}
 
 

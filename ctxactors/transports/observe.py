@@ -1,5 +1,6 @@
 """What an operator reads over HTTP: ``/metrics`` (Prometheus) and ``/api/v1/stats/top``
-(the figures of ``ctxactors top``), and the ``serve`` options for them and for tracing.
+(the figures of ``ctxactors top``), the trace context of REST requests, and the ``serve``
+options for them.
 
 Who sees what, when authentication is on: an operator (a principal named by
 ``--operator``) sees everything; any other principal gets 403 at ``/metrics`` and, at
@@ -16,11 +17,14 @@ import time
 from typing import Any
 
 import msgspec
+from opentelemetry import context as otel_context
+from opentelemetry.propagate import extract
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxactors.metrics import BUCKETS, CallMetrics
 from ctxactors.transports.auth import principal_of
@@ -123,3 +127,30 @@ def routes(
         Route("/metrics", prometheus, methods=["GET"]),
         Route("/api/v1/stats/top", top, methods=["GET"]),
     ]
+
+
+class TraceContextMiddleware:
+    """ASGI middleware: a request's W3C ``traceparent`` (and ``tracestate``) header becomes
+    the current trace context while it is served, so a REST call's span continues the
+    caller's trace. A request without one costs a header scan."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        carrier = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in scope.get("headers", ())
+            if name in (b"traceparent", b"tracestate")
+        }
+        if "traceparent" not in carrier:
+            await self.app(scope, receive, send)
+            return
+        token = otel_context.attach(extract(carrier))
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            otel_context.detach(token)

@@ -28,12 +28,12 @@ from starlette.applications import Starlette
 
 from ctxactors import metrics
 from ctxactors._runtime import Runtime
+from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.state import open_store
 from ctxactors.tools import Server
-from ctxactors.tracing import TraceContextMiddleware
 from ctxactors.transports import access, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
@@ -55,8 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ttl",
         type=float,
-        default=3600.0,
-        help="idle seconds before a key's actor leaves memory (its stored state stays)",
+        help="idle seconds before a key's actor leaves memory (its stored state stays; "
+        "default 3600)",
     )
     parser.add_argument(
         "--store",
@@ -79,7 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long the store keeps a session after its last use",
     )
-    parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
+    parser.add_argument("--max-actors", type=int, help="cap on live actors (default 10,000)")
+    add_settings_argument(parser)
     parser.add_argument(
         "--tools",
         choices=("all", "unified"),
@@ -144,17 +145,24 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     if args.backend == "ray":
         return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args)
     try:
+        settings = settings_from_args(
+            args,
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+        )
+    except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
+        raise SystemExit(f"ctxactors serve: {exc}") from None
+    try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
     try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
-            ttl=args.ttl,
-            max_actors=args.max_actors,
-            max_actors_per_principal=args.max_actors_per_principal,
             tools=args.tools,
             store=store,
+            settings=settings,
         )
     except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
         if store is not None:
@@ -191,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ctxactors serve: {exc}", file=sys.stderr)
         return 2
     if args.tracing:  # before the runtime: it traces its calls when a provider is installed
-        _start_tracing()
+        _start_tracing(args.transport)
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -209,9 +217,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_tracing() -> None:
+def _start_tracing(transport: str) -> None:
     from ctxactors import tracing
 
+    exporters = os.environ.get("OTEL_TRACES_EXPORTER", "")
+    if transport == "stdio" and "console" in exporters:
+        # The console exporter writes to standard output, the stdio protocol's channel.
+        raise SystemExit(
+            "ctxactors serve --tracing: OTEL_TRACES_EXPORTER=console needs --transport http"
+        )
     try:
         tracing.configure_from_env()
     except RuntimeError as exc:
@@ -256,7 +270,7 @@ def http_app(
         in_flight=frontend.in_flight,
         security=security,
     )
-    app.add_middleware(TraceContextMiddleware)  # REST calls continue the caller's trace
+    app.add_middleware(observe.TraceContextMiddleware)  # REST calls continue the caller's trace
     return app, frontend
 
 
