@@ -239,6 +239,20 @@ def test_a_front_end_keeps_no_state_so_a_store_beside_a_backend_is_refused(
     backend.close()
 
 
+def test_the_front_end_s_settings_are_the_shards_limits(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    from ctxactors.settings import Settings
+
+    runtime, _ = front_ends(settings=Settings().replace(max_text_bytes=16))
+    refused = runtime.call("create_goal", {"goal": "x" * 17, "__sessionId": "set-1"})
+    assert (refused.is_error, refused.text) == (
+        True,
+        "the goal is 17 bytes of UTF-8: the limit is 16 (CTXACTORS_MAX_TEXT_BYTES)",
+    )
+    assert not runtime.call("create_goal", {"goal": "x" * 16, "__sessionId": "set-1"}).is_error
+
+
 # -- many sessions, two front ends, failures -------------------------------------------------
 
 
