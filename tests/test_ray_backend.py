@@ -484,3 +484,32 @@ def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
         ).kill_shards()
     for log in logs:
         no_traceback(log.read_text())
+
+
+def test_serve_with_the_ray_backend_says_plainly_what_is_wrong_with_its_store() -> None:
+    import subprocess
+
+    from mcp_support import free_port, serve_env
+    from served_support import SERVE
+
+    for store, message in [
+        (
+            "sqlite",
+            "--backend ray: the Ray backend keeps state in Redis: store must be a "
+            "redis:// URL, got 'sqlite'",
+        ),
+        (
+            f"redis://127.0.0.1:{free_port()}/0",
+            "--backend ray: the shard count's Redis: Error 111 connecting to",
+        ),
+    ]:
+        done = subprocess.run(
+            [*SERVE, "--backend", "ray", "--store", store],
+            capture_output=True,
+            text=True,
+            env=serve_env(),
+            timeout=60,
+        )
+        assert done.returncode == 1
+        assert done.stderr.startswith(message), done.stderr
+        assert "Traceback" not in done.stderr

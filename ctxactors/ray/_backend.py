@@ -56,8 +56,8 @@ class RayBackend:
     ``redis://`` URL every shard keeps key state in (required: a moved or restarted shard
     loads from it). `ttl`, `retention`, `max_actors` and `max_actors_per_principal` are
     each shard's limits, and `settings` every other one (`ctxactors.settings.Settings`;
-    default: the shard's environment). `shard_options` are extra Ray actor options for the shards (say
-    ``{"resources": {"ctxactors": 1}}`` to keep them on labelled nodes).
+    default: the shard's environment). `shard_options` are extra Ray actor options for the
+    shards (say ``{"resources": {"ctxactors": 1}}`` to keep them on labelled nodes).
     """
 
     def __init__(

@@ -30,6 +30,7 @@ from ctxactors import metrics
 from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
+from ctxactors.errors import StoreUnavailableError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.settings import Settings
@@ -189,7 +190,7 @@ def _ray_runtime(
             max_actors_per_principal=args.max_actors_per_principal,
             settings=settings,
         )
-    except ValueError as exc:
+    except (ValueError, StoreUnavailableError) as exc:
         raise SystemExit(f"--backend ray: {exc}") from None
     return Runtime(servers, tools=args.tools, backend=backend, settings=settings)
 
