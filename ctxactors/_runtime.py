@@ -97,6 +97,8 @@ class Runtime:
         self.clock = clock or time.monotonic
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
+        if backend is not None and store is not None:
+            raise ValueError("a backend keeps key state in its own store: give the store to it")
         if servers is None:
             from ctxactors.servers import BUILTIN
 

@@ -226,6 +226,33 @@ def test_a_changing_call_whose_shard_dies_fails_as_retryable_and_in_doubt(
     assert goals(runtime, "crash-2") == ["before"]
 
 
+def test_a_front_end_keeps_no_state_so_a_store_beside_a_backend_is_refused(
+    cluster: RayCluster,
+) -> None:
+    from ctxactors.state import MemoryStore
+
+    backend = RayBackend(cluster.cluster.address, store=cluster.redis.url, namespace="unused")
+    with pytest.raises(ValueError, match="give the store to it"):
+        Runtime(store=MemoryStore(), backend=backend)
+    with pytest.raises(ValueError, match="store must be a redis:// URL, got 'sqlite'"):
+        RayBackend(store="sqlite")
+    backend.close()
+
+
+def test_the_front_end_s_settings_are_the_shards_limits(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    from ctxactors.settings import Settings
+
+    runtime, _ = front_ends(settings=Settings().replace(max_text_bytes=16))
+    refused = runtime.call("create_goal", {"goal": "x" * 17, "__sessionId": "set-1"})
+    assert (refused.is_error, refused.text) == (
+        True,
+        "the goal is 17 bytes of UTF-8: the limit is 16 (CTXACTORS_MAX_TEXT_BYTES)",
+    )
+    assert not runtime.call("create_goal", {"goal": "x" * 16, "__sessionId": "set-1"}).is_error
+
+
 # -- many sessions, two front ends, failures -------------------------------------------------
 
 
@@ -457,3 +484,32 @@ def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
         ).kill_shards()
     for log in logs:
         no_traceback(log.read_text())
+
+
+def test_serve_with_the_ray_backend_says_plainly_what_is_wrong_with_its_store() -> None:
+    import subprocess
+
+    from mcp_support import free_port, serve_env
+    from served_support import SERVE
+
+    for store, message in [
+        (
+            "sqlite",
+            "--backend ray: the Ray backend keeps state in Redis: store must be a "
+            "redis:// URL, got 'sqlite'",
+        ),
+        (
+            f"redis://127.0.0.1:{free_port()}/0",
+            "--backend ray: the shard count's Redis: Error 111 connecting to",
+        ),
+    ]:
+        done = subprocess.run(
+            [*SERVE, "--backend", "ray", "--store", store],
+            capture_output=True,
+            text=True,
+            env=serve_env(),
+            timeout=60,
+        )
+        assert done.returncode == 1
+        assert done.stderr.startswith(message), done.stderr
+        assert "Traceback" not in done.stderr

@@ -33,6 +33,7 @@ from ctxactors.ray._directory import Directory
 from ctxactors.ray._hashing import owner
 from ctxactors.ray._shard import Moved, Shard, ShardConfig
 from ctxactors.results import ToolResult
+from ctxactors.settings import Settings
 from ctxactors.tools import Server, ToolSpec
 
 # Waits between retries of a read-only call while its shard restarts.
@@ -54,8 +55,9 @@ class RayBackend:
     `address` is a Ray cluster's address (None: start or join a local Ray); `store` the
     ``redis://`` URL every shard keeps key state in (required: a moved or restarted shard
     loads from it). `ttl`, `retention`, `max_actors` and `max_actors_per_principal` are
-    each shard's limits. `shard_options` are extra Ray actor options for the shards (say
-    ``{"resources": {"ctxactors": 1}}`` to keep them on labelled nodes).
+    each shard's limits, and `settings` every other one (`ctxactors.settings.Settings`;
+    default: the shard's environment). `shard_options` are extra Ray actor options for the
+    shards (say ``{"resources": {"ctxactors": 1}}`` to keep them on labelled nodes).
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class RayBackend:
         max_actors_per_principal: int | None = None,
         call_timeout: float = 30.0,
         shard_options: dict[str, Any] | None = None,
+        settings: Settings | None = None,
     ) -> None:
         if shards < 1:
             raise ValueError(f"shards must be at least 1, got {shards}")
@@ -90,6 +93,7 @@ class RayBackend:
             # The shards log as this process was told to (CTXACTORS_LOG_LEVEL/_FORMAT).
             "log_level": os.environ.get("CTXACTORS_LOG_LEVEL") or "info",
             "log_format": os.environ.get("CTXACTORS_LOG_FORMAT") or "json",
+            "settings": settings,
         }
         self._options = dict(shard_options or {})
         self._directory = Directory(store, namespace)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ctxactors.errors import StoreUnavailableError
+
 _RAISE = """
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
 local new = tonumber(ARGV[1])
@@ -29,11 +31,19 @@ class Directory:
 
     def count(self, default: int) -> int:
         """The stored count, or `default` when none is stored yet (which is then stored)."""
-        return int(self._raise(keys=[self._key], args=[default]))
+        return self.raise_to(default)
 
     def raise_to(self, count: int) -> int:
-        """Store `count` if it is larger; the count now stored."""
-        return int(self._raise(keys=[self._key], args=[count]))
+        """Store `count` if it is larger; the count now stored.
+
+        Raises `StoreUnavailableError` when Redis can't be reached.
+        """
+        import redis
+
+        try:
+            return int(self._raise(keys=[self._key], args=[count]))
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"the shard count's Redis: {exc}") from exc
 
     def close(self) -> None:
         self._redis.close()

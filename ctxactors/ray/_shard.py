@@ -25,6 +25,7 @@ from ctxactors.context import META_KEYS, SessionKey
 from ctxactors.ray._directory import Directory
 from ctxactors.ray._hashing import owner
 from ctxactors.results import ToolResult
+from ctxactors.settings import Settings
 
 
 class ShardConfig(msgspec.Struct, frozen=True):
@@ -43,6 +44,8 @@ class ShardConfig(msgspec.Struct, frozen=True):
     # which Ray keeps in the node's log directory) as the front end's command line did.
     log_level: str = "info"
     log_format: str = "json"
+    # Every other limit (content, workspace, history...), as the front end's runtime has them.
+    settings: Settings | None = None
 
 
 class Moved(msgspec.Struct, frozen=True):
@@ -85,6 +88,7 @@ class Shard:
             max_actors_per_principal=config.max_actors_per_principal,
             call_timeout=config.call_timeout,
             store=RedisStore(config.store, retention=config.retention),
+            settings=config.settings,
         )
         # Passivating moved sessions is the registry's end_session: it keeps stored state.
         self._registry = self.runtime._registry  # noqa: SLF001 - same package family

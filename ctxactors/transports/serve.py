@@ -30,8 +30,10 @@ from ctxactors import metrics
 from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
+from ctxactors.errors import StoreUnavailableError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
+from ctxactors.settings import Settings
 from ctxactors.state import open_store
 from ctxactors.tools import Server
 from ctxactors.transports import access, observe
@@ -142,8 +144,6 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
     extra = [load_server(s) for s in args.server]
-    if args.backend == "ray":
-        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args)
     try:
         settings = settings_from_args(
             args,
@@ -153,6 +153,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         )
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
+    if args.backend == "ray":
+        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args, settings)
     try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
@@ -170,7 +172,9 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         raise SystemExit(f"ctxactors serve: {exc}") from None
 
 
-def _ray_runtime(servers: list[type[Server]], args: argparse.Namespace) -> Runtime:
+def _ray_runtime(
+    servers: list[type[Server]], args: argparse.Namespace, settings: Settings
+) -> Runtime:
     """A stateless front end: the shards keep the state, in the Redis of ``--store``."""
     from ctxactors.ray import RayBackend
 
@@ -184,10 +188,11 @@ def _ray_runtime(servers: list[type[Server]], args: argparse.Namespace) -> Runti
             retention=args.retention,
             max_actors=args.max_actors,
             max_actors_per_principal=args.max_actors_per_principal,
+            settings=settings,
         )
-    except ValueError as exc:
+    except (ValueError, StoreUnavailableError) as exc:
         raise SystemExit(f"--backend ray: {exc}") from None
-    return Runtime(servers, tools=args.tools, backend=backend)
+    return Runtime(servers, tools=args.tools, backend=backend, settings=settings)
 
 
 def run(args: argparse.Namespace) -> int:
