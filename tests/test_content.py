@@ -266,3 +266,11 @@ def test_delete_removes_the_index_entry_not_just_the_text() -> None:
         assert store._db.execute("SELECT count(*) FROM texts").fetchone() == (0,)
     finally:
         store.close()
+
+
+def test_a_three_letter_term_matches_whatever_its_case_beyond_ascii(rt: Runtime) -> None:
+    """Three letters go to the trigram index, which folds case for any letter; SQL LIKE
+    (for shorter terms) folds only ASCII, so it must not filter these too."""
+    made = call(rt, "s1", "add_content", filename="f.txt", content="un été chaud")
+    for query in ("ÉTÉ", "Été chaud"):
+        assert ids(call(rt, "s1", "search_content", query=query)) == [made["id"]], query
