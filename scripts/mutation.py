@@ -86,8 +86,6 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "history",
                 "server_details",
                 "durable",  # snapshot/restore and the stored history's merge
-                "limits",
-                "limits_restored",
             )
         ],
     ),
