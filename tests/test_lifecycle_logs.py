@@ -478,6 +478,8 @@ def test_ending_a_principals_session_logs_that_principal() -> None:
     with capture_logs() as logs, Runtime([Counter]) as rt:
         rt.call("bump", ctx_args("s", "a"), principal="p1")
         assert rt.end_session("s", principal="p1") == 1
+    [call] = [e for e in logs if e["event"] == "tool_call"]
+    assert (call["principal"], call["session_id"], call["tool"]) == ("p1", "s", "bump")
     assert [e for e in logs if e["event"] == "session_ended"] == [
         {
             "logger": "ctxactors",
@@ -488,3 +490,14 @@ def test_ending_a_principals_session_logs_that_principal() -> None:
             "actors": 1,
         }
     ]
+
+
+def test_a_message_without_a_reply_slot_runs_and_the_key_keeps_serving() -> None:
+    key = ("counter-direct", (None, "s"))
+    with Runtime([Counter]) as rt:
+        reply = SyncReply()
+        rt.registry.submit(key, Counter, Call(lambda server: server.bump(None)))
+        rt.registry.submit(key, Counter, Call(lambda server: server.bump(None), reply))
+        assert reply.wait(WAIT)
+        assert reply.value == {"n": 2}
+        assert rt.stats()["inflight"] == 0
