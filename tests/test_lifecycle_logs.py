@@ -501,3 +501,24 @@ def test_a_message_without_a_reply_slot_runs_and_the_key_keeps_serving() -> None
         assert reply.wait(WAIT)
         assert reply.value == {"n": 2}
         assert rt.stats()["inflight"] == 0
+
+
+def test_context_fields_in_the_arguments_beside_meta_are_dropped_with_a_warning() -> None:
+    meta = {"ctxactors/sessionId": "s1", "ctxactors/assistantId": "a1", "ctxactors/threadId": "t1"}
+    with capture_logs() as logs, Runtime([Counter]) as rt:
+        done = rt.call("bump", {"__sessionId": "victim"}, meta=meta, principal="p1")
+        assert done.structured == {"n": 1}
+        assert rt.has_session("s1", principal="p1") and not rt.has_session("victim")
+    assert [e for e in logs if e["event"] == "spoofed_context_dropped"] == [
+        {
+            "logger": "ctxactors",
+            "event": "spoofed_context_dropped",
+            "log_level": "warning",
+            "tool": "bump",
+            "fields": ["__sessionId"],
+            "principal": "p1",
+            "session_id": "s1",
+            "assistant_id": "a1",
+            "thread_id": "t1",
+        }
+    ]

@@ -255,6 +255,8 @@ def test_has_session_is_per_principal_and_ends_with_the_session(clock: ManualClo
         assert rt.has_session("s") is False and rt.has_session("s", principal="p2") is False
         assert rt.end_session("s", principal="p1") == 1
         assert rt.has_session("s", principal="p1") is False
+        assert rt.registry.closed is False
+    assert rt.registry.closed is True
 
 
 PLANNING = ("planning", None, None)  # its store key: (server, assistant, thread)
@@ -380,8 +382,11 @@ def test_the_global_cap_still_holds_beside_the_per_principal_one(clock: ManualCl
 
 @pytest.mark.parametrize("bad", [0, -1])
 def test_a_per_principal_cap_below_one_is_refused(bad: int) -> None:
-    with pytest.raises(ValueError, match="max_actors_per_principal"):
+    with pytest.raises(ValueError) as caught:
         Runtime(max_actors_per_principal=bad)
+    assert str(caught.value) == "max_actors_per_principal must be at least 1 (or None)"
+    with Runtime(max_actors_per_principal=1) as rt:
+        assert rt.registry.max_actors_per_principal == 1
 
 
 def test_the_global_cap_passivates_the_flooding_principals_own_keys_first(
