@@ -12,7 +12,7 @@ import pytest
 from conftest import ManualClock, ctx_args
 from workspace_support import temporary_root
 
-from ctxactors import Runtime, Server, ToolContext, tool
+from ctxactors import Runtime, Server, ToolContext, settings, tool
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.content import Content
 from ctxactors.servers.history import (
@@ -384,16 +384,58 @@ def test_a_reloaded_key_counts_the_bytes_it_already_holds(
 ) -> None:
     rt = stored_rt
     assert answer(rt, "create_playbook", name="abc", steps=["defghi"]) is not None
-    assert answer(rt, "create_goal", goal="12345678") == {"id": "g1", "goal": "12345678"}
+    assert answer(rt, "create_goal", goal="1234567") == {"id": "g1", "goal": "1234567"}
+    made = answer(rt, "add_todo", name="t")  # 8 of 10 bytes with the goal
+    assert made == {"id": "t2", "name": "t", "goal_id": None, "done": False}
     clock.advance(61)
     assert rt.reap() == 2  # both keys passivated; their state stays in the store
     assert answer(rt, "create_playbook", name="abc", steps=["defghi"]) == (
         PLAYBOOK_BYTES.format(18)
     )
     assert answer(rt, "create_goal", goal="123") == PLANNING_BYTES.format(11)
-    assert answer(rt, "create_goal", goal="12") == {"id": "g2", "goal": "12"}  # 10 of 10
+    assert answer(rt, "create_goal", goal="12") == {"id": "g3", "goal": "12"}  # 10 of 10
     state = answer(rt, "get_planning_state")
     assert state == {
-        "goals": [{"id": "g1", "goal": "12345678"}, {"id": "g2", "goal": "12"}],
-        "todos": [],
+        "goals": [{"id": "g1", "goal": "1234567"}, {"id": "g3", "goal": "12"}],
+        "todos": [made],
     }
+
+
+def test_a_list_answer_over_the_bound_says_it_is_cut_and_how_many_there_are(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(settings, "MAX_ANSWER_BYTES", Cap("CTXACTORS_MAX_ANSWER_BYTES", 300))
+    for i in range(6):
+        ok(rt, "create_goal", goal=f"goal {i} " + "x" * 40)
+        ok(rt, "add_todo", name=f"todo {i} " + "y" * 40)
+        ok(rt, "create_playbook", name=f"pb{i}", steps=["z" * 40])
+        ok(rt, "add_content", filename=f"f{i}" + "w" * 40, content="c")
+    assert ok(rt, "get_planning_state") == {
+        "goals": [],
+        "todos": [],
+        "truncated": True,
+        "total_goals": 6,
+        "total_todos": 6,
+    }
+    assert ok(rt, "list_playbooks") == {"playbooks": [], "truncated": True, "total": 6}
+    assert ok(rt, "list_content") == {"items": [], "count": 0, "truncated": True, "total": 6}
+    recent = ok(rt, "get_recent_context", limit=50)
+    assert recent == {"operations": [], "count": 0, "truncated": True, "total": 27}
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "refusal"),
+    [
+        ("create_playbook", {"name": "p", "steps": ["a", "é" * 40_000]}, "step 2 is"),
+        ("create_goal", {"goal": "é" * 40_000}, "the goal is"),
+        ("add_todo", {"name": "é" * 40_000}, "the todo is"),
+    ],
+)
+def test_a_text_over_its_limit_is_refused_naming_it(
+    rt: Runtime, tool: str, args: dict[str, Any], refusal: str
+) -> None:
+    result = rt.call(tool, ctx_args("s", "a1", **args))
+    assert result.is_error
+    assert result.text == (
+        f"{refusal} 80,000 bytes of UTF-8: the limit is 65,536 (CTXACTORS_MAX_TEXT_BYTES)"
+    )
