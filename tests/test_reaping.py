@@ -366,11 +366,16 @@ def test_per_principal_cap_passivates_only_that_principals_own_lru_keys(
 
 
 def test_the_global_cap_still_holds_beside_the_per_principal_one(clock: ManualClock) -> None:
-    with Runtime(clock=clock, max_actors=4, max_actors_per_principal=3) as rt:
+    with (
+        capture_logs() as logs,
+        Runtime(clock=clock, max_actors=4, max_actors_per_principal=3) as rt,
+    ):
         for i in range(3):
             rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
         for i in range(2):
             rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
+        evicted = [(e["session_id"], e["reason"]) for e in logs if e["event"] == "actor_evicted"]
+        assert evicted == [("b0", "max_actors")]
         # Global LRU: bob's oldest went when alice's second key came.
         assert [(k[1][0], k[1][1]) for k in rt.registry.keys()] == [
             ("bob", "b1"),
@@ -409,3 +414,29 @@ def test_the_global_cap_passivates_the_flooding_principals_own_keys_first(
         listed = rt.call("list_content", ctx_args("s1"), principal="alice").structured
         assert listed is not None and listed["count"] == 1
         assert rt.stats()["evicted"] == 4
+
+
+def test_a_principal_over_its_cap_with_every_key_busy_keeps_them_and_the_newcomer(
+    clock: ManualClock,
+) -> None:
+    Gate.gates["own"] = threading.Event()
+    Gate.entered["own"] = threading.Event()
+    with make(clock, max_actors_per_principal=1) as rt:
+        held = threading.Thread(
+            target=lambda: rt.call("wait_gate", ctx_args("s1", gate="own"), principal="p")
+        )
+        held.start()
+        try:
+            assert Gate.entered["own"].wait(10)
+            # Over the cap, but the only other key is busy: nothing is evicted.
+            assert rt.call("count", ctx_args("s2"), principal="p").structured == {"n": 1}
+            assert rt.call("count", ctx_args("s2"), principal="p").structured == {"n": 2}
+            assert rt.stats()["evicted"] == 0
+        finally:
+            Gate.gates["own"].set()
+            held.join(10)
+
+
+def test_stores_are_given_the_call_timeout_to_save() -> None:
+    with Runtime(store=MemoryStore(), call_timeout=7.0) as rt:
+        assert rt.durability is not None and rt.durability.save_timeout == 7.0
