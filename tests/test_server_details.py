@@ -353,8 +353,9 @@ def test_an_undone_goal_gives_its_bytes_back_and_todos_count_theirs(stored_rt: R
     failed = rt.call("batch", ctx_args("s1", operations=ops, options={"transactional": True}))
     assert failed.is_error
     assert answer(rt, "get_planning_state") == {"goals": [], "todos": []}
-    assert answer(rt, "create_goal", goal="1234567") == {"id": "g2", "goal": "1234567"}
-    for todo_id, name in (("t3", "12"), ("t4", "1")):  # 9, then 10 of 10 bytes
+    assert answer(rt, "create_goal", goal="123") == {"id": "g2", "goal": "123"}
+    assert answer(rt, "create_goal", goal="1234") == {"id": "g3", "goal": "1234"}
+    for todo_id, name in (("t4", "12"), ("t5", "1")):  # 9, then 10 of 10 bytes
         made = {"id": todo_id, "name": name, "goal_id": None, "done": False}
         assert answer(rt, "add_todo", name=name) == made
     assert answer(rt, "add_todo", name="x") == (
