@@ -46,6 +46,13 @@ from ctxactors.servers.content import _folded, _occurrences, _snippet
             ["x", "xyzxyz"],
             "w" * 10 + "[x]" + "w" * 58 + "[xyzxyz]",
         ),
+        # however long: a 150-character term, first or later in the window
+        ("start " + "x" * 150 + " end", ["x" * 150], "start [" + "x" * 150 + "]…"),
+        (
+            "w" * 10 + "x" + "w" * 58 + "y" * 100,
+            ["x", "y" * 100],
+            "w" * 10 + "[x]" + "w" * 58 + "[" + "y" * 100 + "]",
+        ),
     ],
 )
 def test_snippet(content: str, terms: list[str], snippet: str) -> None:

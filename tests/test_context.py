@@ -20,6 +20,7 @@ from ctxactors import (
     clean_args,
     inject_context,
 )
+from ctxactors.context import check_id
 
 ctx_a1 = ToolContext("s1", "a1", "t1")
 
@@ -207,3 +208,28 @@ def test_a_bad_id_in_meta_is_refused_naming_the_meta_field(value: str, reason: s
     with Runtime() as rt, pytest.raises(InvalidArgumentsError) as caught:
         rt.call("create_goal", {"goal": "g"}, meta={"ctxactors/sessionId": value})
     assert str(caught.value) == f"_meta field 'ctxactors/sessionId' {reason}"
+
+
+def test_an_id_of_exactly_256_characters_is_taken_and_257_refused_naming_the_field() -> None:
+    with Runtime() as rt:
+        made = rt.call("create_goal", {"__sessionId": "x" * 256, "goal": "g"})
+        assert made.structured == {"id": "g1", "goal": "g"}
+        with pytest.raises(InvalidArgumentsError) as caught:
+            rt.call("create_goal", {"__sessionId": "x" * 257, "goal": "g"})
+    assert str(caught.value) == "reserved field '__sessionId' must be 1 to 256 characters"
+
+
+def test_only_spaces_and_tabs_at_the_ends_of_an_id_are_refused() -> None:
+    """What an HTTP header strips; another Unicode space is part of the id."""
+    assert check_id("s1\u3000", "session_id") == "s1\u3000"
+    with pytest.raises(InvalidArgumentsError, match="starts or ends with a space or tab"):
+        check_id("s1 ", "session_id")
+
+
+def test_arguments_as_text_with_a_lone_surrogate_are_refused_saying_where() -> None:
+    surrogate = json.loads('"\\ud800"')
+    with Runtime() as rt, pytest.raises(InvalidArgumentsError) as caught:
+        rt.call("create_goal", '{"goal": "x' + surrogate + '"}')
+    assert (
+        str(caught.value) == "arguments are not valid text: surrogates not allowed at character 11"
+    )

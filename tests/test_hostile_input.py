@@ -48,6 +48,11 @@ class Echo(Server):
         return {"data": data}
 
     @tool
+    def counts(self, ctx: ToolContext, data: dict[str, int]) -> dict[str, Any]:
+        """Echo a typed object."""
+        return {"data": data}
+
+    @tool
     def bad_dict(self, ctx: ToolContext) -> dict[str, Any]:
         """Return a surrogate inside a dict."""
         return {"text": SURROGATE}
@@ -183,6 +188,10 @@ def test_non_string_keys_are_refused_at_any_depth(rt: Runtime) -> None:
     assert "Expected `str` - at `key` in `$`" in refused(rt, "create_goal", {1: "x", "goal": "g"})
     with pytest.raises(InvalidArgumentsError, match="at `key` in `\\$`"):  # with _meta too
         rt.call("create_goal", {1: "x", "goal": "g"}, meta={"ctxactors/sessionId": "s1"})
+    # Under a typed field msgspec refuses the key itself, in its own words.
+    assert refused(rt, "counts", ctx_args("s1", data={1: 2})) == (
+        "invalid arguments for 'counts': Expected `str`, got `int` - at `key` in `$.data`"
+    )
     kept = rt.call("keep", ctx_args("s1", data={"a": [{"b": {"c": 1}}], "é": "ü"}))
     assert kept.structured == {"data": {"a": [{"b": {"c": 1}}], "é": "ü"}}
 

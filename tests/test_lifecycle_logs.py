@@ -508,6 +508,8 @@ def test_ending_a_principals_session_logs_that_principal() -> None:
     with capture_logs() as logs, Runtime([Counter]) as rt:
         rt.call("bump", ctx_args("s", "a"), principal="p1")
         assert rt.end_session("s", principal="p1") == 1
+    [call] = [e for e in logs if e["event"] == "tool_call"]
+    assert (call["principal"], call["session_id"], call["tool"]) == ("p1", "s", "bump")
     assert [e for e in logs if e["event"] == "session_ended"] == [
         {
             "logger": "ctxactors",
@@ -516,5 +518,41 @@ def test_ending_a_principals_session_logs_that_principal() -> None:
             "principal": "p1",
             "session_id": "s",
             "actors": 1,
+        }
+    ]
+
+
+def test_a_message_without_a_reply_slot_runs_and_the_key_keeps_serving() -> None:
+    spec, ctx = Counter.tools["bump"], ToolContext("s")
+    key = Key(("counter-direct", (None, "s")))
+    with Runtime([Counter]) as rt:
+        reply = SyncReply()
+        for slot in (None, reply):
+            envelope = Envelope(
+                ToolCall("bump", ctx, {}), spec, spec.validate({}), key, slot, rt._host
+            )
+            rt._registry.submit(key, Counter, envelope)
+        assert reply.wait(WAIT)
+        assert reply.value.structured == {"n": 2}
+        assert rt.stats()["inflight"] == 0
+
+
+def test_context_fields_in_the_arguments_beside_meta_are_dropped_with_a_warning() -> None:
+    meta = {"ctxactors/sessionId": "s1", "ctxactors/assistantId": "a1", "ctxactors/threadId": "t1"}
+    with capture_logs() as logs, Runtime([Counter]) as rt:
+        done = rt.call("bump", {"__sessionId": "victim"}, meta=meta, principal="p1")
+        assert done.structured == {"n": 1}
+        assert rt.has_session("s1", principal="p1") and not rt.has_session("victim")
+    assert [e for e in logs if e["event"] == "spoofed_context_dropped"] == [
+        {
+            "logger": "ctxactors",
+            "event": "spoofed_context_dropped",
+            "log_level": "warning",
+            "tool": "bump",
+            "fields": ["__sessionId"],
+            "principal": "p1",
+            "session_id": "s1",
+            "assistant_id": "a1",
+            "thread_id": "t1",
         }
     ]

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ManualClock, ctx_args
+from conftest import ctx_args
 from hypothesis import given
 from hypothesis import strategies as st
 from workspace_support import temporary_root
@@ -230,86 +230,3 @@ def test_no_session_from_any_source_is_refused_when_there_is_no_fallback(
         assert "_meta" in message and "ctxactors/sessionId" in message
         assert "__sessionId" in message
     assert rt.stats()["calls"] == 0  # nothing ran
-
-
-def test_per_principal_cap_passivates_only_that_principals_own_lru_keys(
-    clock: ManualClock,
-) -> None:
-    with Runtime(clock=clock, max_actors=100, max_actors_per_principal=5) as rt:
-        for i in range(3):
-            rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
-        for i in range(20):
-            rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
-        keys = rt._registry.keys()
-        by_principal: dict[Any, list[str]] = {}
-        for key in keys:
-            by_principal.setdefault(key[1][0], []).append(key[1][1])
-        assert by_principal == {
-            "bob": ["b0", "b1", "b2"],
-            "alice": ["a15", "a16", "a17", "a18", "a19"],
-        }
-        stats = rt.stats()
-        assert (stats["actors"], stats["evicted"], stats["spawned"]) == (8, 15, 23)
-        # Touching alice's oldest key makes it the most recent: the next eviction takes a16.
-        rt.call("list_content", ctx_args("a15"), principal="alice")
-        rt.call("list_content", ctx_args("a20"), principal="alice")
-        alice = sorted(k[1][1] for k in rt._registry.keys() if k[1][0] == "alice")
-        assert alice == ["a15", "a17", "a18", "a19", "a20"]
-        # The unauthenticated namespace has a cap of its own too.
-        for i in range(7):
-            rt.call("list_content", ctx_args(f"n{i}"))
-        assert sorted(k[1][1] for k in rt._registry.keys() if k[1][0] is None) == [
-            "n2",
-            "n3",
-            "n4",
-            "n5",
-            "n6",
-        ]
-        assert sorted(k[1][1] for k in rt._registry.keys() if k[1][0] == "bob") == [
-            "b0",
-            "b1",
-            "b2",
-        ]
-
-
-def test_the_global_cap_still_holds_beside_the_per_principal_one(clock: ManualClock) -> None:
-    with Runtime(clock=clock, max_actors=4, max_actors_per_principal=3) as rt:
-        for i in range(3):
-            rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
-        for i in range(2):
-            rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
-        # Global LRU: bob's oldest went when alice's second key came.
-        assert [(k[1][0], k[1][1]) for k in rt._registry.keys()] == [
-            ("bob", "b1"),
-            ("bob", "b2"),
-            ("alice", "a0"),
-            ("alice", "a1"),
-        ]
-
-
-@pytest.mark.parametrize("bad", [0, -1])
-def test_a_per_principal_cap_below_one_is_refused(bad: int) -> None:
-    with pytest.raises(ValueError, match="max_actors_per_principal"):
-        Runtime(max_actors_per_principal=bad)
-
-
-def test_the_global_cap_passivates_the_flooding_principals_own_keys_first(
-    clock: ManualClock,
-) -> None:
-    from ctxactors.servers import Content
-
-    with Runtime(servers=[Content], clock=clock, max_actors=3) as rt:
-        alice = rt.call(
-            "add_content", ctx_args("s1", filename="n", content="alice's"), principal="alice"
-        )
-        assert not alice.is_error
-        clock.advance(1)
-        for i in range(6):  # bob floods: his own older keys make room, alice's stays
-            rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
-            clock.advance(1)
-        keys = rt._registry.keys()
-        assert ("content", ("alice", "s1")) in keys
-        assert sorted(k[1] for k in keys if k[1][0] == "bob") == [("bob", "b4"), ("bob", "b5")]
-        listed = rt.call("list_content", ctx_args("s1"), principal="alice").structured
-        assert listed is not None and listed["count"] == 1
-        assert rt.stats()["evicted"] == 4

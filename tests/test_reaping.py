@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import ManualClock, ctx_args
+from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import Lifecycle
@@ -254,6 +255,8 @@ def test_has_session_is_per_principal_and_ends_with_the_session(clock: ManualClo
         assert rt.has_session("s") is False and rt.has_session("s", principal="p2") is False
         assert rt.end_session("s", principal="p1") == 1
         assert rt.has_session("s", principal="p1") is False
+        assert rt._registry.closed is False
+    assert rt._registry.closed is True
 
 
 PLANNING = ("planning", None, None)  # its store key: (server, assistant, thread)
@@ -315,3 +318,126 @@ def test_the_background_reaper_forgets_sessions_past_retention() -> None:
         now[0] = 7.0
         assert store.purged.wait(8)
         assert store.purge() == 0
+
+
+# -- the caps per principal and the global one, beside each other -------------------------
+
+
+def test_per_principal_cap_passivates_only_that_principals_own_lru_keys(
+    clock: ManualClock,
+) -> None:
+    with Runtime(clock=clock, max_actors=100, max_actors_per_principal=5) as rt:
+        with capture_logs() as logs:
+            for i in range(3):
+                rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
+            for i in range(20):
+                rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
+        evicted = [(e["session_id"], e["reason"]) for e in logs if e["event"] == "actor_evicted"]
+        assert evicted == [(f"a{i}", "max_actors_per_principal") for i in range(15)]
+        keys = rt._registry.keys()
+        by_principal: dict[Any, list[str]] = {}
+        for key in keys:
+            by_principal.setdefault(key[1][0], []).append(key[1][1])
+        assert by_principal == {
+            "bob": ["b0", "b1", "b2"],
+            "alice": ["a15", "a16", "a17", "a18", "a19"],
+        }
+        stats = rt.stats()
+        assert (stats["actors"], stats["evicted"], stats["spawned"]) == (8, 15, 23)
+        # Touching alice's oldest key makes it the most recent: the next eviction takes a16.
+        rt.call("list_content", ctx_args("a15"), principal="alice")
+        rt.call("list_content", ctx_args("a20"), principal="alice")
+        alice = sorted(k[1][1] for k in rt._registry.keys() if k[1][0] == "alice")
+        assert alice == ["a15", "a17", "a18", "a19", "a20"]
+        # The unauthenticated namespace has a cap of its own too.
+        for i in range(7):
+            rt.call("list_content", ctx_args(f"n{i}"))
+        assert sorted(k[1][1] for k in rt._registry.keys() if k[1][0] is None) == [
+            "n2",
+            "n3",
+            "n4",
+            "n5",
+            "n6",
+        ]
+        assert sorted(k[1][1] for k in rt._registry.keys() if k[1][0] == "bob") == [
+            "b0",
+            "b1",
+            "b2",
+        ]
+
+
+def test_the_global_cap_still_holds_beside_the_per_principal_one(clock: ManualClock) -> None:
+    with (
+        capture_logs() as logs,
+        Runtime(clock=clock, max_actors=4, max_actors_per_principal=3) as rt,
+    ):
+        for i in range(3):
+            rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
+        for i in range(2):
+            rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
+        evicted = [(e["session_id"], e["reason"]) for e in logs if e["event"] == "actor_evicted"]
+        assert evicted == [("b0", "max_actors")]
+        # Global LRU: bob's oldest went when alice's second key came.
+        assert [(k[1][0], k[1][1]) for k in rt._registry.keys()] == [
+            ("bob", "b1"),
+            ("bob", "b2"),
+            ("alice", "a0"),
+            ("alice", "a1"),
+        ]
+
+
+@pytest.mark.parametrize("bad", [0, -1])
+def test_a_per_principal_cap_below_one_is_refused(bad: int) -> None:
+    with pytest.raises(ValueError) as caught:
+        Runtime(max_actors_per_principal=bad)
+    assert str(caught.value) == "max_actors_per_principal must be at least 1"
+    with Runtime(max_actors_per_principal=1) as rt:
+        assert rt._registry.max_actors_per_principal == 1
+
+
+def test_the_global_cap_passivates_the_flooding_principals_own_keys_first(
+    clock: ManualClock,
+) -> None:
+    from ctxactors.servers import Content
+
+    with Runtime(servers=[Content], clock=clock, max_actors=3) as rt:
+        alice = rt.call(
+            "add_content", ctx_args("s1", filename="n", content="alice's"), principal="alice"
+        )
+        assert not alice.is_error
+        clock.advance(1)
+        for i in range(6):  # bob floods: his own older keys make room, alice's stays
+            rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
+            clock.advance(1)
+        keys = rt._registry.keys()
+        assert ("content", ("alice", "s1")) in keys
+        assert sorted(k[1] for k in keys if k[1][0] == "bob") == [("bob", "b4"), ("bob", "b5")]
+        listed = rt.call("list_content", ctx_args("s1"), principal="alice").structured
+        assert listed is not None and listed["count"] == 1
+        assert rt.stats()["evicted"] == 4
+
+
+def test_a_principal_over_its_cap_with_every_key_busy_keeps_them_and_the_newcomer(
+    clock: ManualClock,
+) -> None:
+    Gate.gates["own"] = threading.Event()
+    Gate.entered["own"] = threading.Event()
+    with make(clock, max_actors_per_principal=1) as rt:
+        held = threading.Thread(
+            target=lambda: rt.call("wait_gate", ctx_args("s1", gate="own"), principal="p")
+        )
+        held.start()
+        try:
+            assert Gate.entered["own"].wait(10)
+            # Over the cap, but the only other key is busy: nothing is evicted.
+            assert rt.call("count", ctx_args("s2"), principal="p").structured == {"n": 1}
+            assert rt.call("count", ctx_args("s2"), principal="p").structured == {"n": 2}
+            assert rt.stats()["evicted"] == 0
+        finally:
+            Gate.gates["own"].set()
+            held.join(10)
+
+
+def test_stores_are_given_the_call_timeout_to_save() -> None:
+    with Runtime(store=MemoryStore(), call_timeout=7.0) as rt:
+        assert rt.durability is not None and rt.durability.save_timeout == 7.0

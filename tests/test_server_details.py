@@ -23,7 +23,14 @@ from ctxactors.servers.history import (
     compact,
     generic_metadata,
 )
-from ctxactors.settings import ContentSettings, HistorySettings, Settings
+from ctxactors.settings import (
+    ContentSettings,
+    HistorySettings,
+    PlanningSettings,
+    PlaybooksSettings,
+    Settings,
+)
+from ctxactors.state import MemoryStore
 
 
 @pytest.fixture
@@ -282,3 +289,151 @@ def test_a_query_may_have_sixteen_words_and_short_terms_rank_by_occurrences(rt: 
     found = ok(rt, "search_content", query="ab")["results"]
     assert [r["filename"] for r in found] == ["thrice", "twice", "once"]
     assert [r["score"] for r in found] == [3.0, 2.0, 1.0]
+
+
+# -- byte caps: exact boundaries, undos, and a key reloaded from a store -------------------
+# A reloaded key once started its byte count from zero, so every passivation let a session
+# store its whole cap again.
+
+
+SMALL_CAPS = Settings(
+    playbooks=PlaybooksSettings(max_playbooks=2, max_steps=3, max_bytes=12),
+    planning=PlanningSettings(max_todos=2, max_bytes=10),
+)
+
+
+@pytest.fixture
+def stored_rt(clock: ManualClock) -> Iterator[Runtime]:
+    with Runtime(clock=clock, ttl=60, store=MemoryStore(), settings=SMALL_CAPS) as runtime:
+        yield runtime
+
+
+def answer(rt: Runtime, tool: str, **args: Any) -> str | dict[str, Any] | None:
+    """The structured answer, or the refusal's text."""
+    result = rt.call(tool, ctx_args("s1", **args))
+    return result.text if result.is_error else result.structured
+
+
+PLAYBOOK_BYTES = "this session's playbooks would hold {} bytes: the limit is 12 " + (
+    "(CTXACTORS_PLAYBOOKS_MAX_BYTES)"
+)
+PLANNING_BYTES = "this thread's goals and todos would hold {} bytes: the limit is 10 " + (
+    "(CTXACTORS_PLANNING_MAX_BYTES)"
+)
+
+
+def test_each_playbook_cap_admits_exactly_its_value(stored_rt: Runtime) -> None:
+    rt = stored_rt
+    assert answer(rt, "create_playbook", name="p", steps=["a", "b", "c", "d"]) == (
+        "the playbook has 4 steps: the limit is 3 (CTXACTORS_PLAYBOOKS_MAX_STEPS)"
+    )
+    made = answer(rt, "create_playbook", name="abc", steps=["de", "fg", "hi"])  # 9 bytes
+    assert made == {"id": "pb1", "name": "abc", "agent_id": None, "steps": ["de", "fg", "hi"]}
+    assert answer(rt, "create_playbook", name="abcd") == PLAYBOOK_BYTES.format(13)
+    assert answer(rt, "create_playbook", name="xyz") == {  # 12 of 12 bytes
+        "id": "pb2",
+        "name": "xyz",
+        "agent_id": None,
+        "steps": [],
+    }
+    assert answer(rt, "create_playbook", name="q") == (
+        "this session has 2 playbooks: the limit is 2 (CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS)"
+    )
+
+
+def test_an_undone_goal_gives_its_bytes_back_and_todos_count_theirs(stored_rt: Runtime) -> None:
+    rt = stored_rt
+    ops = [
+        {"tool": "create_goal", "arguments": {"goal": "12345"}},
+        {"tool": "add_todo", "arguments": {"name": "x", "goal_id": "nope"}},
+    ]
+    failed = rt.call("batch", ctx_args("s1", operations=ops, options={"transactional": True}))
+    assert failed.is_error
+    assert answer(rt, "get_planning_state") == {"goals": [], "todos": []}
+    assert answer(rt, "create_goal", goal="123") == {"id": "g2", "goal": "123"}
+    assert answer(rt, "create_goal", goal="1234") == {"id": "g3", "goal": "1234"}
+    for todo_id, name in (("t4", "12"), ("t5", "1")):  # 9, then 10 of 10 bytes
+        made = {"id": todo_id, "name": name, "goal_id": None, "done": False}
+        assert answer(rt, "add_todo", name=name) == made
+    assert answer(rt, "add_todo", name="x") == (
+        "this thread already has 2 todos: the limit is 2 (CTXACTORS_PLANNING_MAX_TODOS)"
+    )
+    assert answer(rt, "create_goal", goal="1") == PLANNING_BYTES.format(11)
+
+
+def test_an_undone_playbook_gives_its_bytes_back(stored_rt: Runtime) -> None:
+    rt = stored_rt
+    kept = answer(rt, "create_playbook", name="ab")  # 2 bytes, kept
+    assert kept == {"id": "pb1", "name": "ab", "agent_id": None, "steps": []}
+    ops = [
+        {"tool": "create_playbook", "arguments": {"name": "abc", "steps": ["defghi"]}},
+        {"tool": "add_todo", "arguments": {"name": "x", "goal_id": "nope"}},
+    ]
+    failed = rt.call("batch", ctx_args("s1", operations=ops, options={"transactional": True}))
+    assert failed.is_error
+    assert answer(rt, "list_playbooks") == {"playbooks": [kept]}
+    assert answer(rt, "create_playbook", name="abcdefghijk") == PLAYBOOK_BYTES.format(13)
+    made = answer(rt, "create_playbook", name="abcdefghij")  # 12 of 12 bytes
+    assert made == {"id": "pb3", "name": "abcdefghij", "agent_id": None, "steps": []}
+
+
+def test_a_reloaded_key_counts_the_bytes_it_already_holds(
+    stored_rt: Runtime, clock: ManualClock
+) -> None:
+    rt = stored_rt
+    assert answer(rt, "create_playbook", name="abc", steps=["defghi"]) is not None
+    assert answer(rt, "create_goal", goal="1234567") == {"id": "g1", "goal": "1234567"}
+    made = answer(rt, "add_todo", name="t")  # 8 of 10 bytes with the goal
+    assert made == {"id": "t2", "name": "t", "goal_id": None, "done": False}
+    clock.advance(61)
+    assert rt.reap() == 2  # both keys passivated; their state stays in the store
+    assert answer(rt, "create_playbook", name="abc", steps=["defghi"]) == (
+        PLAYBOOK_BYTES.format(18)
+    )
+    assert answer(rt, "create_goal", goal="123") == PLANNING_BYTES.format(11)
+    assert answer(rt, "create_goal", goal="12") == {"id": "g3", "goal": "12"}  # 10 of 10
+    state = answer(rt, "get_planning_state")
+    assert state == {
+        "goals": [{"id": "g1", "goal": "1234567"}, {"id": "g3", "goal": "12"}],
+        "todos": [made],
+    }
+
+
+@pytest.mark.parametrize("rt_settings", [Settings(max_answer_bytes=300)])
+def test_a_list_answer_over_the_bound_says_it_is_cut_and_how_many_there_are(
+    rt: Runtime,
+) -> None:
+    for i in range(6):
+        ok(rt, "create_goal", goal=f"goal {i} " + "x" * 40)
+        ok(rt, "add_todo", name=f"todo {i} " + "y" * 40)
+        ok(rt, "create_playbook", name=f"pb{i}", steps=["z" * 40])
+        ok(rt, "add_content", filename=f"f{i}" + "w" * 40, content="c")
+    assert ok(rt, "get_planning_state") == {
+        "goals": [],
+        "todos": [],
+        "truncated": True,
+        "total_goals": 6,
+        "total_todos": 6,
+    }
+    assert ok(rt, "list_playbooks") == {"playbooks": [], "truncated": True, "total": 6}
+    assert ok(rt, "list_content") == {"items": [], "count": 0, "truncated": True, "total": 6}
+    recent = ok(rt, "get_recent_context", limit=50)
+    assert recent == {"operations": [], "count": 0, "truncated": True, "total": 27}
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "refusal"),
+    [
+        ("create_playbook", {"name": "p", "steps": ["a", "é" * 40_000]}, "step 2 is"),
+        ("create_goal", {"goal": "é" * 40_000}, "the goal is"),
+        ("add_todo", {"name": "é" * 40_000}, "the todo is"),
+    ],
+)
+def test_a_text_over_its_limit_is_refused_naming_it(
+    rt: Runtime, tool: str, args: dict[str, Any], refusal: str
+) -> None:
+    result = rt.call(tool, ctx_args("s", "a1", **args))
+    assert result.is_error
+    assert result.text == (
+        f"{refusal} 80,000 bytes of UTF-8: the limit is 65,536 (CTXACTORS_MAX_TEXT_BYTES)"
+    )

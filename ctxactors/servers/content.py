@@ -402,7 +402,8 @@ def _snippet(content: str, terms: list[str]) -> str:
     marks: list[tuple[int, int]] = []
     pos = start
     while pos < end:
-        found = [(i, len(n)) for n in needles if (i := folded.find(n, pos, end + 64)) >= 0]
+        # Only hits starting before `end`, but whole however long (a term may be 1,000 chars).
+        found = [(i, len(n)) for n in needles if (i := folded.find(n, pos, end - 1 + len(n))) >= 0]
         if not found:
             break
         i, n = min(found, key=lambda f: (f[0], -f[1]))

@@ -82,6 +82,10 @@ class Planning(Server):
         self.goals = {g.id: msgspec.structs.asdict(g) for g in state.goals}
         self.todos = {t.id: msgspec.structs.asdict(t) for t in state.todos}
         self._next = state.next
+        # The byte cap counts what is kept: a reloaded key must not start from zero.
+        self._bytes = sum(text_size(g.goal) for g in state.goals) + sum(
+            text_size(t.name) for t in state.todos
+        )
 
     def _new_id(self, prefix: str) -> str:
         self._next += 1

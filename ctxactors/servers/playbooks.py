@@ -91,6 +91,8 @@ class Playbooks(Server):
         self.playbooks = {p.id: msgspec.structs.asdict(p) for p in state.playbooks}
         self.selected = dict(state.selected)
         self._next = state.next
+        # The byte cap counts what is kept: a reloaded key must not start from zero.
+        self._bytes = sum(text_size(p.name) + sum(map(text_size, p.steps)) for p in state.playbooks)
 
     def _remove_playbook(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
         """Undo of create_playbook for transactional batches (the id is not reused)."""
