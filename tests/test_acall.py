@@ -8,7 +8,6 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 
 from ctxactors import (
     CallTimeoutError,
@@ -20,6 +19,7 @@ from ctxactors import (
     tool,
 )
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import context_args as ctx_args
 
 WAIT = 20.0  # bound for waits that pass at once unless the code is broken
 HELD_RUNNING = threading.Event()

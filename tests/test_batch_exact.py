@@ -11,7 +11,6 @@ from typing import Any, ClassVar, cast
 
 import pytest
 from batch_support import WAIT, Probe, batch, by_id
-from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.actors import caller_deadline
@@ -28,6 +27,7 @@ from ctxactors.batch_plan import (
 )
 from ctxactors.results import ToolError, ToolResult
 from ctxactors.servers import BUILTIN, Batch
+from ctxactors.testing import context_args as ctx_args
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}
 

@@ -12,7 +12,6 @@ import types
 from typing import Any
 
 import pytest
-from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import (
@@ -26,6 +25,8 @@ from ctxactors import (
     tool,
 )
 from ctxactors.actors import Call, SyncReply
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 
 WAIT = 20.0
 
@@ -186,11 +187,7 @@ def test_a_busy_server_is_neither_reaped_nor_evicted(clock: ManualClock) -> None
 def test_the_background_reaper_stops_idle_actors_by_itself() -> None:
     with Runtime([Counter], ttl=0.05, scan_interval=0.01) as rt:
         rt.call("bump", ctx_args("s", "a"))
-        done = threading.Event()
-        for _ in range(int(WAIT / 0.01)):
-            if rt.stats()["reaped"] == 1:
-                break
-            done.wait(0.01)
+        wait_until(lambda: rt.stats()["reaped"] == 1, WAIT)
         assert rt.stats()["reaped"] == 1 and rt.stats()["actors"] == 0
 
 
@@ -441,11 +438,7 @@ class BadBusy(Server):
 def test_a_failing_reaper_pass_is_logged_and_the_reaper_goes_on() -> None:
     with capture_logs() as logs, Runtime([BadBusy], ttl=0.01, scan_interval=0.01) as rt:
         rt.call("touch", ctx_args("s"))
-        pause = threading.Event()
-        for _ in range(int(WAIT / 0.01)):
-            if sum(e["event"] == "reap_failed" for e in logs) >= 2:  # it keeps trying
-                break
-            pause.wait(0.01)
+        wait_until(lambda: sum(e["event"] == "reap_failed" for e in logs) >= 2, WAIT)  # it retries
     failed = [e for e in logs if e["event"] == "reap_failed"]
     assert len(failed) >= 2
     assert failed[0] == {

@@ -16,6 +16,7 @@ from ctxactors import loadtest
 from ctxactors.context import ToolContext
 from ctxactors.loadtest_targets import EmbeddedTarget, TransportError
 from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit, parse_mix
+from ctxactors.testing import serve_app
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -199,16 +200,12 @@ def keys_by_server(rt: Any) -> dict[str, int]:
     return counts
 
 
-def serve_rest(rt: Any) -> tuple[Any, str]:
-    """A minimal REST front for the runtime on an ephemeral loopback port (test double).
+def rest_front(rt: Any) -> Any:
+    """A minimal REST front for the runtime (test double).
 
     Shapes follow the REST contract: POST /api/v1/tools/{name}, context in X-*-Id headers,
     the MCP result object as the body.
     """
-    import socket
-    import threading
-
-    import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -224,17 +221,7 @@ def serve_rest(rt: Any) -> tuple[Any, str]:
         )
         return JSONResponse(result.to_mcp())
 
-    app = Starlette(routes=[Route("/api/v1/tools/{name}", tool, methods=["POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        threading.Event().wait(0.05)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return Starlette(routes=[Route("/api/v1/tools/{name}", tool, methods=["POST"])])
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -242,12 +229,9 @@ def test_rest_target_over_loopback(tmp_path: Path, use_async: bool) -> None:
     from ctxactors import Runtime
 
     with Runtime() as rt:
-        server, url = serve_rest(rt)
-        try:
+        with serve_app(rest_front(rt)) as url:
             argv = ["--url", url, "--sessions", "10", "--calls", "12", "--workers", "4"]
             code, report = run_cli(tmp_path, *argv, *(["--async"] if use_async else []))
-        finally:
-            server.should_exit = True
         assert code == 0, report
         assert report["target"] == f"REST API at {url}"
         assert report["workload_calls"] == 120 and report["errors"] == {}

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 
 from ctxactors import Runtime
 from ctxactors.servers.batch import Presets
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture

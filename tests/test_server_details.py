@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ManualClock, ctx_args
 from workspace_support import temporary_root
 
 from ctxactors import Runtime, Server, ToolContext, tool
@@ -25,6 +24,8 @@ from ctxactors.servers.history import (
     compact,
     generic_metadata,
 )
+from ctxactors.testing import ManualClock
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from typing import Annotated, Any
 
 import msgspec
 import pytest
-from conftest import ctx_args
 
 from ctxactors import InvalidArgumentsError, Runtime, Scope, Server, ToolContext, tool
 from ctxactors.results import ToolResult, UnknownToolError
+from ctxactors.testing import context_args as ctx_args
 from ctxactors.tools import collect_tools, input_schema, pick, refuse_context_fields
 
 
