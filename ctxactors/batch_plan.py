@@ -183,35 +183,53 @@ def make_plan(
         if op_id in seen:
             raise ToolError(f"{where}: duplicate id {op_id!r} (also operation {seen[op_id]})")
         seen[op_id] = index
-        # The context is exactly the batch call's own; reserved fields inside the
-        # arguments are dropped.
-        step = Step(index, op_id, spec, clean_args(op.arguments), ctx)
-        step.needs = set(op.depends_on) | references(step.args)
-        step.condition = op.condition
-        step.after = set(step.needs)
-        if op.condition is not None:
-            given = [c for c in (op.condition.if_success, op.condition.if_failed) if c]
-            if len(given) != 1:
-                raise ToolError(f"{where}: a condition names exactly one of ifSuccess/ifFailed")
-            step.after.add(given[0])
-        step.timeout = None if op.timeout is None else op.timeout / 1000
-        step.compensation = as_compensation(spec.compensate)
+        step = _schedule(Step(index, op_id, spec, clean_args(op.arguments), ctx), op, where)
         if transactional and step.compensation is None and not spec.read_only:
             raise ToolError(
                 f"{where}: {spec.name!r} has no compensation, so it can't run in a "
                 "transactional batch"
             )
-        if not filled_later(step.args):
-            try:
-                step.validated = spec.validate(step.args)
-            except CtxActorsError as exc:
-                raise ToolError(f"{where}: {exc}") from None
-        else:  # some values come later: check those by name now, the rest fully
-            _check_known(spec, step.args, where, filled_later)
+        _check_arguments(step, where, filled_later)
         steps.append(step)
+    _check_order(steps)
+    return steps
+
+
+def _schedule(step: Step, op: Operation, where: str) -> Step:
+    """`step` with what it waits for, its timeout and its compensation (from `op`).
+
+    Its context is exactly the batch call's own; reserved fields inside the arguments
+    were dropped."""
+    step.needs = set(op.depends_on) | references(step.args)
+    step.condition = op.condition
+    step.after = set(step.needs)
+    if op.condition is not None:
+        given = [c for c in (op.condition.if_success, op.condition.if_failed) if c]
+        if len(given) != 1:
+            raise ToolError(f"{where}: a condition names exactly one of ifSuccess/ifFailed")
+        step.after.add(given[0])
+    step.timeout = None if op.timeout is None else op.timeout / 1000
+    step.compensation = as_compensation(step.spec.compensate)
+    return step
+
+
+def _check_arguments(step: Step, where: str, later: Callable[[Any], bool]) -> None:
+    """Validate the arguments now; those filled `later` by name now and by value then."""
+    if not later(step.args):
+        try:
+            step.validated = step.spec.validate(step.args)
+        except CtxActorsError as exc:
+            raise ToolError(f"{where}: {exc}") from None
+    else:  # some values come later: check those by name now, the rest fully
+        _check_known(step.spec, step.args, where, later)
+
+
+def _check_order(steps: list[Step]) -> None:
+    """Every step waits only for other, known steps, and the waits form no cycle."""
+    ids = {step.id for step in steps}
     for step in steps:
         for other in sorted(step.after):
-            if other not in seen:
+            if other not in ids:
                 raise ToolError(
                     f"operation {step.index} ({step.id!r}) depends on unknown {other!r}"
                 )
@@ -222,7 +240,6 @@ def make_plan(
     except graphlib.CycleError as exc:
         cycle = " -> ".join(exc.args[1])
         raise ToolError(f"the operations' dependencies form a cycle: {cycle}") from None
-    return steps
 
 
 def _check_known(
