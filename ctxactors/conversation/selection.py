@@ -38,6 +38,9 @@ class PlacedUnit(NamedTuple):
         return self.messages[0].role == "user"
 
 
+_placed = tuple.__new__
+
+
 class _Newest(NamedTuple):
     """The newest unit as it will be sent, and what is left once it is paid for."""
 
@@ -170,14 +173,16 @@ def _cost(unit: Unit, counter: TokenCounter) -> int:
 def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[PlacedUnit]:
     """The valid units of ``messages[start:]`` with their positions, newest first.
 
-    Walking backwards lets the selection stop as soon as the window is full.
+    Walking backwards lets the selection stop as soon as the window is full. (`_placed`
+    builds each `PlacedUnit` without the named tuple's Python-level ``__new__``: this runs
+    once per unit of the window.)
     """
     i = len(messages) - 1
     while i >= start:
         message = messages[i]
         if message.role != "tool":
             if not message.tool_calls:  # a call not followed by its results is dropped
-                yield PlacedUnit(i, (message,))
+                yield _placed(PlacedUnit, (i, (message,)))
             i -= 1
             continue
         first = i
@@ -187,7 +192,7 @@ def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[Pla
         if caller >= start and messages[caller].tool_calls:
             unit = _complete_step(messages[caller], messages[first : i + 1])
             if unit is not None:
-                yield PlacedUnit(caller, unit)
+                yield _placed(PlacedUnit, (caller, unit))
             i = caller - 1
         else:
             i = first - 1  # tool results without their call
