@@ -2,33 +2,55 @@
 
 No global "current session": the context travels with each call's arguments, and the
 router sends the call to the actor that owns that key's state.
+
+This module only re-exports the public names; the core behind them is private
+(`_runtime`, `_registry`, `_actors`, `_call`). Errors are drawn as a tree in
+`ctxactors.errors`.
 """
 
+from ctxactors._call import caller_deadline
+from ctxactors._runtime import Runtime
 from ctxactors.context import ToolContext, clean_args, inject_context
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
+    ContextBudgetError,
     CtxActorsError,
+    DuplicateToolError,
     InvalidArgumentsError,
+    ModelError,
     RuntimeClosedError,
+    SandboxUnavailableError,
+    ServerDefinitionError,
+    StaleStateError,
+    StoreError,
+    StoreUnavailableError,
     ToolError,
-    ToolResult,
     UnknownToolError,
 )
-from ctxactors.runtime import Runtime
+from ctxactors.results import ToolResult
 from ctxactors.tools import Scope, Server, pick, tool
 
 __all__ = [
     "CallTimeoutError",
+    "ContextBudgetError",
     "CtxActorsError",
+    "DuplicateToolError",
     "InvalidArgumentsError",
+    "ModelError",
     "Runtime",
     "RuntimeClosedError",
+    "SandboxUnavailableError",
     "Scope",
     "Server",
+    "ServerDefinitionError",
+    "StaleStateError",
+    "StoreError",
+    "StoreUnavailableError",
     "ToolContext",
     "ToolError",
     "ToolResult",
     "UnknownToolError",
+    "caller_deadline",
     "clean_args",
     "inject_context",
     "pick",

@@ -1,8 +1,9 @@
 """Running a checked batch plan: order, parallelism, references, dedup, timeouts, rollback.
 
 The engine runs in the thread of whichever actor holds the batch call (the batch or the
-presets key) and hands each operation to its own key's actor with `Runtime.submit`, so the
-operation runs exactly like a direct call (same actor, same ordering, same history). Replies
+presets key) and hands each operation to its own key's actor as a call like any other
+(`Runtime._submit`), so it runs exactly like a direct call (same actor, same ordering, same
+history); an undo is a call too, with the compensation as its `Undo`. Replies
 come back through one queue; `parallel` simply means several operations are submitted
 before waiting, so operations on different keys truly overlap while operations on one key
 keep their order in that key's mailbox. It never submits to its own key: nested batches
@@ -26,7 +27,8 @@ from typing import Any
 
 import msgspec
 
-from ctxactors.actors import SyncReply
+from ctxactors._actors import SyncReply
+from ctxactors._call import Undo
 from ctxactors.batch_plan import (
     BadReference,
     BatchOptions,
@@ -40,7 +42,8 @@ from ctxactors.batch_plan import (
     resolve,
 )
 from ctxactors.batch_template import REFERENCES, Path, size_of
-from ctxactors.results import CtxActorsError, ToolError, ToolResult
+from ctxactors.errors import CtxActorsError
+from ctxactors.results import ToolResult
 
 _encode_sorted = msgspec.json.Encoder(order="sorted").encode
 
@@ -89,6 +92,10 @@ class _OpReply:
         with self._lock:
             self._began = self._on_late is None
             return self._began
+
+    def start(self) -> str | None:
+        """The reply slot's side of `begin`: why it must not run, if it must not."""
+        return None if self.begin() else "not run: the batch gave up on it before it started"
 
     def set(self, value: Any) -> None:
         with self._lock:
@@ -227,8 +234,14 @@ class BatchRun:
         reply = _OpReply(step, self.inbox, deadline)
         reply.started = time.perf_counter()
         try:
-            self.runtime.submit(
-                step.spec, step.ctx, step.validated, step.args, reply, fn=self._body(step, reply)
+            self.runtime._submit(
+                step.spec,
+                step.ctx,
+                step.validated,
+                step.args,
+                reply,
+                deadline=deadline,
+                prepare=self.options.transactional and step.compensation is not None,
             )
         except CtxActorsError as exc:
             self._finish(step, "failed", error=OpError("runtime_error", str(exc)))
@@ -250,7 +263,7 @@ class BatchRun:
         try:
             step.args = resolve(step.args, self.data)
             step.validated = step.spec.validate(step.args)
-        except (ToolError, CtxActorsError) as exc:
+        except CtxActorsError as exc:  # a bad reference (a ToolError) or bad arguments
             return OpError("invalid_arguments", str(exc))
         return None
 
@@ -300,21 +313,6 @@ class BatchRun:
             if cond.if_failed is not None and self.outcome[cond.if_failed] != "failed":
                 return OpError("condition_not_met", f"{cond.if_failed!r} did not fail")
         return None
-
-    def _body(self, step: Step, reply: _OpReply) -> Callable[[Any], ToolResult]:
-        """The handler, run only if the batch still waits for it, preceded (in a
-        transaction) by the compensation's `before` record."""
-        spec, ctx, args = step.spec, step.ctx, step.validated
-        comp = step.compensation if self.options.transactional else None
-
-        def run(server: Any) -> ToolResult:
-            if not reply.begin():
-                return ToolResult.error("not run: the batch gave up on it before it started")
-            if comp is not None:
-                reply.prior = comp.prepare(server, ctx, args)
-            return spec.invoke(server, ctx, args)
-
-        return run
 
     def _complete(self, reply: _OpReply) -> None:
         step = reply.step
@@ -431,16 +429,16 @@ class BatchRun:
         comp = step.compensation
         if comp is None or value is None or value.is_error:
             return None
-        structured, prior = value.structured, reply.prior
-
-        def undo(server: Any) -> ToolResult:
-            comp(server, step.ctx, step.validated, structured, prior)
-            return ToolResult.ok({"compensated": step.spec.name})
-
         done = SyncReply() if wait is not None else None
         try:
-            self.runtime.submit(
-                step.spec, step.ctx, step.validated, step.args, done, fn=undo, observe=False
+            self.runtime._submit(
+                step.spec,
+                step.ctx,
+                step.validated,
+                step.args,
+                done,
+                deadline=None,
+                undo=Undo(value.structured, reply.prior),
             )
         except CtxActorsError as exc:
             return str(exc)

@@ -19,7 +19,7 @@ from ctxactors.batch_pending import Placement, holds_placeholder, pending_proble
 from ctxactors.batch_template import REFERENCES, Path, Template
 from ctxactors.compensation import Compensation, as_compensation
 from ctxactors.context import ToolContext, clean_args
-from ctxactors.results import CtxActorsError, ToolError
+from ctxactors.errors import CtxActorsError, ToolError
 from ctxactors.tools import ToolSpec
 
 OpId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]

@@ -1,7 +1,8 @@
 """Bounded state and bounded answers, so no key or answer grows with what a caller sends.
 
 `text_size` and `check_text` measure a text the way the caps are set (UTF-8 bytes);
-`AnswerBudget` cuts a list answer once its JSON would pass ``CTXACTORS_MAX_ANSWER_BYTES``.
+`AnswerBudget` cuts a list answer once its JSON would pass the runtime's
+``max_answer_bytes`` (``CTXACTORS_MAX_ANSWER_BYTES``).
 A cut answer keeps its leading items and says so (``truncated``, and the totals), never
 failing the call: the caller still gets what fits and learns that there is more.
 """
@@ -13,8 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from ctxactors import settings
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.settings import Cap
 
 T = TypeVar("T")
@@ -46,9 +46,8 @@ class AnswerBudget:
 
     __slots__ = ("left", "cut")
 
-    def __init__(self, max_bytes: int | None = None) -> None:
-        limit = settings.MAX_ANSWER_BYTES.value if max_bytes is None else max_bytes
-        self.left = limit - _ENVELOPE
+    def __init__(self, max_bytes: int) -> None:
+        self.left = max_bytes - _ENVELOPE
         self.cut = False
 
     def take(self, items: Iterable[T]) -> list[T]:

@@ -11,14 +11,39 @@ import importlib
 import sys
 from typing import Any
 
+from ctxactors.logs import configure_logging
+from ctxactors.settings import Settings, assign
+
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ctxactors.demo", "run a scripted multi-session scenario on the embedded runtime"),
     "serve": ("ctxactors.transports.serve", "serve the tools over MCP (stdio or HTTP) and REST"),
     "loadtest": ("ctxactors.loadtest", "fire many concurrent sessions and check for cross-talk"),
     "logs": ("ctxactors.logtool", "filter and summarise ctxactors JSON log lines"),
+    "top": ("ctxactors.top", "a live view of a running server (calls/s, latency, sessions)"),
 }
 # The extra (pyproject.toml) a command's imports come from; the core install has the demo.
-EXTRAS = {"serve": "serve", "loadtest": "cli", "logs": "cli"}
+# `top` reads the server's own /top shapes (ctxactors.transports.observe), so it needs both.
+EXTRAS = {"serve": "serve", "loadtest": "cli", "logs": "cli", "top": "all"}
+
+
+def add_settings_argument(parser: argparse.ArgumentParser) -> None:
+    """``--set NAME=VALUE``: any setting of the README's limits table, for the runtime a
+    command makes; the others come from the ``CTXACTORS_*`` variables."""
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a runtime setting, e.g. content.max_item_bytes=65536 (repeatable; the rest come "
+        "from the CTXACTORS_* variables)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace, **shortcuts: Any) -> Settings:
+    """The environment's settings, then ``--set``, then the command's own flags (`shortcuts`,
+    None for a flag not given); `ValueError` names the variable or flag that is wrong."""
+    return assign(Settings.from_env(), getattr(args, "settings", None) or ()).replace(**shortcuts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         if args_list[:1] == [name]:
             _load(name).add_arguments(p)
     args = parser.parse_args(args_list)
+    # The application configures logging (from CTXACTORS_LOG_*), never the library.
+    configure_logging()
     return int(_load(args.command).run(args) or 0)
 
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 
+from ctxactors.errors import InvalidArgumentsError
 from ctxactors.logs import get_logger
-from ctxactors.results import InvalidArgumentsError
 
 SESSION_ID = "__sessionId"
 ASSISTANT_ID = "__assistantId"
@@ -222,7 +222,6 @@ def inject_context(
     args = parse_arguments(ai_arguments)
     injected = clean_args(args)
     if len(injected) != len(args):
-        # get_logger configures logging (to stderr) in a host that never made a Runtime.
         get_logger("ctxactors.context").warning(
             "spoofed_context_dropped",
             fields=sorted(k for k in args if _reserved(k)),

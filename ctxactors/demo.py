@@ -13,11 +13,13 @@ import os
 import threading
 from typing import Any
 
+from ctxactors._runtime import Runtime
+from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.context import ToolContext, inject_context
 from ctxactors.logs import configure_logging
-from ctxactors.runtime import Runtime
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
+from ctxactors.settings import Settings
 
 SESSIONS = ("alice", "bob", "carol", "dave")
 ASSISTANTS = ("planner", "coder")
@@ -29,19 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sessions", type=int, default=len(SESSIONS), help="number of conversations"
     )
     parser.add_argument("--goals", type=int, default=GOALS_EACH, help="goals per assistant")
+    add_settings_argument(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if not os.environ.get("CTXACTORS_LOG_LEVEL"):
         configure_logging(level="warning")  # keep per-call lines out of the story
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        raise SystemExit(f"ctxactors demo: {exc}") from None
     sessions = [SESSIONS[i] if i < len(SESSIONS) else f"user{i}" for i in range(args.sessions)]
-    return 0 if demo(sessions, args.goals) else 1
+    return 0 if demo(sessions, args.goals, settings=settings) else 1
 
 
-def demo(sessions: list[str], goals_each: int, out: Any = print) -> bool:
+def demo(
+    sessions: list[str], goals_each: int, out: Any = print, settings: Settings | None = None
+) -> bool:
     ok = True
     # Only the servers the story uses: the workspace needs bubblewrap, the demo does not.
-    with Runtime(servers=[Planning, Playbooks]) as rt:
+    with Runtime(servers=[Planning, Playbooks], settings=settings) as rt:
         out(f"{len(sessions)} conversations x {len(ASSISTANTS)} assistants, all at once:\n")
         barrier = threading.Barrier(len(sessions) * len(ASSISTANTS))
         playbook_ids: dict[tuple[str, str], str] = {}

@@ -1,8 +1,8 @@
 """Key state beyond its actor: loaded on the key's first call, saved after every change.
 
 A server is durable when it declares ``State`` (a msgspec type) with ``snapshot()`` and
-``restore(state)``. With a store, the runtime wraps each call to a durable key
-(`Durability.wrap`):
+``restore(state)``. With a store, each call to a durable key is run between
+`Durability.load` and `Durability.save`:
 
 - before the first call of an incarnation the key's state is loaded from the store and the
   revision remembered (a load that fails is retried on the next call, so recovery from a
@@ -15,6 +15,11 @@ A server is durable when it declares ``State`` (a msgspec type) with ``snapshot(
   back to the last saved snapshot, so nothing visible changes, and the call gets an error
   result. Reads of live keys don't touch the store and keep working while it is down.
 
+A server whose state is too big to save whole on every change (content: a session's
+documents) also declares parts (`Parted`): its snapshot is then the small rest, and each
+save carries only the parts that changed, written atomically with the snapshot under the
+same revision compare-and-set.
+
 The bookkeeping (revision, the bytes last saved) rides on the server instance, so it lives
 and dies with the actor that owns it; only that actor's thread touches it.
 """
@@ -24,8 +29,8 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -51,6 +56,38 @@ _decoders: dict[type[Server], msgspec.msgpack.Decoder[Any]] = {}
 
 def is_durable(server: type[Server]) -> bool:
     return getattr(server, "State", None) is not None
+
+
+class Parted(Protocol):
+    """A durable server whose state is saved in parts as well as its snapshot.
+
+    `restore_parts` replaces every part with the stored ones (on each load) and starts
+    tracking changes; from then on `changed_parts` gives each part changed since the last
+    `settle_parts` (its bytes, or None when it went), and `settle_parts(saved=False)` puts
+    those parts back as they were (the save failed). Without a store nothing loads, so
+    nothing is tracked.
+    """
+
+    def restore_parts(self, parts: dict[str, bytes]) -> None: ...
+
+    def changed_parts(self) -> dict[str, bytes | None]: ...
+
+    def settle_parts(self, saved: bool) -> None: ...
+
+
+_parted: dict[type[Server], bool] = {}
+
+
+def as_parted(server: Server) -> Parted | None:
+    """`server` if it is `Parted`, else None (a cached class check: it runs on every call)."""
+    kind = type(server)
+    found = _parted.get(kind)
+    if found is None:
+        found = _parted[kind] = all(
+            callable(getattr(kind, m, None))
+            for m in ("restore_parts", "changed_parts", "settle_parts")
+        )
+    return cast(Parted, server) if found else None
 
 
 def state_key(key: tuple[Any, ...]) -> tuple[SessionRef, StateKey]:
@@ -79,6 +116,21 @@ class _Follower(Protocol):
     def close(self) -> None: ...
 
 
+class SessionListener(Protocol):
+    """What keeps session data outside the store (the workspace's directories) and must
+    follow the session's retention: told of uses, deletes and purge passes."""
+
+    def touched(self, sessions: list[SessionRef]) -> None:
+        """These sessions were just used (or have a live actor): their retention restarts."""
+
+    def deleted(self, session: SessionRef) -> None:
+        """The session was ended: forget its data now."""
+
+    def purge(self, retention: float) -> None:
+        """Forget data untouched for `retention` seconds (sessions in use were touched just
+        before)."""
+
+
 class _Slot:
     """What one incarnation of a key knows about its stored state."""
 
@@ -95,14 +147,29 @@ class Durability:
     """The store side of a runtime: one group-commit writer, the load/save of every key."""
 
     def __init__(
-        self, store: StateStore, *, save_timeout: float = 30.0, flush_delay: float = 0.05
+        self,
+        store: StateStore,
+        *,
+        save_timeout: float = 30.0,
+        flush_delay: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+        live: Callable[[], Iterable[SessionRef]] = tuple,
     ) -> None:
         self.store = store
         self.save_timeout = save_timeout
         self.flush_delay = flush_delay
         self.commit = GroupCommit(store)
         self._log = get_logger("ctxactors.durable")
-        self._purged_at = time.monotonic()
+        self._clock = clock
+        self._purged_at = clock()
+        # Retention counts from a session's last use, reads included: a used session is
+        # touched in the store behind its calls, at most once per `touch_every` seconds;
+        # and every session with a live actor (`live`) is touched before each purge.
+        self.touch_every = store.retention / 100
+        self._live = live
+        self._used: dict[SessionRef, float] = {}  # session -> when its last touch was sent
+        self._to_touch: set[SessionRef] = set()
+        self._listeners: list[SessionListener] = []
         # Per session, what writes behind the calls (the history): closed on delete.
         self._followers: weakref.WeakValueDictionary[SessionRef, _Follower] = (
             weakref.WeakValueDictionary()
@@ -119,28 +186,25 @@ class Durability:
         )
         self._flusher.start()
 
-    def wrap(
-        self, body: Callable[[Any], ToolResult], key: tuple[Any, ...], read_only: bool
-    ) -> Callable[[Any], ToolResult]:
-        """`body` with the key's state loaded before it and, unless `read_only`, saved after."""
-        session, skey = state_key(key)
+    def load(self, server: Server, key: tuple[Any, ...]) -> ToolResult | None:
+        """Before a call: load the key's state on its incarnation's first call (or after
+        a failed one). None when ready, else the error result the call gets instead."""
+        slot: _Slot | None = getattr(server, _SLOT, None)
+        if slot is None:
+            slot = _Slot(encode_state(server))
+            setattr(server, _SLOT, slot)
+        if not slot.loaded:
+            session, skey = state_key(key)
+            try:
+                self._load(server, slot, session, skey)
+            except StoreError as exc:
+                return _unavailable(exc)
+        return None
 
-        def run(server: Server) -> ToolResult:
-            slot: _Slot | None = getattr(server, _SLOT, None)
-            if slot is None:
-                slot = _Slot(encode_state(server))
-                setattr(server, _SLOT, slot)
-            if not slot.loaded:
-                try:
-                    self._load(server, slot, session, skey)
-                except StoreError as exc:
-                    return _unavailable(exc)
-            result = body(server)
-            if read_only:
-                return result
-            return self._save(server, slot, session, skey, result)
-
-        return run
+    def save(self, server: Server, key: tuple[Any, ...], result: ToolResult) -> ToolResult:
+        """After a call that may have written: save the state if it changed (see `_save`)."""
+        slot: _Slot = getattr(server, _SLOT)
+        return self._save(server, slot, *state_key(key), result)
 
     def _load(self, server: Server, slot: _Slot, session: SessionRef, skey: StateKey) -> None:
         record = self.store.load(session, skey)
@@ -151,6 +215,9 @@ class Durability:
         else:
             server.restore(decode_state(type(server), record.data))
             slot.revision, slot.data = record.revision, record.data
+        parted = as_parted(server)
+        if parted is not None:
+            parted.restore_parts({} if record is None else record.parts)
         slot.loaded = True
 
     def _save(
@@ -162,30 +229,41 @@ class Durability:
         result: ToolResult,
     ) -> ToolResult:
         data = encode_state(server)
-        if data == slot.data:
+        parted = as_parted(server)
+        parts = {} if parted is None else parted.changed_parts()
+        if data == slot.data and not parts:
             return result
+        write = Write(session, skey, data, slot.revision, tuple(parts.items()))
         try:
-            revision = self.commit.save(
-                Write(session, skey, data, slot.revision), timeout=self.save_timeout
-            )
+            revision = self.commit.save(write, timeout=self.save_timeout)
         except StaleStateError as exc:
             self._log.warning("stale_state", session=list(session), key=list(skey), error=str(exc))
             slot.loaded = False
             try:
                 self._load(server, slot, session, skey)
             except StoreError:
-                server.restore(decode_state(type(server), slot.data))  # reload on next call
+                self._roll_back(server, slot)  # and reload on the next call
             return ToolResult.error(
                 f"not saved: {exc}. Another process changed this state; it has been "
                 "reloaded from the store, so check it and retry the call"
             )
         except (StoreUnavailableError, TimeoutError) as exc:
-            server.restore(decode_state(type(server), slot.data))
+            self._roll_back(server, slot)
             if isinstance(exc, TimeoutError):
                 slot.loaded = False  # the save may yet land: read back what the store has
             return _unavailable(exc)
+        if parted is not None:
+            parted.settle_parts(saved=True)
         slot.revision, slot.data = revision, data
         return result
+
+    @staticmethod
+    def _roll_back(server: Server, slot: _Slot) -> None:
+        """The state as last saved: the snapshot, and the parts changed since put back."""
+        server.restore(decode_state(type(server), slot.data))
+        parted = as_parted(server)
+        if parted is not None:
+            parted.settle_parts(saved=False)
 
     def follow(self, session: SessionRef, follower: _Follower) -> _Follower | None:
         """Close `follower` when the session is deleted (it writes behind the calls);
@@ -200,18 +278,53 @@ class Durability:
         follower = self._followers.pop(session, None)
         if follower is not None:
             follower.close()
+        for listener in self._listeners:
+            listener.deleted(session)
         try:
             self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
         except TimeoutError as exc:
             raise StoreUnavailableError(f"the state store did not answer: {exc}") from None
         return self.store.delete_session(session)
 
+    def used(self, session: SessionRef) -> None:
+        """The session was just used (any call): start its retention again, soon and cheaply
+        (a touch written behind the calls, at most once per `touch_every`)."""
+        now = self._clock()
+        last = self._used.get(session)
+        if last is not None and now - last < self.touch_every:
+            return
+        with self._deferred_lock:
+            self._used[session] = now
+            self._to_touch.add(session)
+        self._wake.set()
+
+    def listen(self, listener: SessionListener) -> None:
+        self._listeners.append(listener)
+
+    def _touch(self, sessions: list[SessionRef]) -> None:
+        for listener in self._listeners:
+            listener.touched(sessions)
+        try:
+            self.store.touch(sessions)
+        except StoreError as exc:
+            self._log.warning("touch_failed", error=str(exc))
+            with self._deferred_lock:  # touch them again on their next use
+                for session in sessions:
+                    self._used.pop(session, None)
+
     def purge(self, every: float) -> int:
-        """Forget sessions past their retention, at most once every `every` seconds."""
-        now = time.monotonic()
+        """Forget sessions past their retention, at most once every `every` seconds; never
+        one with a live actor (its retention starts again now)."""
+        now = self._clock()
         if now - self._purged_at < every:
             return 0
         self._purged_at = now
+        with self._deferred_lock:
+            self._used = {s: t for s, t in self._used.items() if now - t < self.touch_every}
+            waiting, self._to_touch = self._to_touch, set()
+        self._touch([*waiting, *self._live()])
+        for listener in self._listeners:
+            listener.purge(self.store.retention)
         purged = self.store.purge()
         if purged:
             self._log.info("sessions_purged", sessions=purged)
@@ -226,8 +339,11 @@ class Durability:
         with self._deferred_lock:
             waiting = list(self._deferred.values())
             self._deferred.clear()
+            touch, self._to_touch = self._to_touch, set()
         for follower in waiting:
             follower.flush()
+        if touch:
+            self._touch(list(touch))
 
     def _flush_forever(self) -> None:
         while not self._closing.is_set():
@@ -237,7 +353,11 @@ class Durability:
             self._flush_all()
 
     def flush(self) -> None:
-        """Write what waits behind the calls (the histories) now, and wait for it."""
+        """Write what waits behind the calls (the histories, the touches) now, and wait."""
+        with self._deferred_lock:
+            touch, self._to_touch = self._to_touch, set()
+        if touch:
+            self._touch(list(touch))
         for follower in list(self._followers.values()):
             follower.drain(self.save_timeout)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -51,7 +52,9 @@ class HistorySaver:
         self._next = 0  # the revision the next write expects
         self._loaded = False
         self._inflight = False  # one write at a time per session...
-        self._pending: list[tuple[float, Any]] | None = None  # ...the newest waits for it
+        # ...the newest waits for it: a function that lists the records when the flusher
+        # writes them (listing them on every call cost each call the whole history).
+        self._pending: Callable[[], list[tuple[float, Any]]] | None = None
         self._closed = False
         self._idle = threading.Event()  # set while no write is under way
         self._idle.set()
@@ -77,9 +80,10 @@ class HistorySaver:
             self._next = 0 if record is None else record.revision
         return [] if record is None else [(s.wall, s.op) for s in _decode(record.data)]
 
-    def save(self, records: list[tuple[float, Any]]) -> None:
-        """Keep these records (wall time, operation; oldest first) for the flusher to write
-        behind the calls."""
+    def save(self, records: Callable[[], list[tuple[float, Any]]]) -> None:
+        """Have the flusher write, behind the calls, the records `records()` lists then (wall
+        time, operation; oldest first). It runs in the flusher's thread, without this
+        saver's lock, so it may take the history's own."""
         with self._lock:
             if self._closed:
                 return
@@ -97,7 +101,7 @@ class HistorySaver:
             self._pending = None
             self._inflight = True
             self._idle.clear()
-        data = _encode([Stored(wall, op) for wall, op in records])
+        data = _encode([Stored(wall, op) for wall, op in records()])
         self._durable.commit.submit(Write(self._session, KEY, data, expected), self._done)
 
     def _done(self, outcome: object) -> None:

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import msgspec
@@ -32,7 +32,9 @@ import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ctxactors.cli import add_settings_argument
 from ctxactors.context import ToolContext
+from ctxactors.loadtest_chaos import RestartedServer
 from ctxactors.loadtest_options import DEFAULT_TTL, LoadOptions
 from ctxactors.loadtest_targets import Target, TransportError, make_target
 from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit
@@ -80,7 +82,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept state reset by reaping (implied by --ttl/--max-actors; for --url servers)",
     )
+    parser.add_argument(
+        "--restart-every",
+        type=float,
+        metavar="SECONDS",
+        help="start a `ctxactors serve --transport http` and SIGKILL and restart it every "
+        "SECONDS during the workload; calls cut off are counted in doubt (present or absent), "
+        "acknowledged ones must be present",
+    )
+    parser.add_argument(
+        "--serve-store",
+        default="sqlite",
+        help="with --restart-every: the served store (sqlite, the default, or a redis:// URL)",
+    )
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call")
+    add_settings_argument(parser)
     parser.add_argument("--seed", type=int, default=1, help="workload random seed")
     parser.add_argument("--json", metavar="FILE", help="also write the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -126,6 +142,7 @@ class Metrics:
 def build_workload(options: LoadOptions) -> tuple[list[Unit], list[PlaybookBook]]:
     """The units (planning keys) and playbook books of every session, deterministic by seed."""
     allow_resets = options.allow_resets
+    tolerate_doubt = options.restart_every is not None  # a call cut off by a restart
     run_id = secrets.token_hex(2)  # fresh ids per run, so a long-lived server starts clean
     assistants = [f"a{i}" for i in range(options.assistants)]
     threads: list[str | None] = [f"t{i}" for i in range(options.threads)] or [None]
@@ -141,7 +158,7 @@ def build_workload(options: LoadOptions) -> tuple[list[Unit], list[PlaybookBook]
             ctx = ToolContext(session, assistant, thread)
             seed = options.seed * 1_000_003 + len(units)
             calls = share + (1 if i < extra else 0)
-            units.append(Unit(ctx, calls, options.mix, seed, book, allow_resets))
+            units.append(Unit(ctx, calls, options.mix, seed, book, allow_resets, tolerate_doubt))
     return units, books
 
 
@@ -167,13 +184,15 @@ def _settle(owner: Owner, call: PlannedCall, metrics: Metrics, started: float, r
         owner.record(call, None)
 
 
-def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
+def _send(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> bool:
+    """Send and check one call; False when it failed in transit."""
     started = time.perf_counter()
     try:
         result: Any = target.call(call.tool, call.args, call.ctx)
     except Exception as exc:  # noqa: BLE001 - every failure is counted by kind
         result = exc
     _settle(owner, call, metrics, started, result)
+    return isinstance(result, Outcome)
 
 
 async def _asend(target: Target, owner: Owner, call: PlannedCall, metrics: Metrics) -> None:
@@ -186,9 +205,20 @@ async def _asend(target: Target, owner: Owner, call: PlannedCall, metrics: Metri
 
 
 def run_threads(
-    target: Target, units: list[Unit], books: list[PlaybookBook], workers: int, metrics: Metrics
+    target: Target,
+    units: list[Unit],
+    books: list[PlaybookBook],
+    workers: int,
+    metrics: Metrics,
+    *,
+    between: Callable[[], None] | None = None,
+    pause: float = 0.0,
 ) -> None:
-    """Workload phase round-robin over the units, then the verification calls."""
+    """Workload phase round-robin over the units, then the verification calls.
+
+    `between` runs after the workload (the restarts stop there); a call that failed in
+    transit makes its worker wait `pause` seconds (a server being restarted refuses fast).
+    """
     pending: queue.SimpleQueue[Unit | None] = queue.SimpleQueue()
     for unit in units:
         pending.put(unit)
@@ -205,7 +235,8 @@ def run_threads(
                         for _ in range(workers):
                             pending.put(None)
                 continue
-            _send(target, unit, call, metrics)
+            if not _send(target, unit, call, metrics) and pause:
+                time.sleep(pause)
             pending.put(unit)
 
     checks: list[tuple[Owner, PlannedCall]] = []
@@ -220,6 +251,8 @@ def run_threads(
 
     for phase in (workload, verify):
         if phase is verify:  # built only now: the probes depend on what the workload made
+            if between is not None:
+                between()
             checks.extend(reversed(verification_calls(units, books)))
         pool = [threading.Thread(target=phase, name=f"loadtest-{i}") for i in range(workers)]
         for t in pool:
@@ -315,6 +348,7 @@ def build_report(
         },
         "expect_reaping": options.allow_resets,
         "state_resets_seen": resets,
+        "in_doubt_calls": sum(u.in_doubt for u in units),
         "peak_rss_mb": round(metrics.peak_rss / 2**20, 1),
         "rss_of": "the load generator only" if options.url else "runtime and load generator",
         "violations_count": len(violations),
@@ -351,6 +385,13 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         f" ({'accepted: reaping expected' if report['expect_reaping'] else 'none allowed'})\n"
         f"  peak RSS     {report['peak_rss_mb']:.1f} MB ({report['rss_of']})"
     )
+    if "restarts" in report:
+        out(
+            f"  restarts     {report['restarts']} (SIGKILL); {report['in_doubt_calls']} calls in"
+            " doubt (cut off: present or absent, each checked whole)"
+        )
+        if report["restart_failure"]:
+            out(f"  RESTART FAILED {report['restart_failure']}")
     for sample in report["error_samples"][:5]:
         out(f"  error        {sample}")
     for violation in report["violations"][:20]:
@@ -372,6 +413,24 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ctxactors loadtest: {exc}", file=sys.stderr)
         return 2
+    chaos: RestartedServer | None = None
+    if options.restart_every is not None:
+        chaos = RestartedServer(options.restart_every, store=options.serve_store)
+        try:
+            chaos.start()
+        except RuntimeError as exc:
+            chaos.close()
+            print(f"ctxactors loadtest: {exc}", file=sys.stderr)
+            return 2
+        options = msgspec.structs.replace(options, url=chaos.url)
+    try:
+        return _run(options, chaos)
+    finally:
+        if chaos is not None:
+            chaos.close()
+
+
+def _run(options: LoadOptions, chaos: RestartedServer | None) -> int:
     if not os.environ.get("CTXACTORS_LOG_LEVEL"):
         configure_logging(level="warning")  # one JSON line per call would drown the figures
     try:
@@ -381,7 +440,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"ctxactors loadtest: {exc}", file=sys.stderr)
         return 2
     metrics = Metrics()
-    report = _drive(options, target, units, books, metrics)
+    report = _drive(options, target, units, books, metrics, chaos)
+    if chaos is not None:
+        report["restarts"] = chaos.restarts
+        report["restart_failure"] = chaos.failure
+        # Calls cut off by a restart are in doubt, not failures: the checker judged them.
+        report["passed"] = report["violations_count"] == 0 and chaos.failure is None
     print_report(report)
     if options.json:
         with open(options.json, "wb") as f:
@@ -395,6 +459,7 @@ def _drive(
     units: list[Unit],
     books: list[PlaybookBook],
     metrics: Metrics,
+    chaos: RestartedServer | None = None,
 ) -> dict[str, Any]:
     """Send the workload and the verification calls with a progress bar; the report."""
     total = options.sessions * options.calls + len(units)
@@ -426,7 +491,15 @@ def _drive(
             if options.use_async:
                 asyncio.run(run_tasks(target, units, books, options.concurrency, metrics))
             else:
-                run_threads(target, units, books, options.workers, metrics)
+                run_threads(
+                    target,
+                    units,
+                    books,
+                    options.workers,
+                    metrics,
+                    between=None if chaos is None else chaos.stop_restarting,
+                    pause=0.0 if chaos is None else 0.05,
+                )
             elapsed = time.perf_counter() - started
             stop.set()
             watcher.join()

@@ -12,7 +12,9 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from ctxactors.cli import settings_from_args
 from ctxactors.loadtest_workload import parse_mix
+from ctxactors.settings import Settings
 
 DEFAULT_TTL = 3600.0
 DEFAULT_MAX_ACTORS = 10_000
@@ -30,12 +32,16 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     workers: int
     use_async: bool  # asyncio tasks (always for an MCP target) instead of sender threads
     concurrency: int
-    url: str | None  # None: the embedded runtime
+    url: str | None  # None: the embedded runtime (or, with `restart_every`, until it starts)
     transport: Literal["rest", "mcp"]  # with `url`
     ttl: float  # embedded runtime only
     max_actors: int  # embedded runtime only
     allow_resets: bool  # state reset by reaping is accepted, not a violation
+    # Start a served runtime and SIGKILL/restart it every so many seconds (url: its own).
+    restart_every: float | None
+    serve_store: str  # with `restart_every`: the served store
     call_timeout: float
+    settings: Settings  # the embedded runtime's (environment, then --set)
     seed: int
     json: str | None  # where to write the report too
     progress: bool
@@ -55,11 +61,19 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"--{name} must be at least 1")
         if args.threads < 0:
             raise ValueError("--threads must not be negative")
-        transport = _transport(args.url, args.transport)
+        restarted = args.restart_every is not None
+        if restarted and (not args.restart_every > 0 or args.url or args.use_async):
+            raise ValueError(
+                "--restart-every takes a positive number of seconds and starts its own "
+                "server: not with --url or --async"
+            )
+        # The restarted server is served over REST.
+        transport = "rest" if restarted else _transport(args.url, args.transport)
         # Reaping resets state: expected when asked for, or when the embedded runtime is
         # given its own TTL or cap.
         embedded_limits = args.ttl is not None or args.max_actors is not None
-        allow_resets = args.expect_reaping or (not args.url and embedded_limits)
+        embedded = not args.url and not restarted
+        allow_resets = args.expect_reaping or (embedded and embedded_limits)
         keys = args.sessions * args.assistants * max(args.threads, 1) + args.sessions
         return cls(
             sessions=args.sessions,
@@ -77,7 +91,10 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
                 max(DEFAULT_MAX_ACTORS, keys + 16) if args.max_actors is None else args.max_actors
             ),
             allow_resets=allow_resets,
+            restart_every=args.restart_every,
+            serve_store=args.serve_store,
             call_timeout=args.call_timeout,
+            settings=settings_from_args(args),  # a bad one: ValueError naming it
             seed=args.seed,
             json=args.json,
             progress=not args.no_progress,

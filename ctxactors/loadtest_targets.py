@@ -14,11 +14,12 @@ from typing import Any, Protocol
 
 import httpx
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import META_KEYS, ToolContext, inject_context
 from ctxactors.loadtest_options import LoadOptions
 from ctxactors.loadtest_workload import Outcome
 from ctxactors.results import ToolResult
-from ctxactors.runtime import Runtime
+from ctxactors.settings import Settings
 
 
 class TransportError(Exception):
@@ -52,8 +53,12 @@ def _from_result(result: ToolResult) -> Outcome:
 class EmbeddedTarget:
     """A `Runtime` in this process, with the built-in planning and playbook servers."""
 
-    def __init__(self, *, ttl: float, max_actors: int, call_timeout: float) -> None:
-        self.runtime = Runtime(ttl=ttl, max_actors=max_actors, call_timeout=call_timeout)
+    def __init__(
+        self, *, ttl: float, max_actors: int, call_timeout: float, settings: Settings | None = None
+    ) -> None:
+        self.runtime = Runtime(
+            ttl=ttl, max_actors=max_actors, call_timeout=call_timeout, settings=settings
+        )
         self.description = f"embedded runtime (ttl {ttl:g} s, max_actors {max_actors})"
 
     def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
@@ -216,7 +221,10 @@ def make_target(options: LoadOptions) -> Target:
     """The target the options ask for."""
     if not options.url:
         return EmbeddedTarget(
-            ttl=options.ttl, max_actors=options.max_actors, call_timeout=options.call_timeout
+            ttl=options.ttl,
+            max_actors=options.max_actors,
+            call_timeout=options.call_timeout,
+            settings=options.settings,
         )
     reachable(options.url)
     if options.transport == "mcp":

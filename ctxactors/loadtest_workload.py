@@ -12,6 +12,12 @@ is exactly what a *fresh* incarnation would answer (the first id again, "not fou
 item of the old one, an empty state) as a reset, clears its model and counts it; anything
 else is still a violation. The driver then checks that the resets it saw are no more than
 the actors the runtime says it retired, so a silent state loss can't hide behind this rule.
+
+Calls in doubt (`tolerate_doubt`, for a server restarted under load). A call that failed in
+transit may or may not have run. The unit then reads its key back before anything else
+(`get_planning_state`, repeated until it answers) and accepts exactly two states: the model
+without the call, or with its whole effect; either becomes the model. A playbook in doubt
+may be present or absent in the final listing. Acknowledged calls stay exact.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ class PlannedCall(msgspec.Struct, frozen=True):
     args: dict[str, Any]
     ctx: ToolContext
     verify: bool = False
+    resync: bool = False  # reads the key back after a call in doubt
 
 
 def parse_mix(spec: str | None) -> dict[str, int]:
@@ -85,8 +92,12 @@ class Unit:
         seed: int,
         book: PlaybookBook,
         allow_resets: bool = False,
+        tolerate_doubt: bool = False,
     ) -> None:
         self.ctx = ctx
+        self.tolerate_doubt = tolerate_doubt
+        self.doubt: PlannedCall | None = None  # the call in doubt, until the key is read back
+        self.in_doubt = 0  # calls that failed in transit
         self.name = label(ctx)
         self.remaining = calls
         self.book = book
@@ -107,6 +118,8 @@ class Unit:
 
     def next_call(self) -> PlannedCall | None:
         """The next workload call, or None when the unit has sent all of them."""
+        if self.doubt is not None:
+            return PlannedCall("get_planning_state", {}, self.ctx, resync=True)
         if self.remaining <= 0:
             return None
         self.remaining -= 1
@@ -137,8 +150,19 @@ class Unit:
 
     def record(self, call: PlannedCall, outcome: Outcome | None) -> None:
         """Check a reply against the model and advance it. None: the call failed in transit."""
+        if outcome is None and self.tolerate_doubt:
+            self.in_doubt += 0 if call.resync else 1
+            if self.doubt is None and not call.resync:
+                self.doubt = call
+            if call.tool == "create_playbook":
+                self.book.doubtful(call.args["name"])
+            return
         if outcome is None:
             self.uncertain = True
+            return
+        if self.doubt is not None and call.tool == "get_planning_state":
+            self._settle_doubt(call, outcome)
+            self.verified = self.verified or call.verify
             return
         if self.uncertain and call.tool != "create_playbook":
             return  # the model is unknown from here; the failure is already counted
@@ -146,6 +170,40 @@ class Unit:
         check(call, outcome)
         if call.verify:
             self.verified = True
+
+    def _settle_doubt(self, call: PlannedCall, out: Outcome) -> None:
+        """The key read back after a call in doubt: without its effect, or with all of it."""
+        doubt, self.doubt = self.doubt, None
+        assert doubt is not None
+        if out.is_error or out.structured is None:
+            self._violation(call, f"unexpected error {out.text!r}")
+            return
+        without = {"goals": list(self.goals.values()), "todos": list(self.todos.values())}
+        if out.structured == without:
+            return
+        goals, todos, next_id = dict(self.goals), dict(self.todos), self.next_id
+        if doubt.tool in ("create_goal", "add_todo"):
+            next_id += 1
+            if doubt.tool == "create_goal":
+                goals[f"g{next_id}"] = {"id": f"g{next_id}", "goal": doubt.args["goal"]}
+            else:
+                todo_id = f"t{next_id}"
+                todos[todo_id] = {
+                    "id": todo_id,
+                    "name": doubt.args["name"],
+                    "goal_id": doubt.args.get("goal_id"),
+                    "done": False,
+                }
+        elif doubt.tool == "mark_todo":
+            todo_id = doubt.args["todo_id"]
+            todos[todo_id] = {**todos[todo_id], "done": doubt.args["done"]}
+        with_it = {"goals": list(goals.values()), "todos": list(todos.values())}
+        if out.structured != with_it:
+            self._violation(
+                call, f"after {doubt.tool} in doubt: {diff_state(with_it, out.structured)}"
+            )
+            return
+        self.goals, self.todos, self.next_id = goals, todos, next_id
 
     def _violation(self, call: PlannedCall, what: str) -> None:
         self.violations.append(f"session {self.ctx.session_id!r} ({self.name}) {call.tool}: {what}")
@@ -274,6 +332,10 @@ class PlaybookBook:
         self.owned: dict[str, dict[str, str]] = {a: {} for a in assistants}  # id -> name
         self.violations: list[str] = []
         self.uncertain = False
+        self.in_doubt: set[str] = set()  # names of playbooks created in doubt
+
+    def doubtful(self, name: str) -> None:
+        self.in_doubt.add(name)
 
     def created(self, ctx: ToolContext, playbook_id: str, name: str) -> None:
         assert ctx.assistant_id is not None
@@ -317,6 +379,7 @@ class PlaybookBook:
                 )
         if self.uncertain:
             return
+        got = {i: n for i, n in got.items() if n not in self.in_doubt or i in want}
         if self.allow_resets:
             names = set(want.values())
             foreign = {i: n for i, n in got.items() if n not in names}

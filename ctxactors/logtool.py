@@ -1,6 +1,6 @@
 """``ctxactors logs``: filter, follow and summarise the JSON lines ctxactors writes.
 
-Every call writes one ``tool_call`` line (`ctxactors.runtime`) with ``session_id``,
+Every call writes one ``tool_call`` line (`ctxactors._call.execute`) with ``session_id``,
 ``assistant_id``, ``thread_id``, ``tool``, ``duration_ms``, ``outcome``, ``level`` and an ISO
 ``timestamp``; the registry adds ``actor_spawned``/``actor_reaped``/... lines. When something
 looks wrong in production, the first questions are "what did this session do?" and "which

@@ -1,9 +1,8 @@
-"""What a tool call gives back: a `ToolResult`, or one of the protocol errors.
+"""What a tool call gives back: a `ToolResult`.
 
-The split follows MCP: a problem with the *call* (unknown tool, arguments that don't fit the
-schema, a timeout, a closed runtime) raises a `CtxActorsError` carrying a JSON-RPC code; a
-problem inside the *tool* (not found, access denied, a handler that raised) is an ordinary
-`ToolResult` with `is_error=True`, so the model can read the message and act on it.
+A problem inside the *tool* (not found, access denied, a handler that raised) is an ordinary
+`ToolResult` with `is_error=True`, so the model can read the message and act on it; a
+problem with the *call* raises (see `ctxactors.errors`).
 """
 
 from __future__ import annotations
@@ -12,52 +11,9 @@ from typing import Any
 
 import msgspec
 
+from ctxactors.errors import ToolError
+
 _json_encode = msgspec.json.Encoder().encode
-
-
-class CtxActorsError(Exception):
-    """Base of every error the runtime raises; `code` is its JSON-RPC error code."""
-
-    code: int = -32000
-
-    def to_jsonrpc(self) -> dict[str, Any]:
-        return {"code": self.code, "message": str(self)}
-
-
-class UnknownToolError(CtxActorsError):
-    """No tool of that name is registered.
-
-    -32602 (invalid params), as in the MCP specification's own example: -32601 would say the
-    method (``tools/call``) is unknown.
-    """
-
-    code = -32602
-
-
-class InvalidArgumentsError(CtxActorsError):
-    """The arguments are not a JSON object, or don't fit the tool's schema."""
-
-    code = -32602
-
-
-class CallTimeoutError(CtxActorsError):
-    """The call got no reply in time. A late reply is discarded, never misdelivered."""
-
-    code = -32001
-
-
-class RuntimeClosedError(CtxActorsError):
-    """The runtime was closed; it takes no more calls."""
-
-    code = -32002
-
-
-class ToolError(Exception):
-    """Raise from a handler to fail the call with exactly this message (no type prefix).
-
-    Use it for the tool's own refusals ("goal g9 not found"); anything else a handler raises
-    is reported as ``"<ExceptionType>: <text>"``.
-    """
 
 
 class ToolResult(msgspec.Struct, frozen=True):

@@ -31,7 +31,9 @@ care, measured here (kernel 6.18):
   (``CTXACTORS_WORKSPACE_SANDBOX_USER``, default ``65534:65534``, nobody); then 28 forks
   succeed and the 29th gets ``EAGAIN``, in each of two sandboxes running at once.
 
-Settings (environment variables read at import; a bad value fails loudly, naming it):
+Settings (`ctxactors.settings.SandboxSettings`, the runtime's ``settings.workspace.sandbox``;
+defaults from these variables, read when a runtime is made; a bad value fails loudly,
+naming it):
 
 - ``CTXACTORS_WORKSPACE_SANDBOX``: ``bwrap`` (default) or ``none`` (no sandbox, loud warnings);
 - ``CTXACTORS_WORKSPACE_BWRAP``: the bwrap program (default: ``bwrap`` on ``PATH``);
@@ -47,10 +49,8 @@ Settings (environment variables read at import; a bad value fails loudly, naming
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -58,15 +58,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ctxactors.settings import env_int
+from ctxactors.errors import SandboxUnavailableError
+from ctxactors.settings import SandboxSettings
 
 WORKDIR = "/workspace"  # where the session's directory appears inside the sandbox
 PATH = "/usr/local/bin:/usr/bin:/bin"
-NOBODY = (65534, 65534)
 _PROBE_TIMEOUT = 30.0
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"", "0", "false", "no", "off"}
 # Always there; the resolver files only with the network on.
 _ETC = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
 _ETC_NET = (
@@ -82,86 +79,6 @@ INSTALL_HINT = (
     "kernel that allows user namespaces, or set CTXACTORS_WORKSPACE_SANDBOX=none to run commands "
     "unsandboxed (unsafe: they then see the server's files and processes)"
 )
-
-
-class SandboxUnavailableError(RuntimeError):
-    """bubblewrap is missing or can't create its namespaces here; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SandboxSettings:
-    """How workspace commands are confined. `from_env` reads the documented variables."""
-
-    mode: str = "bwrap"  # or "none"
-    bwrap: str = "/usr/bin/bwrap"
-    network: bool = False
-    env: tuple[str, ...] = ()  # names copied from the server's environment
-    cpu_seconds: int = 600
-    memory_bytes: int = 4 << 30  # RLIMIT_AS, per process
-    file_bytes: int = 1 << 30  # RLIMIT_FSIZE, per file
-    processes: int = 256  # RLIMIT_NPROC, per sandbox (processes and threads)
-    tmp_bytes: int = 256 << 20
-    user: tuple[int, int] | None = None  # (uid, gid) that runs bwrap; None: ours
-
-    @classmethod
-    def from_env(cls) -> SandboxSettings:
-        mode = os.environ.get("CTXACTORS_WORKSPACE_SANDBOX", "bwrap").strip().lower() or "bwrap"
-        if mode not in ("bwrap", "none"):
-            raise ValueError(f"CTXACTORS_WORKSPACE_SANDBOX must be bwrap or none, got {mode!r}")
-        return cls(
-            mode=mode,
-            bwrap=os.environ.get("CTXACTORS_WORKSPACE_BWRAP")
-            or shutil.which("bwrap")
-            or "/usr/bin/bwrap",
-            network=_env_bool("CTXACTORS_WORKSPACE_NETWORK"),
-            env=_env_names("CTXACTORS_WORKSPACE_ENV"),
-            cpu_seconds=env_int("CTXACTORS_WORKSPACE_CPU_SECONDS", cls.cpu_seconds),
-            memory_bytes=env_int("CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES", cls.memory_bytes),
-            file_bytes=env_int("CTXACTORS_WORKSPACE_MAX_FILE_BYTES", cls.file_bytes),
-            processes=env_int("CTXACTORS_WORKSPACE_MAX_PROCESSES", cls.processes),
-            tmp_bytes=env_int("CTXACTORS_WORKSPACE_TMP_BYTES", cls.tmp_bytes),
-            user=_env_user("CTXACTORS_WORKSPACE_SANDBOX_USER"),
-        )
-
-    @property
-    def enabled(self) -> bool:
-        return self.mode != "none"
-
-    @property
-    def switch_user(self) -> bool:
-        """True when bwrap runs as another user than the server (so RLIMIT_NPROC holds)."""
-        return self.user is not None and self.user[0] != os.getuid()
-
-
-def _env_bool(name: str) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in _TRUE:
-        return True
-    if raw in _FALSE:
-        return False
-    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {raw!r}")
-
-
-def _env_names(name: str) -> tuple[str, ...]:
-    names = tuple(n.strip() for n in os.environ.get(name, "").split(",") if n.strip())
-    bad = [n for n in names if not _ENV_NAME.match(n)]
-    if bad:
-        raise ValueError(f"{name}: not environment variable names: {', '.join(bad)}")
-    return names
-
-
-def _env_user(name: str) -> tuple[int, int] | None:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return NOBODY if os.getuid() == 0 else None
-    uid, _, gid = raw.partition(":")
-    try:
-        ids = (int(uid), int(gid or uid))
-    except ValueError:
-        raise ValueError(f"{name} must be UID or UID:GID (numbers), got {raw!r}") from None
-    if min(ids) < 0:
-        raise ValueError(f"{name} must not be negative, got {raw!r}")
-    return ids
 
 
 def clean_env(settings: SandboxSettings, home: str) -> dict[str, str]:

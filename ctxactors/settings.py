@@ -1,40 +1,43 @@
-"""Settings from the environment: a bad value fails loudly at import, naming the variable.
+"""Every limit of a runtime in one typed, frozen object: `Settings`.
 
-A limit that silently fell back to its default on a typo would look configured and not be.
+A runtime takes its settings at construction (``Runtime(settings=...)``; by default
+`Settings.from_env()`, read then, not at import) and each server reads its limits from the
+runtime it serves, so two runtimes in one process can hold different limits.
+
+The type is the single source of truth: each field's constraint (``msgspec.Meta``) is
+checked by `validate` and by `from_env`, and a field that an environment variable sets names
+it in its metadata (`var`), so a refusal and a bad value can name the variable. A bad value
+fails loudly, naming the variable: a limit that silently fell back to its default on a typo
+would look configured and not be.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import NamedTuple
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+
+import msgspec
+import msgspec.inspect as mi
+
+G = TypeVar("G", bound="Group")
+
+# Parses a variable's raw text (None when unset or blank) to a field value, or _UNSET.
+Parser = Callable[[str, "str | None"], Any]
+_UNSET: Any = object()
 
 
-def env_int(name: str, default: int) -> int:
-    """An integer of at least 1 from the environment, or `default` when unset or blank."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return value
+def var(name: str, parse: Parser | None = None) -> msgspec.Meta:
+    """Field metadata: the variable that sets the field (and how its text is read)."""
+    return msgspec.Meta(extra={"env": name, "parse": parse})
 
 
-def env_float(name: str, default: float) -> float:
-    """A positive number from the environment, or `default` when unset or blank."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {raw!r}")
-    return value
+Count = Annotated[int, msgspec.Meta(ge=1)]
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
 
 class Cap(NamedTuple):
@@ -43,17 +46,348 @@ class Cap(NamedTuple):
     setting: str
     value: int
 
-    @classmethod
-    def from_env(cls, setting: str, default: int) -> Cap:
-        return cls(setting, env_int(setting, default))
-
     def exceeded(self, what: str) -> str:
         """A refusal: ``"<what>: the limit is 100 (CTXACTORS_...)"``."""
         return f"{what}: the limit is {self.value:,} ({self.setting})"
 
 
-# Shared by the servers that keep text (goals, todos, playbook steps): one text's size in
-# UTF-8 bytes; and the JSON size of one list answer (above what a full key holds, so only
-# content listings, histories and escape-heavy text are ever cut).
-MAX_TEXT_BYTES = Cap.from_env("CTXACTORS_MAX_TEXT_BYTES", 64 << 10)
-MAX_ANSWER_BYTES = Cap.from_env("CTXACTORS_MAX_ANSWER_BYTES", 16 << 20)
+class Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A set of settings; `from_env` reads the variables its fields name."""
+
+    @classmethod
+    def from_env(cls: type[G], environ: Mapping[str, str] | None = None) -> G:
+        """The defaults, with every variable that is set (and not blank) read; a bad value
+        raises `ValueError` naming the variable."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for field in mi.type_info(cls).fields:  # type: ignore[attr-defined]
+            kind = field.type
+            if isinstance(kind, mi.StructType) and issubclass(kind.cls, Group):
+                values[field.name] = kind.cls.from_env(environ)
+            elif (found := _variable(kind)) is not None:
+                value = _read(kind.type, *found, environ.get(found[0]))
+                if value is not _UNSET:
+                    values[field.name] = value
+        return validate(cls(**values))
+
+    def cap(self, field: str) -> Cap:
+        """The limit `field` as a `Cap` that names its variable."""
+        return Cap(variables(type(self))[field], getattr(self, field))
+
+
+def _variable(kind: Any) -> tuple[str, Parser | None] | None:
+    """The variable a field's type names in its metadata (and its parser), if any."""
+    extra = kind.extra if isinstance(kind, mi.Metadata) else None
+    return (extra["env"], extra.get("parse")) if extra and "env" in extra else None
+
+
+def _read(kind: Any, name: str, parse: Parser | None, raw: str | None) -> Any:
+    text = raw.strip() if raw is not None and raw.strip() else None
+    if parse is not None:
+        return parse(name, text)
+    if text is None:
+        return _UNSET
+    number = int if isinstance(kind, mi.IntType) else float
+    try:
+        value = number(text)
+    except ValueError:
+        what = "an integer" if number is int else "a number"
+        raise ValueError(f"{name} must be {what}, got {raw!r}") from None
+    problem = _bound_problem(kind, value)
+    if problem is not None:
+        shown = str(value) if number is int else repr(raw)
+        raise ValueError(f"{name} must be {problem}, got {shown}")
+    return value
+
+
+def _bound_problem(kind: Any, value: Any) -> str | None:
+    """What `value` must be to meet the bounds of a numeric type, or None if it does."""
+    ge, gt = getattr(kind, "ge", None), getattr(kind, "gt", None)
+    if ge is not None and not value >= ge:
+        return f"at least {ge}"
+    if gt is not None and not value > gt:
+        return "positive" if gt == 0 else f"above {gt}"
+    return None
+
+
+@functools.cache
+def variables(cls: type[Group]) -> dict[str, str]:
+    """Field name -> the variable that sets it, for the fields of `cls` that have one."""
+    out: dict[str, str] = {}
+    for field in mi.type_info(cls).fields:  # type: ignore[attr-defined]
+        found = _variable(field.type)
+        if found is not None:
+            out[field.name] = found[0]
+    return out
+
+
+def fields(cls: type[Group], prefix: str = "") -> list[tuple[str, str | None, Any]]:
+    """Every setting of `cls`, nested ones included: ``(dotted name, variable, default)``."""
+    out: list[tuple[str, str | None, Any]] = []
+    names = variables(cls)
+    for field in mi.type_info(cls).fields:  # type: ignore[attr-defined]
+        if isinstance(field.type, mi.StructType) and issubclass(field.type.cls, Group):
+            out += fields(field.type.cls, f"{prefix}{field.name}.")
+        else:
+            out.append((prefix + field.name, names.get(field.name), field.default))
+    return out
+
+
+def assign(settings: G, assignments: Iterable[str], *, source: str = "--set") -> G:
+    """`settings` with ``NAME=VALUE`` assignments applied (dotted names, as in the README's
+    table: ``content.max_items=10``); each value is read as its variable's would be, and a
+    bad one raises `ValueError` naming it (``--set content.max_items must be ...``)."""
+    for item in assignments:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"{source} {item!r}: expected NAME=VALUE")
+        label = f"{source} {name.strip()}"
+        settings = _assign(settings, name.strip().split("."), text, label)
+    return validate(settings)
+
+
+def _assign(group: G, path: list[str], text: str, label: str) -> G:
+    known = {f.name: f for f in mi.type_info(type(group)).fields}  # type: ignore[attr-defined]
+    field = known.get(path[0])
+    inner = getattr(group, path[0], None)
+    if field is None or isinstance(inner, Group) != (len(path) > 1):
+        raise ValueError(f"{label}: no such setting (see the README's limits table)")
+    if isinstance(inner, Group):
+        return msgspec.structs.replace(group, **{path[0]: _assign(inner, path[1:], text, label)})
+    found = _variable(field.type)
+    value = _read(_value_type(field.type), label, found[1] if found else None, text)
+    if value is _UNSET:
+        raise ValueError(f"{label}: needs a value")
+    return msgspec.structs.replace(group, **{path[0]: value})
+
+
+def _value_type(kind: Any) -> Any:
+    """The type a field's value has: its metadata's, and of `int | None` the int."""
+    kind = kind.type if isinstance(kind, mi.Metadata) else kind
+    if isinstance(kind, mi.UnionType):
+        kind = next((t for t in kind.types if not isinstance(t, mi.NoneType)), kind)
+    return kind
+
+
+def validate(settings: G) -> G:
+    """`settings` if every field meets its type's constraints, else `ValueError` naming the
+    field (and its variable). Constructing a Struct does not check ``Meta`` constraints;
+    a runtime calls this once on the settings it is given."""
+    _check_bounds(settings, "")
+    try:
+        msgspec.convert(msgspec.to_builtins(settings), type(settings))
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"invalid settings: {exc}") from None
+    return settings
+
+
+def _check_bounds(group: Group, prefix: str) -> None:
+    names = variables(type(group))
+    for field in mi.type_info(type(group)).fields:  # type: ignore[attr-defined]
+        value = getattr(group, field.name)
+        if isinstance(value, Group):
+            _check_bounds(value, f"{prefix}{field.name}.")
+            continue
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        problem = _bound_problem(_value_type(field.type), value)
+        if problem is not None:
+            where = f"{prefix}{field.name}" + (
+                f" ({names[field.name]})" if field.name in names else ""
+            )
+            raise ValueError(f"{where} must be {problem}")
+
+
+# -- the sandbox's variables, which are not plain numbers ----------------------------------
+
+NOBODY = (65534, 65534)
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _mode(name: str, raw: str | None) -> str:
+    mode = (raw or "bwrap").lower()
+    if mode not in ("bwrap", "none"):
+        raise ValueError(f"{name} must be bwrap or none, got {mode!r}")
+    return mode
+
+
+def _bwrap(name: str, raw: str | None) -> str:
+    return raw or shutil.which("bwrap") or "/usr/bin/bwrap"
+
+
+def _flag(name: str, raw: str | None) -> bool:
+    text = (raw or "").lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE or not text:
+        return False
+    raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {text!r}")
+
+
+def _names(name: str, raw: str | None) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in (raw or "").split(",") if n.strip())
+    bad = [n for n in names if not re.match(_ENV_NAME, n)]
+    if bad:
+        raise ValueError(f"{name}: not environment variable names: {', '.join(bad)}")
+    return names
+
+
+def _user(name: str, raw: str | None) -> tuple[int, int] | None:
+    if raw is None:
+        return NOBODY if os.getuid() == 0 else None
+    uid, _, gid = raw.partition(":")
+    try:
+        ids = (int(uid), int(gid or uid))
+    except ValueError:
+        raise ValueError(f"{name} must be UID or UID:GID (numbers), got {raw!r}") from None
+    if min(ids) < 0:
+        raise ValueError(f"{name} must not be negative, got {raw!r}")
+    return ids
+
+
+def _root(name: str, raw: str | None) -> str:
+    return raw or os.path.join(tempfile.gettempdir(), "ctxactors-workspaces")
+
+
+Id = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class SandboxSettings(Group, frozen=True):
+    """How workspace commands are confined (see `ctxactors.sandbox`)."""
+
+    mode: Annotated[Literal["bwrap", "none"], var("CTXACTORS_WORKSPACE_SANDBOX", _mode)] = "bwrap"
+    bwrap: Annotated[str, var("CTXACTORS_WORKSPACE_BWRAP", _bwrap)] = "/usr/bin/bwrap"
+    network: Annotated[bool, var("CTXACTORS_WORKSPACE_NETWORK", _flag)] = False
+    # Names copied from the server's environment into every command's.
+    env: Annotated[
+        tuple[Annotated[str, msgspec.Meta(pattern=_ENV_NAME)], ...],
+        var("CTXACTORS_WORKSPACE_ENV", _names),
+    ] = ()
+    cpu_seconds: Annotated[Count, var("CTXACTORS_WORKSPACE_CPU_SECONDS")] = 600
+    # RLIMIT_AS, per process
+    memory_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES")] = 4 << 30
+    file_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_FILE_BYTES")] = 1 << 30
+    # RLIMIT_NPROC, per sandbox (processes and threads)
+    processes: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_PROCESSES")] = 256
+    tmp_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_TMP_BYTES")] = 256 << 20
+    # (uid, gid) that runs bwrap; None: the server's own
+    user: Annotated[tuple[Id, Id] | None, var("CTXACTORS_WORKSPACE_SANDBOX_USER", _user)] = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def switch_user(self) -> bool:
+        """True when bwrap runs as another user than the server (so RLIMIT_NPROC holds)."""
+        return self.user is not None and self.user[0] != os.getuid()
+
+
+# -- one group per server -------------------------------------------------------------------
+
+
+class ContentSettings(Group, frozen=True):
+    """The content server's limits, per session."""
+
+    max_item_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEM_BYTES")] = 1 << 20
+    max_session_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_SESSION_BYTES")] = 64 << 20
+    max_items: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEMS")] = 100_000
+
+
+class PlanningSettings(Group, frozen=True):
+    """The planning server's limits, per thread."""
+
+    max_goals: Annotated[Count, var("CTXACTORS_PLANNING_MAX_GOALS")] = 1000
+    max_todos: Annotated[Count, var("CTXACTORS_PLANNING_MAX_TODOS")] = 1000
+    max_bytes: Annotated[Count, var("CTXACTORS_PLANNING_MAX_BYTES")] = 8 << 20
+
+
+class PlaybooksSettings(Group, frozen=True):
+    """The playbooks server's limits, per session."""
+
+    max_playbooks: Annotated[Count, var("CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS")] = 1000
+    max_steps: Annotated[Count, var("CTXACTORS_PLAYBOOKS_MAX_STEPS")] = 200
+    max_bytes: Annotated[Count, var("CTXACTORS_PLAYBOOKS_MAX_BYTES")] = 8 << 20
+
+
+class BatchSettings(Group, frozen=True):
+    """The batch tool's limits (per batch) and the presets' (per assistant)."""
+
+    max_operations: Annotated[Count, var("CTXACTORS_BATCH_MAX_OPERATIONS")] = 100
+    max_expanded_bytes: Annotated[Count, var("CTXACTORS_BATCH_MAX_EXPANDED_BYTES")] = 8 << 20
+    max_result_bytes: Annotated[Count, var("CTXACTORS_BATCH_MAX_RESULT_BYTES")] = 16 << 20
+    max_presets: Annotated[Count, var("CTXACTORS_BATCH_MAX_PRESETS")] = 100
+    max_preset_bytes: Annotated[Count, var("CTXACTORS_BATCH_MAX_PRESET_BYTES")] = 64 << 10
+    max_presets_bytes: Annotated[Count, var("CTXACTORS_BATCH_MAX_PRESETS_BYTES")] = 1 << 20
+
+
+class HistorySettings(Group, frozen=True):
+    """The operation history's bounds, per session."""
+
+    max_operations: Annotated[Count, var("CTXACTORS_HISTORY_MAX_OPERATIONS")] = 50
+    ttl: Annotated[Seconds, var("CTXACTORS_HISTORY_TTL")] = 3600.0
+
+
+class WorkspaceSettings(Group, frozen=True):
+    """The workspace server's limits and where its directories go."""
+
+    root: Annotated[str, var("CTXACTORS_WORKSPACE_ROOT", _root)] = os.path.join(
+        tempfile.gettempdir(), "ctxactors-workspaces"
+    )
+    max_output_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES")] = 256 << 10
+    default_timeout: Annotated[Seconds, var("CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT")] = 600.0
+    max_timeout: Annotated[Seconds, var("CTXACTORS_WORKSPACE_MAX_TIMEOUT")] = 3600.0
+    max_running: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_RUNNING")] = 16
+    sandbox: SandboxSettings = SandboxSettings()
+
+
+class Settings(Group, frozen=True):
+    """Every limit of one runtime. Give it to ``Runtime(settings=...)``.
+
+    The runtime's own (`ttl`, `max_actors`, `max_actors_per_principal`, `call_timeout`) are
+    also its keywords, which override these. `max_text_bytes` bounds one text kept by a
+    server (a goal, a todo, a playbook step), `max_answer_bytes` the JSON of one list answer
+    (above what a full key holds, so only content listings, histories and escape-heavy text
+    are ever cut).
+    """
+
+    ttl: Seconds = 3600.0
+    max_actors: Count = 10_000
+    max_actors_per_principal: Count | None = None
+    call_timeout: Seconds = 30.0
+    max_text_bytes: Annotated[Count, var("CTXACTORS_MAX_TEXT_BYTES")] = 64 << 10
+    max_answer_bytes: Annotated[Count, var("CTXACTORS_MAX_ANSWER_BYTES")] = 16 << 20
+    content: ContentSettings = ContentSettings()
+    planning: PlanningSettings = PlanningSettings()
+    playbooks: PlaybooksSettings = PlaybooksSettings()
+    batch: BatchSettings = BatchSettings()
+    history: HistorySettings = HistorySettings()
+    workspace: WorkspaceSettings = WorkspaceSettings()
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
+        kept = {k: v for k, v in changes.items() if v is not None}
+        return validate(msgspec.structs.replace(self, **kept)) if kept else self
+
+
+DEFAULTS = Settings()
+"""The documented defaults (no environment read): what a server made alone uses."""
+
+__all__ = [
+    "DEFAULTS",
+    "BatchSettings",
+    "Cap",
+    "ContentSettings",
+    "HistorySettings",
+    "PlanningSettings",
+    "PlaybooksSettings",
+    "SandboxSettings",
+    "Settings",
+    "WorkspaceSettings",
+    "assign",
+    "fields",
+    "validate",
+    "variables",
+]

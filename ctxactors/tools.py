@@ -19,9 +19,10 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from ctxactors.context import ToolContext
+from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
-from ctxactors.results import InvalidArgumentsError, ToolResult
+from ctxactors.errors import DuplicateToolError, InvalidArgumentsError, ServerDefinitionError
+from ctxactors.results import ToolResult
 
 # What `ToolResult.ok` passes on without encoding it (so without finding out if it can be).
 _UNENCODED = (str, ToolResult)
@@ -29,7 +30,31 @@ _UNENCODED = (str, ToolResult)
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
 
-Key = tuple[Any, ...]
+
+class Key(tuple[Any, ...]):
+    """An actor key: ``(server, (principal, session_id), *the scope's parts)``.
+
+    A tuple, so it compares, hashes and logs as one (and the store keys its rows by the
+    same items); a tuple subclass rather than a NamedTuple because its length follows the
+    scope. Read it by name: `server`, `session`, `principal`.
+    """
+
+    __slots__ = ()
+
+    @property
+    def server(self) -> str:
+        name: str = self[0]
+        return name
+
+    @property
+    def session(self) -> SessionKey:
+        session: SessionKey = self[1]
+        return session
+
+    @property
+    def principal(self) -> str | None:
+        principal: str | None = self[1][0]
+        return principal
 
 
 class Scope(enum.Enum):
@@ -44,10 +69,10 @@ class Scope(enum.Enum):
         part of every key. Tuples, never joined strings: ``a::b`` + ``c`` can't collide."""
         session = (ctx.principal, ctx.session_id)
         if self is Scope.SESSION:
-            return (server, session)
+            return Key((server, session))
         if self is Scope.ASSISTANT:
-            return (server, session, ctx.assistant_id)
-        return (server, session, ctx.assistant_id, ctx.thread_id)
+            return Key((server, session, ctx.assistant_id))
+        return Key((server, session, ctx.assistant_id, ctx.thread_id))
 
 
 class ToolSpec:
@@ -235,13 +260,23 @@ class Server:
         super().__init_subclass__(**kwargs)
         if "name" not in cls.__dict__:
             cls.name = cls.__name__.lower()
-        specs: dict[str, ToolSpec] = {}
+        # By method first: a subclass that overrides a tool's method replaces that tool.
+        methods: dict[str, ToolSpec] = {}
         for klass in reversed(cls.__mro__):
-            for attr in vars(klass).values():
+            for attr_name, attr in vars(klass).items():
                 opts = getattr(attr, _MARK, None)
                 if opts is not None:
-                    spec = ToolSpec(cls, attr, opts)
-                    specs[spec.name] = spec
+                    methods[attr_name] = ToolSpec(cls, attr, opts)
+        specs: dict[str, ToolSpec] = {}
+        owner: dict[str, str] = {}  # tool name -> the method that declared it
+        for attr_name, spec in methods.items():
+            if spec.name in specs:
+                raise DuplicateToolError(
+                    f"duplicate tool name {spec.name!r} in {cls.__name__}: declared by both "
+                    f"its methods {owner[spec.name]!r} and {attr_name!r}"
+                )
+            specs[spec.name] = spec
+            owner[spec.name] = attr_name
         cls.tools = specs
 
     @classmethod
@@ -279,14 +314,16 @@ class Server:
 def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msgspec.Struct]:
     params = list(inspect.signature(fn).parameters.values())
     if len(params) < 2 or params[0].name != "self":
-        raise TypeError(
+        raise ServerDefinitionError(
             f"tool {tool_name!r} of {server.__name__} must take (self, ctx, ...arguments)"
         )
     hints = typing.get_type_hints(fn, include_extras=True)
     fields: list[Any] = []
     for p in params[2:]:
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            raise TypeError(f"tool {tool_name!r}: parameter {p.name!r} must be a named one")
+            raise ServerDefinitionError(
+                f"tool {tool_name!r}: parameter {p.name!r} must be a named one"
+            )
         annotation = hints.get(p.name, Any)
         fields.append(
             (p.name, annotation) if p.default is p.empty else (p.name, annotation, p.default)
@@ -325,7 +362,7 @@ def refuse_context_fields(schema: Any, where: str) -> None:
     if isinstance(schema, dict):
         for prop in (schema.get("properties") or {}).keys():
             if prop.startswith("__") or prop.replace("_", "").lower() in _CONTEXT_NAMES:
-                raise TypeError(
+                raise ServerDefinitionError(
                     f"{where}: property {prop!r} is reserved for the call context; "
                     "take the context from the handler's ctx parameter instead"
                 )
@@ -341,10 +378,10 @@ def collect_tools(servers: typing.Iterable[type[Server]]) -> dict[str, ToolSpec]
     table: dict[str, ToolSpec] = {}
     for server in servers:
         if not (isinstance(server, type) and issubclass(server, Server)):
-            raise TypeError(f"{server!r} is not a Server subclass")
+            raise ServerDefinitionError(f"{server!r} is not a Server subclass")
         for name, spec in server.tools.items():
             if name in table:
-                raise ValueError(
+                raise DuplicateToolError(
                     f"duplicate tool name {name!r}: declared by both "
                     f"{table[name].server.__name__} and {server.__name__}"
                 )

@@ -26,7 +26,9 @@ import sysconfig
 import time
 
 from ctxactors import Runtime
+from ctxactors.logs import configure_logging
 from ctxactors.servers.content import Content
+from ctxactors.settings import ContentSettings, Settings
 
 KOREAN = ["리포트", "분석", "파일", "작성", "데이터", "회의록", "요약", "일정", "검토", "배포"]
 WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{3,}")
@@ -99,16 +101,20 @@ def main() -> None:
         pinned = "pinned to one CPU"
     except (AttributeError, OSError):
         pinned = "not pinned"
-    os.environ.setdefault("CTXACTORS_LOG_LEVEL", "warning")
-    Content.max_session_bytes = 1 << 30
-    Content.max_items = max(Content.max_items, args.docs)
+    configure_logging(level="warning")
+    defaults = Settings.from_env().content
+    limits = ContentSettings(
+        max_item_bytes=defaults.max_item_bytes,
+        max_session_bytes=1 << 30,
+        max_items=max(defaults.max_items, args.docs),
+    )
 
     docs = corpus(args.docs)
     qs = queries(docs, args.queries)
     size_mb = sum(len(d.encode()) for d in docs) / 1e6
     print(f"{args.docs} documents, {size_mb:.1f} MB, {len(qs)} queries; {pinned}")
 
-    with Runtime(servers=[Content]) as rt:
+    with Runtime(servers=[Content], settings=Settings(content=limits)) as rt:
         session = {"__sessionId": "bench"}
         t0 = time.perf_counter()
         for i, doc in enumerate(docs):

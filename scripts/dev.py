@@ -9,7 +9,7 @@ Creates `.venv` beside the project on first use and installs the project into it
 (editable, with every extra and the test tools), then re-runs inside it. Uses only the
 standard library so it works before anything is installed. Before the tests it installs, from Debian, the
 programs they run for real when they are missing (bubblewrap for the workspace sandbox,
-redis-server for the Redis store), as root or through sudo.
+redis-server for the Redis store, tmux for `ctxactors top`), as root or through sudo.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def ensure_venv() -> None:
 
 
 # program the tests run -> the Debian package that has it
-TEST_PROGRAMS = {"bwrap": "bubblewrap", "redis-server": "redis-server"}
+TEST_PROGRAMS = {"bwrap": "bubblewrap", "redis-server": "redis-server", "tmux": "tmux"}
 
 
 def ensure_test_programs() -> None:

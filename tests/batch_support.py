@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import ToolError, ToolResult
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
+from ctxactors.settings import Settings
 
 WAIT = 10.0  # generous bound for anything a loaded machine might slow down
 
@@ -135,14 +137,18 @@ def _lane(n: int) -> type[Server]:
 LANES = [_lane(n) for n in range(6)]
 
 
-def probe_runtime(call_timeout: float = WAIT) -> Iterator[Runtime]:
+def probe_runtime(
+    call_timeout: float = WAIT, settings: Settings | None = None
+) -> Iterator[Runtime]:
     """A runtime with the built-in servers, the probe and its lanes; Probe's records reset."""
     Probe.reads, Probe.running, Probe.peak, Probe.undone = 0, 0, 0, []
     Probe.barrier = None
     Probe.ran = []
     Probe.entered = threading.Event()
     Probe.gate = threading.Event()
-    runtime = Runtime(servers=[*BUILTIN, Probe, *LANES], ttl=600, call_timeout=call_timeout)
+    runtime = Runtime(
+        servers=[*BUILTIN, Probe, *LANES], ttl=600, call_timeout=call_timeout, settings=settings
+    )
     try:
         yield runtime
     finally:

@@ -11,6 +11,7 @@ import pytest
 
 from ctxactors import Runtime
 from ctxactors.logs import configure_logging
+from ctxactors.settings import Settings
 from ctxactors.testing import ManualClock
 
 
@@ -18,6 +19,13 @@ from ctxactors.testing import ManualClock
 def default_logging() -> None:
     """Every test starts from the default log configuration (some commands change it)."""
     configure_logging(format="json", level="info", force=True)
+
+
+@pytest.fixture
+def rt_settings() -> Settings:
+    """The settings a module's runtime fixture is made with; a test that needs other limits
+    parametrizes it: ``@pytest.mark.parametrize("rt_settings", [Settings(...)])``."""
+    return Settings.from_env()
 
 
 @pytest.fixture

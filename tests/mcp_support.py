@@ -142,13 +142,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def http_server(*extra: str) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``ctxactors serve --transport http`` on a free loopback port; yields (url, process)."""
+def http_server(
+    *extra: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``ctxactors serve --transport http`` on a free loopback port; yields (url, process).
+    `env` adds to the server's environment."""
     for _attempt in range(3):
         port = free_port()
         proc = subprocess.Popen(
             [*SERVE, "--transport", "http", "--port", str(port), *extra],
-            env=serve_env(),
+            env={**serve_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
         )
         url = f"http://127.0.0.1:{port}/mcp"

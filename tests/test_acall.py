@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,8 +17,10 @@ from ctxactors import (
     Scope,
     Server,
     ToolContext,
+    ToolResult,
     tool,
 )
+from ctxactors._call import caller_deadline
 from ctxactors.servers import BUILTIN
 from ctxactors.testing import context_args as ctx_args
 
@@ -136,3 +139,58 @@ def test_call_reads_meta_and_times_out_after_the_call_timeout() -> None:
             assert str(caught.value) == "tool 'hold' did not answer within 0.05 s"
         finally:
             RELEASE.set()
+
+
+class Clocked(Server):
+    name = "clocked"
+    scope = Scope.SESSION
+
+    @tool
+    def deadline(self, ctx: ToolContext) -> dict[str, Any]:
+        """When this call's caller stops waiting, as its handler sees it."""
+        return {"deadline": caller_deadline(), "principal": ctx.principal}
+
+
+def structured(result: ToolResult) -> dict[str, Any]:
+    assert result.structured is not None, result.text
+    return result.structured
+
+
+def test_a_handler_sees_when_its_caller_stops_waiting() -> None:
+    """`caller_deadline` is the caller's own wait: its timeout, else the call_timeout."""
+
+    def seen(call: Callable[[], ToolResult], wait: float) -> None:
+        before = time.monotonic()
+        deadline = structured(call())["deadline"]
+        after = time.monotonic()
+        assert before + wait <= deadline <= after + wait
+
+    async def main(rt: Runtime) -> None:
+        before = time.monotonic()
+        result = await rt.acall("deadline", ctx_args("s"), timeout=7.0)
+        assert before + 7.0 <= structured(result)["deadline"] <= time.monotonic() + 7.0
+        before = time.monotonic()
+        result = await rt.acall("deadline", ctx_args("s"))
+        assert before + 9.0 <= structured(result)["deadline"] <= time.monotonic() + 9.0
+
+    assert caller_deadline() is None  # not in an actor's thread
+    with Runtime([Clocked], call_timeout=9.0) as rt:
+        seen(lambda: rt.call("deadline", ctx_args("s"), timeout=7.0), 7.0)
+        seen(lambda: rt.call("deadline", ctx_args("s")), 9.0)
+        asyncio.run(main(rt))
+
+
+def test_acall_keys_by_the_principal_and_falls_back_to_the_given_session() -> None:
+    async def main(rt: Runtime) -> None:
+        made = await rt.acall("create_goal", {"goal": "x"}, principal="p1")
+        assert made.structured == {"id": "g1", "goal": "x"}
+        assert rt.has_session("default", principal="p1") and not rt.has_session("default")
+        await rt.acall("create_goal", {"goal": "y"}, principal="p1", session_fallback="fb")
+        assert rt.has_session("fb", principal="p1")
+        with pytest.raises(InvalidArgumentsError, match="^no session given: "):
+            await rt.acall("create_goal", {"goal": "z"}, principal="p1", session_fallback=None)
+        seen = await rt.acall("deadline", ctx_args("s"), principal="p2")
+        assert structured(seen)["principal"] == "p2"
+
+    with Runtime([*BUILTIN, Clocked]) as rt:
+        asyncio.run(main(rt))

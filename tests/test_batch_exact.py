@@ -13,7 +13,7 @@ import pytest
 from batch_support import WAIT, Probe, batch, by_id
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.actors import caller_deadline
+from ctxactors._call import caller_deadline
 from ctxactors.batch_engine import BatchRun, _margin, _OpReply
 from ctxactors.batch_plan import (
     BadReference,
@@ -25,8 +25,10 @@ from ctxactors.batch_plan import (
     references,
     resolve,
 )
-from ctxactors.results import ToolError, ToolResult
-from ctxactors.servers import BUILTIN, Batch
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
+from ctxactors.servers import BUILTIN
+from ctxactors.settings import BatchSettings, Settings
 from ctxactors.testing import context_args as ctx_args
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}
@@ -121,10 +123,12 @@ class Extra(Server):
 
 
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
+def rt(rt_settings: Settings) -> Iterator[Runtime]:
     Extra.gate = threading.Event()
     Extra.undone = []
-    runtime = Runtime(servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT)
+    runtime = Runtime(
+        servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT, settings=rt_settings
+    )
     try:
         yield runtime
     finally:
@@ -177,10 +181,10 @@ def test_arguments_filled_later_are_checked_by_name_and_the_rest_strictly(rt: Ru
     )
 
 
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_expanded_bytes=10))])
 def test_the_expansion_bound_is_inclusive_and_a_bad_reference_counts_nothing(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+    rt: Runtime,
 ) -> None:
-    monkeypatch.setattr(Batch, "max_expanded_bytes", 10)
     ops = [
         {"id": "r", "tool": "say", "arguments": {"text": "x" * 10}},
         {"id": "e", "tool": "say", "arguments": {"text": "${r}"}},  # exactly 10 bytes
@@ -271,10 +275,8 @@ def test_a_failure_stops_a_transaction_and_says_which(rt: Runtime) -> None:
     }
 
 
-def test_results_count_data_and_error_messages_up_to_an_inclusive_bound(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Batch, "max_result_bytes", 20)
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_result_bytes=20))])
+def test_results_count_data_and_error_messages_up_to_an_inclusive_bound(rt: Runtime) -> None:
     ops = [
         {"id": "a", "tool": "say", "arguments": {"text": "x" * 10}},  # 10 bytes
         {"id": "f", "tool": "fail", "arguments": {}},  # "boom": 4 bytes, no data

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.testing import context_args as ctx_args
 
 

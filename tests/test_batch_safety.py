@@ -20,8 +20,8 @@ from test_http_api import call, error_of
 
 from ctxactors import Runtime
 from ctxactors.batch_template import PLACEHOLDERS, REFERENCES
-from ctxactors.results import CallTimeoutError, InvalidArgumentsError
-from ctxactors.servers import Batch, Presets
+from ctxactors.errors import CallTimeoutError, InvalidArgumentsError
+from ctxactors.settings import BatchSettings, Settings
 from ctxactors.testing import serve_app
 from ctxactors.transports.http import create_app
 
@@ -29,8 +29,8 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
-    yield from probe_runtime()
+def rt(rt_settings: Settings) -> Iterator[Runtime]:
+    yield from probe_runtime(settings=rt_settings)
 
 
 T1 = {"__sessionId": "s1", "__assistantId": "a1", "__threadId": "t1"}
@@ -177,10 +177,8 @@ def test_references_that_would_build_too_much_fail_their_operation_unbuilt(rt: R
     assert state(rt, "items_now")["items"] == [big]
 
 
-def test_the_expansion_bound_is_for_the_whole_batch(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Batch, "max_expanded_bytes", 1000)
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_expanded_bytes=1000))])
+def test_the_expansion_bound_is_for_the_whole_batch(rt: Runtime) -> None:
     v = "é" * 150  # 300 bytes of UTF-8
     result = batch(
         rt,
@@ -229,10 +227,8 @@ def test_a_preset_whose_params_would_build_too_much_is_refused_before_filling(
     assert state(rt, "items_now", __assistantId="a1")["items"] == []
 
 
-def test_a_batch_stops_starting_operations_once_its_results_pass_the_bound(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Batch, "max_result_bytes", 2500)
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_result_bytes=2500))])
+def test_a_batch_stops_starting_operations_once_its_results_pass_the_bound(rt: Runtime) -> None:
     ops = [{"id": f"p{i}", "tool": "put", "arguments": {"value": "v" * 1000}} for i in range(5)]
     result = batch(rt, ops)
     assert statuses(result) == {
@@ -364,12 +360,11 @@ def _save(rt: Runtime, name: str, operations: list[Any], **extra: Any) -> Any:
     return rt.call("save_preset", {**ME, "name": name, "operations": operations, **extra})
 
 
-def test_preset_count_and_size_are_capped_per_assistant(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Presets, "max_presets", 3)
-    monkeypatch.setattr(Presets, "max_preset_bytes", 2000)
-    monkeypatch.setattr(Presets, "max_total_bytes", 3000)
+@pytest.mark.parametrize(
+    "rt_settings",
+    [Settings(batch=BatchSettings(max_presets=3, max_preset_bytes=2000, max_presets_bytes=3000))],
+)
+def test_preset_count_and_size_are_capped_per_assistant(rt: Runtime) -> None:
     op = [{"tool": "put", "arguments": {"value": "v" * 1400}}]
     fat = _save(rt, "fat", [{"tool": "put", "arguments": {"value": "v" * 2000}}])
     assert fat.is_error

@@ -13,14 +13,15 @@ from hypothesis import strategies as st
 
 from ctxactors import InvalidArgumentsError, Runtime, ToolContext
 from ctxactors.servers.content import MAX_RESULTS, Content, fts_phrases
+from ctxactors.settings import ContentSettings, Settings
 from ctxactors.testing import context_args as ctx_args
 
 KOREAN = "여러 파일을 분석해서 리포트 작성"
 
 
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
-    runtime = Runtime(servers=[Content])
+def rt(rt_settings: Settings) -> Iterator[Runtime]:
+    runtime = Runtime(servers=[Content], settings=rt_settings)
     try:
         yield runtime
     finally:
@@ -219,12 +220,11 @@ def test_sessions_never_see_each_others_content(rt: Runtime) -> None:
     assert call(rt, "alice", "list_content")["count"] == 1
 
 
-def test_size_limits_refuse_without_losing_anything(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Content, "max_item_bytes", 100)
-    monkeypatch.setattr(Content, "max_session_bytes", 250)
-    monkeypatch.setattr(Content, "max_items", 4)
+@pytest.mark.parametrize(
+    "rt_settings",
+    [Settings(content=ContentSettings(max_item_bytes=100, max_session_bytes=250, max_items=4))],
+)
+def test_size_limits_refuse_without_losing_anything(rt: Runtime) -> None:
     first = call(rt, "s1", "add_content", filename="a", content="a" * 100)
     big = rt.call("add_content", ctx_args("s1", filename="big", content="리" * 34))  # 102 B
     assert big.is_error and "102 bytes" in big.text and "at most 100" in big.text

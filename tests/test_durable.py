@@ -8,17 +8,19 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.servers.history import History
-from ctxactors.state import MemoryStore, RedisStore, SQLiteStore, StateStore
+from ctxactors.servers import Planning
+from ctxactors.settings import HistorySettings, Settings
+from ctxactors.state import MemoryStore, Outcome, RedisStore, SQLiteStore, StateStore, Write
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
@@ -257,6 +259,44 @@ def test_retention_forgets_a_session_and_the_reaper_purges_it(
     store.close()
 
 
+def test_retention_counts_from_the_last_read_too(tmp_path: Path, clock: ManualClock) -> None:
+    wall = ManualClock()
+    store = SQLiteStore(tmp_path / "state.db", retention=3600, clock=wall)
+
+    def advance(seconds: float) -> None:
+        clock.advance(seconds)
+        wall.advance(seconds)
+
+    with Runtime(store=store, ttl=3000, clock=clock) as rt:
+        assert rt.durability is not None
+        call(rt, "create_goal", goal="read often")
+        rt.durability.flush()  # the goal and its history record are stored at 0 s
+        advance(2000)
+        # A read from a live actor, at 2000 s (the one call the history never records, so
+        # nothing but the touch reaches the store), written behind the call.
+        assert len(call(rt, "get_recent_context")["operations"]) == 1
+        rt.durability.flush()
+        advance(3001)
+        assert rt.reap() == 2  # at 5001 s: the planning and history actors, idle 3001 s
+        # Last used 3001 s ago: within the hour, though last written 5001 s ago.
+        assert call(rt, "get_planning_state")["goals"] == [{"id": "g1", "goal": "read often"}]
+    store.close()
+
+
+def test_a_session_with_a_live_actor_is_never_purged(tmp_path: Path, clock: ManualClock) -> None:
+    wall = ManualClock()
+    store = SQLiteStore(tmp_path / "state.db", retention=3600, clock=wall)
+    with Runtime(store=store, ttl=7200, clock=clock) as rt:
+        call(rt, "create_goal", goal="kept while live")
+        clock.advance(4000)
+        wall.advance(4000)
+        assert rt.reap() == 0  # the actor stays (idle 4000 s < 7200 s)...
+        record = store.load((None, S), ("planning", A, None))  # ...and so does its state
+        assert record is not None and record.revision == 1
+        assert call(rt, "create_goal", goal="and saved")["id"] == "g2"
+    store.close()
+
+
 def test_redis_retention_expires_the_session(redis: RedisServer) -> None:
     store = RedisStore(redis.url, prefix=f"t{os.urandom(4).hex()}", retention=0.5)
     try:
@@ -317,6 +357,9 @@ def test_a_store_that_is_down_changes_nothing_and_recovery_is_automatic(
             assert call(rt, "get_planning_state")["goals"] == [{"id": "g1", "goal": "kept"}]
             assert call(rt, "list_content")["items"] == [{"id": "c1", "filename": "a", "size": 5}]
             assert call(rt, "search_content", query="beta")["count"] == 0
+            # The refused delete put the document back whole: text and index.
+            assert call(rt, "read_content", id="c1")["content"] == "alpha"
+            assert [r["id"] for r in call(rt, "search_content", query="alpha")["results"]] == ["c1"]
             # A key whose first call comes while the store is down can't load: refused too.
             unloaded = rt.call("list_playbooks", ctx_args(S, A))
             assert unloaded.is_error and "state store is unavailable" in unloaded.text
@@ -327,6 +370,72 @@ def test_a_store_that_is_down_changes_nothing_and_recovery_is_automatic(
             goals = call(rt, "get_planning_state")["goals"]
             assert goals == [{"id": "g1", "goal": "kept"}, {"id": "g2", "goal": "back"}]
             assert [i["id"] for i in call(rt, "list_content")["items"]] == ["c1"]
+        store.close()
+
+
+def test_redis_killed_and_restarted_under_load_loses_no_acknowledged_call(
+    tmp_path: Path,
+) -> None:
+    sessions = [f"load-{n}" for n in range(8)]
+    acked: dict[str, list[str]] = {s: [] for s in sessions}
+    in_doubt: dict[str, set[str]] = {s: set() for s in sessions}  # error results: either way
+    errors: list[tuple[str, str]] = []  # (phase, text)
+    phase = ["up"]
+    progress = threading.Condition()
+    stop = threading.Event()
+
+    def worker(session: str) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            goal = f"{session}-{n}"
+            result = rt.call("create_goal", ctx_args(session, A, goal=goal))
+            with progress:
+                if result.is_error:
+                    in_doubt[session].add(goal)
+                    errors.append((phase[0], result.text))
+                else:
+                    acked[session].append(goal)
+                progress.notify_all()
+
+    def wait_for(check: Callable[[], bool]) -> None:
+        with progress:
+            assert progress.wait_for(check, timeout=60)
+
+    def acks() -> int:
+        return min(len(a) for a in acked.values())
+
+    with redis_server(tmp_path) as server:
+        store = RedisStore(server.url, timeout=2.0)
+        with Runtime(servers=[Planning], store=store) as rt:
+            threads = [threading.Thread(target=worker, args=(s,)) for s in sessions]
+            for t in threads:
+                t.start()
+            wait_for(lambda: acks() >= 5)
+            server.stop(kill=True)  # SIGKILL, mid-run
+            with progress:
+                phase[0], before = "down", acks()
+            wait_for(lambda: sum(p == "down" for p, _ in errors) >= 2 * len(sessions))
+            with progress:
+                phase[0] = "back"
+            server.start()  # same port, same append-only file
+            wait_for(lambda: acks() >= before + 5)  # calls succeed again, on every session
+            stop.set()
+            for t in threads:
+                t.join(60)
+        down = [text for p, text in errors if p == "down"]
+        assert all("the state store is unavailable" in text for text in down), down[:3]
+        assert all("nothing was changed" in text for text in down)
+        later = [text for p, text in errors if p != "down"]
+        assert all("state store is unavailable" in t or "not saved" in t for t in later)
+        with Runtime(servers=[Planning], store=store) as rt:
+            for session in sessions:
+                state = rt.call("get_planning_state", ctx_args(session, A)).structured
+                assert state is not None
+                present = [g["goal"] for g in state["goals"]]
+                assert set(acked[session]) <= set(present)  # nothing acknowledged is lost
+                assert set(present) <= set(acked[session]) | in_doubt[session]
+                assert len(present) == len(set(present))
         store.close()
 
 
@@ -418,15 +527,68 @@ def test_a_changing_call_replies_only_once_its_state_is_in_the_store(tmp_path: P
 
 def test_the_stored_history_keeps_its_bounds(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "state.db")
-    with Runtime(store=store) as rt:
-        History.configure(rt, max_operations=3)
+    limits = Settings(history=HistorySettings(max_operations=3))
+    with Runtime(store=store, settings=limits) as rt:
         for n in range(5):
             call(rt, "create_goal", goal=f"goal {n}")
-    with Runtime(store=store) as rt:
-        History.configure(rt, max_operations=3)
+    with Runtime(store=store, settings=limits) as rt:
         ops = call(rt, "get_recent_context", limit=50)["operations"]
         assert [op["arguments"]["goal"] for op in ops] == ["goal 4", "goal 3", "goal 2"]
         call(rt, "create_goal", goal="goal 5")
         ops = call(rt, "get_recent_context", limit=50)["operations"]
         assert [op["arguments"]["goal"] for op in ops] == ["goal 5", "goal 4", "goal 3"]
+    store.close()
+
+
+class RecordingStore(SQLiteStore):
+    """A real SQLite store that also keeps every write it was given."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.writes: list[Write] = []
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        self.writes += writes
+        return super().write(writes)
+
+
+def test_content_saves_only_the_documents_a_call_changed(tmp_path: Path) -> None:
+    store = RecordingStore(tmp_path / "state.db")
+    with Runtime(store=store) as rt:
+        for n in range(3):
+            call(rt, "add_content", filename=f"f{n}", content=f"document {n} " * 100)
+        call(rt, "delete_content", id="c2")
+        call(rt, "read_content", id="c1")
+        saved = [(w.data, w.parts) for w in store.writes if w.key == ("content",)]
+        doc = msgspec.msgpack.decode
+        assert [(doc(data), [(n, p and doc(p)) for n, p in parts]) for data, parts in saved] == [
+            ({"next": 1}, [("c1", [1, "f0", "document 0 " * 100])]),
+            ({"next": 2}, [("c2", [2, "f1", "document 1 " * 100])]),
+            ({"next": 3}, [("c3", [3, "f2", "document 2 " * 100])]),
+            ({"next": 3}, [("c2", None)]),
+        ]
+    with Runtime(store=store) as rt:  # a restart rebuilds the index from the parts
+        assert call(rt, "list_content")["items"] == [
+            {"id": "c1", "filename": "f0", "size": 1100},
+            {"id": "c3", "filename": "f2", "size": 1100},
+        ]
+        found = call(rt, "search_content", query="document 2")["results"]
+        assert [r["id"] for r in found] == ["c3"]
+    store.close()
+
+
+def test_a_refused_transactional_batch_saves_no_document(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(store=store) as rt:
+        call(rt, "add_content", filename="kept", content="kept text")
+        ops = [
+            {"tool": "add_content", "arguments": {"filename": "new", "content": "new text"}},
+            {"tool": "delete_content", "arguments": {"id": "c1"}},
+            {"tool": "read_content", "arguments": {"id": "missing"}},
+        ]
+        result = rt.call("batch", ctx_args(S, A, operations=ops, options={"transactional": True}))
+        assert result.is_error
+    with Runtime(store=store) as rt:
+        assert call(rt, "list_content")["items"] == [{"id": "c1", "filename": "kept", "size": 9}]
+        assert call(rt, "read_content", id="c1")["content"] == "kept text"
     store.close()

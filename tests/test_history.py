@@ -11,9 +11,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import InvalidArgumentsError, RuntimeClosedError, ToolError, ToolResult
+from ctxactors.errors import InvalidArgumentsError, RuntimeClosedError, ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
-from ctxactors.servers.history import History, compact, generic_metadata, pick
+from ctxactors.servers.history import compact, generic_metadata, pick
+from ctxactors.settings import HistorySettings, Settings
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
@@ -291,8 +293,8 @@ def test_batch_and_preset_calls_are_seen_only_by_their_own_context(rt: Runtime) 
 
 
 def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -> None:
-    with Runtime(servers=SERVERS) as rt:
-        History.configure(rt, max_operations=3, ttl=60, clock=clock)
+    limits = Settings(history=HistorySettings(max_operations=3, ttl=60))
+    with Runtime(servers=SERVERS, clock=clock, settings=limits) as rt:
         for i in range(5):
             rt.call("create_goal", ctx_args("s1", goal=f"g{i}"))
         assert [op["arguments"]["goal"] for op in recent(rt, "s1")] == ["g4", "g3", "g2"]
@@ -305,8 +307,11 @@ def test_bounds_are_configurable_and_old_operations_expire(clock: ManualClock) -
 
 
 def test_bad_bounds_and_bad_arguments_are_refused_clearly(rt: Runtime) -> None:
-    with pytest.raises(ValueError, match="max_operations"):
-        History.configure(rt, max_operations=0)
+    with pytest.raises(ValueError) as bad:
+        Runtime(servers=SERVERS, settings=Settings(history=HistorySettings(max_operations=0)))
+    assert str(bad.value) == (
+        "history.max_operations (CTXACTORS_HISTORY_MAX_OPERATIONS) must be at least 1"
+    )
     with pytest.raises(InvalidArgumentsError, match="limit"):
         rt.call("get_recent_context", ctx_args("s1", limit=0))
     with pytest.raises(InvalidArgumentsError, match="tool_filter"):
@@ -331,13 +336,13 @@ def test_ending_the_session_removes_its_history(rt: Runtime) -> None:
     rt.end_session("s1")
     assert recent(rt, "s1") == []
     assert len(recent(rt, "s2")) == 1
-    assert ("history", (None, "s1")) in rt.registry.keys()  # the fresh, empty one just asked
+    assert ("history", (None, "s1")) in rt._registry.keys()  # the fresh, empty one just asked
 
 
 def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualClock) -> None:
     with Runtime(servers=SERVERS, clock=clock, ttl=60) as rt:
         rt.call("create_goal", ctx_args("s1", "a1", goal="early"))
-        assert rt.registry.keys() == [("planning", (None, "s1"), "a1", None)]  # no history actor
+        assert rt._registry.keys() == [("planning", (None, "s1"), "a1", None)]  # no history actor
         clock.advance(40)
         rt.call("create_goal", ctx_args("s1", "a2", goal="later"))
         clock.advance(30)
@@ -351,8 +356,17 @@ def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualCloc
 
 
 def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
-    result = rt.call("flaky_extract", ctx_args("s1"))
+    with capture_logs() as logs:
+        result = rt.call("flaky_extract", ctx_args("s1"))
     assert result.structured == {"id": "x1"} and not result.is_error
+    [failed] = [e for e in logs if e["event"] == "extract_failed"]
+    assert isinstance(failed.pop("exc_info"), ZeroDivisionError)
+    assert failed == {
+        "logger": "ctxactors.history",
+        "event": "extract_failed",
+        "tool": "flaky_extract",
+        "log_level": "warning",
+    }
     assert recent(rt, "s1")[0]["metadata"] == {"id": "x1"}  # the generic one instead
     rt.call("picked", ctx_args("s1"))
     assert recent(rt, "s1", limit=1)[0]["metadata"] == {"made": "p1"}
@@ -390,8 +404,9 @@ def test_batch_operations_are_recorded_one_by_one(rt: Runtime) -> None:
 
 
 def test_concurrent_calls_are_all_recorded_exactly_once_per_session() -> None:
-    with Runtime(servers=SERVERS) as rt:
-        History.configure(rt, max_operations=500)
+    with Runtime(
+        servers=SERVERS, settings=Settings(history=HistorySettings(max_operations=500))
+    ) as rt:
         errors: list[BaseException] = []
 
         def worker(n: int) -> None:
@@ -461,9 +476,9 @@ def test_recording_after_close_is_dropped_quietly() -> None:
         assert Held.running.wait(20)
         closer = threading.Thread(target=rt.close)
         closer.start()
-        while not rt.registry.closed:
+        while not rt._registry.closed:
             closer.join(0.005)  # until close() has retired every actor, the held one too
-        assert rt.stats()["actors"] == 0 and rt.registry.session_state("s1", "x", dict) is None
+        assert rt.stats()["actors"] == 0 and rt._registry.session_state("s1", "x", dict) is None
         Held.release.set()
         caller.join(20)
         closer.join(20)

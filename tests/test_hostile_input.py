@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +19,21 @@ import pytest
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.encodable import argument_problem, may_hold_untyped
-from ctxactors.results import InvalidArgumentsError, ToolError, ToolResult
+from ctxactors.errors import InvalidArgumentsError, ToolError
+from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.testing import context_args as ctx_args
 
 SURROGATE = json.loads('"\\ud800"')  # what a host's json.loads gives for "\ud800"
+SURROGATE_ERROR = (
+    "'utf-8' codec can't encode character '\\ud800' in position {}: surrogates not allowed"
+)
+
+
+def nested(leaf: Any, depth: int) -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
 
 
 class Echo(Server):
@@ -55,6 +66,11 @@ class Echo(Server):
     def bad_object(self, ctx: ToolContext) -> ToolResult:
         """Build a ToolResult by hand with an object the encoder doesn't know."""
         return ToolResult(content=[], structured={"id": object()})
+
+    @tool
+    def deep_result(self, ctx: ToolContext) -> ToolResult:
+        """Build a ToolResult by hand nested deeper than the encoder goes."""
+        return ToolResult(content=[], structured={"x": nested("leaf", 100_000)})
 
     @tool
     def bad_error(self, ctx: ToolContext) -> None:
@@ -186,10 +202,26 @@ def test_values_the_encoder_does_not_know_are_refused(rt: Runtime) -> None:
 @pytest.mark.parametrize(
     ("tool", "message"),
     [
-        ("bad_dict", "UnicodeEncodeError: 'utf-8' codec can't encode character '\\ud800'"),
-        ("bad_text", "tool 'bad_text' returned a bad result: the result cannot be encoded"),
-        ("bad_result", "tool 'bad_result' returned a bad result: the result cannot be encoded"),
-        ("bad_object", "tool 'bad_object' returned a bad result: the result cannot be encoded"),
+        ("bad_dict", f"UnicodeEncodeError: {SURROGATE_ERROR.format(0)}"),
+        (
+            "bad_text",
+            "tool 'bad_text' returned a bad result: the result cannot be encoded as JSON "
+            f"({SURROGATE_ERROR.format(1)})",
+        ),
+        (
+            "bad_result",
+            "tool 'bad_result' returned a bad result: the result cannot be encoded as JSON "
+            f"({SURROGATE_ERROR.format(0)})",
+        ),
+        (
+            "bad_object",
+            "tool 'bad_object' returned a bad result: the result cannot be encoded as JSON "
+            "(Encoding objects of type object is unsupported)",
+        ),
+        (
+            "deep_result",
+            "tool 'deep_result' returned a bad result: the result is nested too deeply",
+        ),
         ("bad_error", "no such thing: \\ud800"),
     ],
 )
@@ -197,7 +229,7 @@ def test_a_result_the_encoder_cant_write_is_an_error_result(
     rt: Runtime, tool: str, message: str
 ) -> None:
     result = rt.call(tool, ctx_args("s1"))
-    assert result.is_error and result.text.startswith(message), result.text
+    assert result.is_error and result.text == message, result.text
     msgspec.json.encode(result.to_mcp())
     ops = session_still_answers(rt)["get_recent_context"]["operations"]
     assert [(op["tool"], op["is_error"]) for op in ops] == [(tool, True)]
@@ -217,3 +249,67 @@ def test_plain_arguments_are_proved_safe_without_encoding(rt: Runtime) -> None:
         "run_preset",
         "save_preset",
     ]
+
+
+def test_the_walk_names_the_value_at_fault_not_a_valid_non_ascii_string_before_it() -> None:
+    """Valid non-ASCII keys and values are walked past (the walk pops the last one first)."""
+    assert argument_problem({"a": object(), "b": "é"}, untyped=False) == (
+        "a value of type object cannot be encoded as JSON - at `$.a`"
+    )
+    assert argument_problem({"ü": [1, object()]}, untyped=False) == (
+        "a value of type object cannot be encoded as JSON - at `$.ü[1]`"
+    )
+
+
+@pytest.mark.parametrize(("length", "shown"), [(80, "k" * 80), (81, "k" * 80 + "…")])
+def test_a_long_key_in_a_path_is_cut_at_80_characters(length: int, shown: str) -> None:
+    assert argument_problem({"k" * length: SURROGATE}, untyped=False) == (
+        f"a string holds a lone surrogate (not valid Unicode) - at `$.{shown}`"
+    )
+    assert argument_problem({"data": {"k" * length: {1: 2}}}, untyped=True) == (
+        f"object keys must be strings, got int - at `$.data.{shown}`"
+    )
+
+
+def test_a_non_string_key_is_refused_at_every_depth_up_to_the_encoders_limit() -> None:
+    """Nested one level short of the limit, the arguments encode but decoding them again
+    (one call deeper) hits the limit: the key must still be found, not waved through."""
+    limit = sys.getrecursionlimit()
+    for depth in range(limit - 150, limit + 5):
+        problem = argument_problem({"x": nested({1: "v"}, depth)}, untyped=True)
+        assert problem is not None, depth
+        assert problem == "arguments are nested too deeply" or problem.startswith(
+            "object keys must be strings, got int - at `$.x[0]"
+        ), (depth, problem[:80])
+
+
+class Point:
+    """A host's own type: msgspec leaves what it holds unchecked."""
+
+
+class Node(msgspec.Struct):
+    data: Any
+    children: list[Node]
+
+
+class Tree(msgspec.Struct):
+    label: str
+    children: list[Tree]
+
+
+@pytest.mark.parametrize(
+    ("args_type", "untyped"),
+    [
+        (Node, True),  # Any after a class already seen
+        (Tree, False),  # recursive, no Any: the walk ends
+        (dict[int, str], True),  # int keys are written as strings
+        (dict[str, int], False),
+        (tuple[int, str], False),
+        (tuple[int, Any], True),
+        (tuple[int, ...], False),
+        (list[Point], True),
+        (Point | None, True),
+    ],
+)
+def test_may_hold_untyped_finds_what_msgspec_does_not_check(args_type: Any, untyped: bool) -> None:
+    assert may_hold_untyped(args_type) is untyped

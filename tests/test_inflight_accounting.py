@@ -15,7 +15,7 @@ import pytest
 
 from ctxactors import CallTimeoutError, InvalidArgumentsError, Runtime, Scope, Server, tool
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError
+from ctxactors.errors import ToolError
 from ctxactors.servers import BUILTIN
 from ctxactors.testing import context_args as ctx_args
 

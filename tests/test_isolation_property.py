@@ -39,7 +39,8 @@ from served_support import McpHttpSession, no_traceback, served_http
 
 from ctxactors import InvalidArgumentsError, Runtime, Scope, ToolContext, ToolResult, inject_context
 from ctxactors.context import META_KEYS
-from ctxactors.servers import Content, History, Planning, Playbooks
+from ctxactors.servers import Content, Planning, Playbooks
+from ctxactors.settings import HistorySettings, Settings
 
 # A failing property shrinks for a while before it reports its minimal example.
 pytestmark = pytest.mark.timeout(300)
@@ -160,8 +161,8 @@ class IsolationMachine(RuleBasedStateMachine):
         self.writer: dict[str, ToolContext] = {}  # marker -> who wrote it (for messages)
 
     def connect(self) -> None:
-        self.rt = Runtime(servers=SERVERS)
-        History.configure(self.rt, max_operations=MAX_HISTORY)
+        limits = Settings(history=HistorySettings(max_operations=MAX_HISTORY))
+        self.rt = Runtime(servers=SERVERS, settings=limits)
 
     def invoke(
         self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None

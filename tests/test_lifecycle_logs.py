@@ -12,6 +12,7 @@ import types
 from typing import Any
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from ctxactors import (
@@ -21,14 +22,21 @@ from ctxactors import (
     Scope,
     Server,
     ToolContext,
-    ToolResult,
     tool,
 )
-from ctxactors.actors import Call, SyncReply
+from ctxactors._actors import SyncReply
+from ctxactors._call import CallHost, Envelope, ToolCall
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
+from ctxactors.tools import Key
 
 WAIT = 20.0
+
+
+def traced(event: dict[str, Any]) -> dict[str, Any]:
+    """A captured line with its exception shown as ``repr``: errors are logged with
+    ``exc_info`` (the traceback reaches the reader), never as a pre-formatted string."""
+    return {**event, "exc_info": repr(event["exc_info"])}
 
 
 class Counter(Server):
@@ -174,10 +182,10 @@ def test_a_busy_server_is_neither_reaped_nor_evicted(clock: ManualClock) -> None
         with Runtime([Busy, Counter], clock=clock, ttl=10, max_actors=1) as rt:
             rt.call("touch", ctx_args("s"))
             rt.call("bump", ctx_args("t", "a"))  # over the cap, but the busy one stays
-            assert [k[0] for k in rt.registry.keys()] == ["busy", "counter"]
+            assert [k[0] for k in rt._registry.keys()] == ["busy", "counter"]
             clock.advance(11)
             assert rt.reap() == 1  # only the idle counter
-            assert rt.registry.keys() == [("busy", (None, "s"))]
+            assert rt._registry.keys() == [("busy", (None, "s"))]
             Busy.flag.clear()
             assert rt.reap() == 1
     finally:
@@ -251,13 +259,13 @@ def test_observers_see_calls_but_not_undos_and_a_failing_one_is_logged(
             ("batch", "s", True, ["operations", "options"]),
         ]
     )
-    failures = [e for e in logs if e["event"] == "observer_failed"]
+    failures = [traced(e) for e in logs if e["event"] == "observer_failed"]
     assert failures == 8 * [  # before and after the reply, for each of the 4 calls
         {
             "logger": "ctxactors",
             "event": "observer_failed",
             "log_level": "error",
-            "error": "ValueError: observer bug",
+            "exc_info": "ValueError('observer bug')",
         }
     ]
 
@@ -313,8 +321,8 @@ def reapers() -> list[threading.Thread]:
 def test_runtime_defaults_and_when_a_background_reaper_runs(clock: ManualClock) -> None:
     before = len(reapers())
     with Runtime() as rt:
-        assert rt.call_timeout == 30.0 and rt.tools_mode == "all"
-        assert (rt.registry.ttl, rt.registry.max_actors) == (3600.0, 10_000)
+        assert rt.call_timeout == 30.0 and len(rt.list_tools()) == len(rt.tools)
+        assert (rt._registry.ttl, rt._registry.max_actors) == (3600.0, 10_000)
         assert rt.stats()["peak_actors"] == 0
         started = reapers()
         assert len(started) == before + 1 and started[-1].daemon
@@ -401,10 +409,21 @@ def test_start_and_close_failures_are_logged_with_the_error() -> None:
         with Runtime([Unstartable, BadClose]) as rt:
             rt.call("use", ctx_args("s"))
             rt.call("touch", ctx_args("s"))
-    failures = [e for e in logs if e["event"] in ("server_start_failed", "server_close_failed")]
+    events = ("server_start_failed", "server_close_failed")
+    failures = [traced(e) for e in logs if e["event"] in events]
     assert failures == [
-        {"event": "server_start_failed", "log_level": "error", "error": "ValueError: no database"},
-        {"event": "server_close_failed", "log_level": "error", "error": "RuntimeError: disk gone"},
+        {
+            "logger": "ctxactors.actors",
+            "event": "server_start_failed",
+            "log_level": "error",
+            "exc_info": "ValueError('no database')",
+        },
+        {
+            "logger": "ctxactors.actors",
+            "event": "server_close_failed",
+            "log_level": "error",
+            "exc_info": "RuntimeError('disk gone')",
+        },
     ]
 
 
@@ -441,27 +460,54 @@ def test_a_failing_reaper_pass_is_logged_and_the_reaper_goes_on() -> None:
         wait_until(lambda: sum(e["event"] == "reap_failed" for e in logs) >= 2, WAIT)  # it retries
     failed = [e for e in logs if e["event"] == "reap_failed"]
     assert len(failed) >= 2
-    assert failed[0] == {
+    assert traced(failed[0]) == {
         "logger": "ctxactors",
         "event": "reap_failed",
         "log_level": "error",
-        "error": "RuntimeError: cannot tell",
+        "exc_info": "RuntimeError('cannot tell')",
     }
 
 
 def test_a_failing_after_hook_is_logged_and_the_actor_keeps_serving() -> None:
-    def boom(result: ToolResult) -> None:
+    def boom(logger: Any, method: str, event: Any) -> Any:
         raise ValueError("after bug")
 
-    key = ("counter-direct", (None, "s"))
+    # The first call's host writes its log line with a logger that raises.
+    broken = CallHost(structlog.wrap_logger(structlog.PrintLogger(), [boom]), None, [], [])
+    spec, ctx = Counter.tools["bump"], ToolContext("s")
+    key = Key(("counter-direct", (None, "s")))
     with capture_logs() as logs, Runtime([Counter]) as rt:
         first, second = SyncReply(), SyncReply()
-        rt.registry.submit(key, Counter, Call(lambda server: server.bump(None), first, boom))
-        # Same key, so it runs after the first message's after hook.
-        rt.registry.submit(key, Counter, Call(lambda server: server.bump(None), second))
+        # Same key, so the second runs after the first message's failed log line.
+        for reply, host in ((first, broken), (second, rt._host)):
+            envelope = Envelope(
+                ToolCall("bump", ctx, {}), spec, spec.validate({}), key, reply, host
+            )
+            rt._registry.submit(key, Counter, envelope)
         assert first.wait(WAIT) and second.wait(WAIT)
-        assert (first.value, second.value) == ({"n": 1}, {"n": 2})
-    failed = [e for e in logs if e["event"] == "after_call_failed"]
+        assert (first.value.structured, second.value.structured) == ({"n": 1}, {"n": 2})
+    failed = [traced(e) for e in logs if e["event"] == "after_call_failed"]
     assert failed == [
-        {"event": "after_call_failed", "log_level": "error", "error": "ValueError: after bug"}
+        {
+            "logger": "ctxactors.call",
+            "event": "after_call_failed",
+            "log_level": "error",
+            "exc_info": "ValueError('after bug')",
+        }
+    ]
+
+
+def test_ending_a_principals_session_logs_that_principal() -> None:
+    with capture_logs() as logs, Runtime([Counter]) as rt:
+        rt.call("bump", ctx_args("s", "a"), principal="p1")
+        assert rt.end_session("s", principal="p1") == 1
+    assert [e for e in logs if e["event"] == "session_ended"] == [
+        {
+            "logger": "ctxactors",
+            "event": "session_ended",
+            "log_level": "info",
+            "principal": "p1",
+            "session_id": "s",
+            "actors": 1,
+        }
     ]

@@ -19,18 +19,18 @@ import msgspec
 import pytest
 from test_http_api import WAIT
 
-from ctxactors import Runtime, settings
+from ctxactors import Runtime
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
-from ctxactors.settings import Cap
+from ctxactors.settings import Cap, PlanningSettings, PlaybooksSettings, Settings, fields
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.testing import serve_app
 from ctxactors.transports.http import create_app
 
 
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
-    with Runtime() as runtime:
+def rt(rt_settings: Settings) -> Iterator[Runtime]:
+    with Runtime(settings=rt_settings) as runtime:
         yield runtime
 
 
@@ -47,10 +47,8 @@ def error(rt: Runtime, tool: str, *context: str | None, **args: Any) -> str:
     return result.text
 
 
-def test_the_101st_playbook_over_a_cap_of_100_is_refused_and_the_100_stay(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Playbooks, "max_playbooks", Cap("CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS", 100))
+@pytest.mark.parametrize("rt_settings", [Settings(playbooks=PlaybooksSettings(max_playbooks=100))])
+def test_the_101st_playbook_over_a_cap_of_100_is_refused_and_the_100_stay(rt: Runtime) -> None:
     for i in range(100):
         ok(rt, "create_playbook", "A", name=f"p{i}", steps=[f"step {i}"])
     assert error(rt, "create_playbook", "B", name="p100") == (
@@ -80,13 +78,16 @@ def test_a_2_mb_step_is_refused_over_rest_and_nothing_is_kept(rt: Runtime) -> No
     assert ok(rt, "create_goal", "A", goal=korean[:-1])["id"] == "g1"
 
 
-def test_steps_goals_todos_and_bytes_per_key_are_capped(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Playbooks, "max_steps", Cap("CTXACTORS_PLAYBOOKS_MAX_STEPS", 3))
-    monkeypatch.setattr(Planning, "max_goals", Cap("CTXACTORS_PLANNING_MAX_GOALS", 2))
-    monkeypatch.setattr(Planning, "max_todos", Cap("CTXACTORS_PLANNING_MAX_TODOS", 1))
-    monkeypatch.setattr(Planning, "max_bytes", Cap("CTXACTORS_PLANNING_MAX_BYTES", 10))
+@pytest.mark.parametrize(
+    "rt_settings",
+    [
+        Settings(
+            playbooks=PlaybooksSettings(max_steps=3),
+            planning=PlanningSettings(max_goals=2, max_todos=1, max_bytes=10),
+        )
+    ],
+)
+def test_steps_goals_todos_and_bytes_per_key_are_capped(rt: Runtime) -> None:
     assert error(rt, "create_playbook", name="p", steps=["a", "b", "c", "d"]) == (
         "the playbook has 4 steps: the limit is 3 (CTXACTORS_PLAYBOOKS_MAX_STEPS)"
     )
@@ -106,10 +107,8 @@ def test_steps_goals_todos_and_bytes_per_key_are_capped(
     assert [g["goal"] for g in ok(rt, "get_planning_state")["goals"]] == ["12345", "1234"]
 
 
-def test_a_rolled_back_batch_gives_its_bytes_back(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Playbooks, "max_bytes", Cap("CTXACTORS_PLAYBOOKS_MAX_BYTES", 12))
+@pytest.mark.parametrize("rt_settings", [Settings(playbooks=PlaybooksSettings(max_bytes=12))])
+def test_a_rolled_back_batch_gives_its_bytes_back(rt: Runtime) -> None:
     ops = [
         {"id": "p", "tool": "create_playbook", "arguments": {"name": "abc", "steps": ["defghi"]}},
         {"id": "bad", "tool": "select_playbook", "arguments": {"id": "nope"}},
@@ -124,8 +123,8 @@ def test_a_rolled_back_batch_gives_its_bytes_back(
 BOUND = 20_000
 
 
-def test_no_list_answer_exceeds_the_bound(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(settings, "MAX_ANSWER_BYTES", Cap("CTXACTORS_MAX_ANSWER_BYTES", BOUND))
+@pytest.mark.parametrize("rt_settings", [Settings(max_answer_bytes=BOUND)])
+def test_no_list_answer_exceeds_the_bound(rt: Runtime) -> None:
     text = "é" * 500  # 1,000 bytes of UTF-8, escaped nowhere
     for i in range(60):
         ok(rt, "create_playbook", "A", name=f"p{i}", steps=[text])
@@ -159,29 +158,43 @@ def test_no_list_answer_exceeds_the_bound(rt: Runtime, monkeypatch: pytest.Monke
     assert set(ok(rt, "list_playbooks", "B")) == {"playbooks"}
 
 
-def test_caps_come_from_the_environment_once_and_a_bad_value_names_its_variable() -> None:
-    env = {
-        **os.environ,
-        "CTXACTORS_PLANNING_MAX_GOALS": "7",
-        "CTXACTORS_PLAYBOOKS_MAX_STEPS": "9",
-        "CTXACTORS_MAX_TEXT_BYTES": "1024",
-    }
+def test_caps_come_from_the_environment_when_a_runtime_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CTXACTORS_PLANNING_MAX_GOALS", "7")
+    monkeypatch.setenv("CTXACTORS_PLAYBOOKS_MAX_STEPS", "9")
+    monkeypatch.setenv("CTXACTORS_MAX_TEXT_BYTES", "1024")
+    with Runtime(servers=[Planning, Playbooks]) as rt:
+        limits = rt.settings
+        assert (limits.planning.max_goals, limits.playbooks.max_steps) == (7, 9)
+        assert (limits.max_text_bytes, limits.playbooks.max_playbooks) == (1024, 1000)
+        assert error(rt, "create_goal", goal="x" * 1025) == (
+            "the goal is 1,025 bytes of UTF-8: the limit is 1,024 (CTXACTORS_MAX_TEXT_BYTES)"
+        )
+
+
+def test_a_bad_value_fails_the_runtime_not_the_import_and_names_its_variable() -> None:
+    env = {**os.environ, "CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS": "lots"}
     code = (
-        "from ctxactors.servers.planning import Planning\n"
-        "from ctxactors.servers.playbooks import Playbooks\n"
-        "print(Planning.max_goals.value, Playbooks.max_steps.value, "
-        "Planning.max_text_bytes.value, Playbooks.max_playbooks.value)"
+        "import ctxactors.servers\n"
+        "print('imported', flush=True)\n"
+        "from ctxactors import Runtime\n"
+        "Runtime()\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["7", "9", "1024", "1000"], out.stderr
-    env["CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS"] = "lots"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert "CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS must be an integer, got 'lots'" in out.stderr
+    assert out.stdout == "imported\n"
+    last = out.stderr.strip().splitlines()[-1]
+    assert last == "ValueError: CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS must be an integer, got 'lots'"
 
 
-def test_defaults() -> None:
-    assert (Planning.max_goals.value, Planning.max_todos.value) == (1000, 1000)
-    assert (Playbooks.max_playbooks.value, Playbooks.max_steps.value) == (1000, 200)
-    assert Planning.max_text_bytes.value == Playbooks.max_text_bytes.value == 64 << 10
-    assert Planning.max_bytes.value == Playbooks.max_bytes.value == 8 << 20
-    assert settings.MAX_ANSWER_BYTES.value == 16 << 20
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for _, name, _ in fields(Settings):
+        if name is not None:
+            monkeypatch.delenv(name, raising=False)
+    defaults = Settings.from_env()
+    assert defaults.planning == PlanningSettings(max_goals=1000, max_todos=1000, max_bytes=8 << 20)
+    assert defaults.playbooks == PlaybooksSettings(
+        max_playbooks=1000, max_steps=200, max_bytes=8 << 20
+    )
+    assert (defaults.max_text_bytes, defaults.max_answer_bytes) == (64 << 10, 16 << 20)
+    assert Planning().max_text_bytes == Cap("CTXACTORS_MAX_TEXT_BYTES", 64 << 10)

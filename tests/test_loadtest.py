@@ -195,7 +195,7 @@ def test_command_line_entry_point(tmp_path: Path) -> None:
 def keys_by_server(rt: Any) -> dict[str, int]:
     """Live keys of the servers the load test calls (one per session/assistant/thread)."""
     counts: dict[str, int] = {}
-    for key in rt.registry.keys():
+    for key in rt._registry.keys():
         if key[0] in ("planning", "playbooks"):
             counts[key[0]] = counts.get(key[0], 0) + 1
     return counts
@@ -319,3 +319,78 @@ def test_options_resolve_the_transport_reaping_and_the_actor_cap() -> None:
     assert LoadOptions.from_args(parse("--url", "http://h:1/", "--expect-reaping")).allow_resets
     with pytest.raises(ValueError, match="^--threads must not be negative$"):
         LoadOptions.from_args(parse("--threads", "-1"))
+
+
+def test_options_carry_the_restarts_and_the_embedded_runtimes_settings() -> None:
+    argv = ("--restart-every", "2", "--ttl", "5", "--transport", "mcp")
+    chaos = LoadOptions.from_args(parse(*argv, "--set", "content.max_item_bytes=65536"))
+    # Its own server, served over REST, whose state a TTL of the generator's does not reset.
+    assert (chaos.restart_every, chaos.serve_store, chaos.url) == (2.0, "sqlite", None)
+    assert (chaos.transport, chaos.use_async, chaos.allow_resets) == ("rest", False, False)
+    assert chaos.settings.content.max_item_bytes == 65536
+    with pytest.raises(ValueError, match="^--set content.max_item_bytes must be an integer, got"):
+        LoadOptions.from_args(parse("--set", "content.max_item_bytes=lots"))
+
+
+# -- --restart-every: a server killed and restarted under load ----------------------------
+
+
+def test_a_server_restarted_under_load_loses_no_acknowledged_call(tmp_path: Path) -> None:
+    code, report = run_cli(
+        tmp_path, "--restart-every", "0.5", "--sessions", "10", "--calls", "40", "--workers", "4"
+    )
+    assert (code, report["passed"], report["violations"]) == (0, True, [])
+    assert report["restarts"] >= 1 and report["restart_failure"] is None
+    assert report["in_doubt_calls"] >= 0
+    assert set(report["errors"]) <= {"ConnectError", "ReadError", "RemoteProtocolError"}
+
+
+def test_restart_every_starts_its_own_server_only(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        ("--restart-every", "1", "--url", "http://127.0.0.1:1"),
+        ("--restart-every", "1", "--async"),
+        ("--restart-every", "0"),
+    ):
+        assert loadtest.run(parse(*argv)) == 2
+        assert "--restart-every takes a positive number of seconds" in capsys.readouterr().err
+
+
+def _doubtful_unit() -> tuple[Unit, ToolContext]:
+    ctx = ToolContext("s1", "a1")
+    unit = Unit(ctx, 5, parse_mix(None), 1, PlaybookBook("s1", ["a1"], False), False, True)
+    first = PlannedCall("create_goal", {"goal": "first"}, ctx)
+    unit.record(first, Outcome({"id": "g1", "goal": "first"}, False))  # acknowledged
+    unit.record(PlannedCall("create_goal", {"goal": "doubt"}, ctx), None)  # cut off
+    assert unit.in_doubt == 1
+    resync = unit.next_call()
+    assert resync == PlannedCall("get_planning_state", {}, ctx, resync=True)
+    unit.record(resync, None)  # the server is still down: read it back again
+    assert unit.next_call() == resync and unit.in_doubt == 1
+    return unit, ctx
+
+
+G1 = {"id": "g1", "goal": "first"}
+
+
+@pytest.mark.parametrize(
+    ("goals", "model", "violation"),
+    [
+        ([G1], ["g1"], None),  # the call in doubt did not run
+        ([G1, {"id": "g2", "goal": "doubt"}], ["g1", "g2"], None),  # it ran, whole
+        ([], [], "missing goals ['g1', 'g2']"),  # an acknowledged goal lost
+        ([G1, {"id": "g2", "goal": "dou"}], ["g1"], "g2: {'id': 'g2', 'goal': 'dou'}"),  # half
+    ],
+)
+def test_a_call_in_doubt_may_be_present_or_absent_but_never_half(
+    goals: list[dict[str, str]], model: list[str], violation: str | None
+) -> None:
+    unit, ctx = _doubtful_unit()
+    read = PlannedCall("get_planning_state", {}, ctx, resync=True)
+    unit.record(read, Outcome({"goals": goals, "todos": []}, False))
+    assert unit.doubt is None and unit.next_call() is not None
+    if violation is None:
+        assert unit.violations == [] and list(unit.goals) == model
+    else:
+        [found] = unit.violations
+        assert found.startswith("session 's1' (s1/a1/-) get_planning_state: after create_goal in")
+        assert violation in found

@@ -12,13 +12,13 @@ import pytest
 from ctxactors import Runtime
 from ctxactors.batch_pending import Placement, pending_problems
 from ctxactors.batch_template import PLACEHOLDERS
-from ctxactors.servers.batch import Presets
+from ctxactors.settings import BatchSettings, Settings
 from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture
-def rt() -> Iterator[Runtime]:
-    with Runtime(call_timeout=20) as runtime:
+def rt(rt_settings: Settings) -> Iterator[Runtime]:
+    with Runtime(call_timeout=20, settings=rt_settings) as runtime:
         yield runtime
 
 
@@ -52,8 +52,8 @@ def test_placeholders_inside_nested_and_empty_values_are_found(rt: Runtime) -> N
     assert refused.text == "preset 'p' uses undeclared params: n, step"
 
 
-def test_the_cap_counts_new_names_only(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Presets, "max_presets", 2)
+@pytest.mark.parametrize("rt_settings", [Settings(batch=BatchSettings(max_presets=2))])
+def test_the_cap_counts_new_names_only(rt: Runtime) -> None:
     for name in ("one", "two"):
         assert not call(rt, "save_preset", name=name, operations=[GOAL], params=["topic"]).is_error
     again = call(rt, "save_preset", name="two", operations=[GOAL], params=["topic"])

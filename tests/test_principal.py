@@ -240,7 +240,7 @@ def test_per_principal_cap_passivates_only_that_principals_own_lru_keys(
             rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
         for i in range(20):
             rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
-        keys = rt.registry.keys()
+        keys = rt._registry.keys()
         by_principal: dict[Any, list[str]] = {}
         for key in keys:
             by_principal.setdefault(key[1][0], []).append(key[1][1])
@@ -253,19 +253,19 @@ def test_per_principal_cap_passivates_only_that_principals_own_lru_keys(
         # Touching alice's oldest key makes it the most recent: the next eviction takes a16.
         rt.call("list_content", ctx_args("a15"), principal="alice")
         rt.call("list_content", ctx_args("a20"), principal="alice")
-        alice = sorted(k[1][1] for k in rt.registry.keys() if k[1][0] == "alice")
+        alice = sorted(k[1][1] for k in rt._registry.keys() if k[1][0] == "alice")
         assert alice == ["a15", "a17", "a18", "a19", "a20"]
         # The unauthenticated namespace has a cap of its own too.
         for i in range(7):
             rt.call("list_content", ctx_args(f"n{i}"))
-        assert sorted(k[1][1] for k in rt.registry.keys() if k[1][0] is None) == [
+        assert sorted(k[1][1] for k in rt._registry.keys() if k[1][0] is None) == [
             "n2",
             "n3",
             "n4",
             "n5",
             "n6",
         ]
-        assert sorted(k[1][1] for k in rt.registry.keys() if k[1][0] == "bob") == [
+        assert sorted(k[1][1] for k in rt._registry.keys() if k[1][0] == "bob") == [
             "b0",
             "b1",
             "b2",
@@ -279,7 +279,7 @@ def test_the_global_cap_still_holds_beside_the_per_principal_one(clock: ManualCl
         for i in range(2):
             rt.call("list_content", ctx_args(f"a{i}"), principal="alice")
         # Global LRU: bob's oldest went when alice's second key came.
-        assert [(k[1][0], k[1][1]) for k in rt.registry.keys()] == [
+        assert [(k[1][0], k[1][1]) for k in rt._registry.keys()] == [
             ("bob", "b1"),
             ("bob", "b2"),
             ("alice", "a0"),
@@ -307,7 +307,7 @@ def test_the_global_cap_passivates_the_flooding_principals_own_keys_first(
         for i in range(6):  # bob floods: his own older keys make room, alice's stays
             rt.call("list_content", ctx_args(f"b{i}"), principal="bob")
             clock.advance(1)
-        keys = rt.registry.keys()
+        keys = rt._registry.keys()
         assert ("content", ("alice", "s1")) in keys
         assert sorted(k[1] for k in keys if k[1][0] == "bob") == [("bob", "b4"), ("bob", "b5")]
         listed = rt.call("list_content", ctx_args("s1"), principal="alice").structured

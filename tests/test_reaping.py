@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors._actors import Lifecycle
 from ctxactors.servers import BUILTIN
+from ctxactors.state import MemoryStore
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
@@ -87,7 +89,7 @@ def test_lru_cap_passivates_the_least_recently_used_idle_actor(clock: ManualCloc
         rt.call("count", ctx_args("s4"))
         stats = rt.stats()
         assert stats["actors"] == 3 and stats["evicted"] == 1
-        assert {k[1][1] for k in rt.registry.keys()} == {"s1", "s3", "s4"}
+        assert {k[1][1] for k in rt._registry.keys()} == {"s1", "s3", "s4"}
         assert rt.call("count", ctx_args("s1")).structured == {"n": 3}
         assert rt.call("count", ctx_args("s2")).structured == {"n": 1}  # fresh incarnation
 
@@ -148,7 +150,7 @@ def test_end_session_stops_exactly_that_sessions_actors(clock: ManualClock) -> N
         assert rt.stats()["actors"] == 6
         assert rt.end_session("s1") == 3
         assert rt.end_session("s1") == 0
-        assert {k[1][1] for k in rt.registry.keys()} == {"s2"}
+        assert {k[1][1] for k in rt._registry.keys()} == {"s2"}
         assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured["goals"] == []
         assert len(rt.call("get_planning_state", ctx_args("s2", "a1")).structured["goals"]) == 1
 
@@ -168,7 +170,7 @@ def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
         ender = threading.Thread(target=lambda: ended.append(rt.end_session("s")))
         ender.start()
         wait_until(lambda: rt.stats()["ended"] > 0, 10)  # end_session has retired the key
-        assert rt.registry.keys() == []
+        assert rt._registry.keys() == []
         # It waits for the call in flight, which holds the actor (a join that can only
         # return early if end_session does not wait).
         ender.join(0.5)
@@ -198,7 +200,7 @@ def test_session_state_lives_exactly_as_long_as_the_sessions_actors(clock: Manua
         return made[-1]
 
     with make(clock, ttl=60, max_actors=2) as rt:
-        registry = rt.registry
+        registry = rt._registry
         assert registry.session_state((None, "s1"), "x", new) is None  # no live actor: nothing kept
         rt.call("count", ctx_args("s1"))
         first = registry.session_state((None, "s1"), "x", new)
@@ -215,3 +217,95 @@ def test_session_state_lives_exactly_as_long_as_the_sessions_actors(clock: Manua
         assert rt.reap() == 1
         assert registry.session_state((None, "s3"), "x", new) is None
         assert len(made) == 3
+
+
+def test_wait_closed_reports_whether_cleanup_finished_and_the_thread_ended() -> None:
+    life = Lifecycle()
+    assert life.wait_closed(0.0) is False  # cleanup has not run
+    life.closed.set()
+    assert life.wait_closed(0.0) is True  # no thread to wait for (it never started)
+    life.thread = threading.current_thread()
+    assert life.wait_closed(0.0) is True  # cleanup ran in the caller's own thread
+    done = threading.Thread(target=lambda: None)
+    done.start()
+    done.join()
+    life.thread = done
+    assert life.wait_closed(0.0) is True
+    release = threading.Event()
+    running = threading.Thread(target=release.wait, args=(10,))
+    running.start()
+    life.thread = running
+    assert life.wait_closed(0.0) is False  # closed, but its thread has not ended yet
+    release.set()
+    assert life.wait_closed(10) is True
+
+
+def test_has_session_is_per_principal_and_ends_with_the_session(clock: ManualClock) -> None:
+    with make(clock) as rt:
+        assert rt.has_session("s") is False
+        rt.call("count", ctx_args("s"), principal="p1")
+        assert rt.has_session("s", principal="p1") is True
+        assert rt.has_session("s") is False and rt.has_session("s", principal="p2") is False
+        assert rt.end_session("s", principal="p1") == 1
+        assert rt.has_session("s", principal="p1") is False
+
+
+PLANNING = ("planning", None, None)  # its store key: (server, assistant, thread)
+
+
+def test_with_a_store_end_session_deletes_the_stored_state(clock: ManualClock) -> None:
+    store = MemoryStore()
+    with Runtime(clock=clock, store=store) as rt:
+        for s in ("s1", "s2"):
+            rt.call("create_goal", ctx_args(s, goal=f"goal of {s}"))
+        assert rt.end_session("s1") == 1
+        assert store.load((None, "s1"), PLANNING) is None
+        assert store.load((None, "s2"), PLANNING) is not None
+        state = rt.call("get_planning_state", ctx_args("s1")).structured
+        assert state == {"goals": [], "todos": []}  # nothing to load back
+
+
+def test_with_a_store_reap_forgets_the_sessions_past_retention_at_once(
+    clock: ManualClock,
+) -> None:
+    now = [0.0]
+    store = MemoryStore(retention=60, clock=lambda: now[0])
+    with Runtime(clock=clock, store=store) as rt:
+        rt.call("create_goal", ctx_args("s1", goal="g"))
+        durable = rt.durability
+        assert durable is not None
+        durable.flush()  # the history's write lands now, not after the store's clock moves
+        assert rt.reap() == 0
+        assert store.purge() == 0  # not past retention yet
+        now[0] = 61.0
+        assert rt.reap() == 0  # the actors stay (their TTL is the runtime's)...
+        assert store.purge() == 0  # ...but the session was already purged by that pass
+
+
+class WatchedStore(MemoryStore):
+    """A memory store that tells when a purge forgot something."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.purged = threading.Event()
+
+    def purge(self) -> int:
+        forgotten = super().purge()
+        if forgotten:
+            self.purged.set()
+        return forgotten
+
+
+def test_the_background_reaper_forgets_sessions_past_retention() -> None:
+    """With a 6 s retention the reaper purges every 0.6 s (a tenth of it). A session with a
+    live actor is never purged, so the actor goes first (a short TTL)."""
+    now = [0.0]
+    store = WatchedStore(retention=6.0, clock=lambda: now[0])
+    with Runtime(store=store, ttl=0.05, scan_interval=0.01, clock=lambda: now[0]) as rt:
+        rt.call("create_goal", ctx_args("s1", goal="g"))
+        durable = rt.durability
+        assert durable is not None
+        durable.flush()
+        now[0] = 7.0
+        assert store.purged.wait(8)
+        assert store.purge() == 0

@@ -6,7 +6,6 @@ Each test runs what a hostile model would run and checks what it reached; the un
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import socket
@@ -27,6 +26,7 @@ from workspace_support import (
     closed_runtime,
     start,
     temporary_root,
+    use_sandbox,
     wait_done,
     wait_output,
 )
@@ -54,7 +54,7 @@ def rt(leaks: Leaks) -> Iterator[Runtime]:
 
 def configure(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
     """Change the sandbox settings for one test (before its runtime is made)."""
-    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, **changes))
+    use_sandbox(monkeypatch, **changes)
 
 
 def run(rt: Runtime, session: str, command: str, **args: Any) -> dict[str, Any]:
@@ -378,7 +378,9 @@ def test_bubblewrap_is_probed_once_and_the_configured_program_runs_every_command
         os.chmod(where, 0o755)
         calls, wrapper = os.path.join(where, "calls"), os.path.join(where, "bwrap")
         with open(wrapper, "w") as script:
-            script.write(f'#!/bin/sh\necho x >> {calls}\nexec {Workspace.sandbox.bwrap} "$@"\n')
+            script.write(
+                f'#!/bin/sh\necho x >> {calls}\nexec {SandboxSettings.from_env().bwrap} "$@"\n'
+            )
         open(calls, "w").close()
         os.chmod(wrapper, 0o755)
         os.chmod(calls, 0o666)

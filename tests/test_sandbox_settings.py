@@ -13,7 +13,8 @@ import shutil
 import pytest
 
 from ctxactors import sandbox
-from ctxactors.sandbox import NOBODY, SandboxSettings, bwrap_args, clean_env, limit_args
+from ctxactors.sandbox import bwrap_args, clean_env, limit_args
+from ctxactors.settings import NOBODY, SandboxSettings
 
 VARIABLES = [
     "CTXACTORS_WORKSPACE_SANDBOX",

@@ -8,30 +8,30 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from workspace_support import temporary_root
 
 from ctxactors import Runtime, Server, ToolContext, tool
 from ctxactors.servers import BUILTIN
-from ctxactors.servers.content import Content
 from ctxactors.servers.history import (
     MAX_DEPTH,
     MAX_ITEMS,
     MAX_STRING,
-    History,
     HistoryConfig,
-    _env_config,
     compact,
     generic_metadata,
 )
+from ctxactors.settings import ContentSettings, HistorySettings, Settings
 from ctxactors.testing import ManualClock
 from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture
-def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    for _root in temporary_root(monkeypatch):  # the sandbox user must reach it
-        with Runtime() as runtime:
+def rt(monkeypatch: pytest.MonkeyPatch, rt_settings: Settings) -> Iterator[Runtime]:
+    for root in temporary_root(monkeypatch):  # the sandbox user must reach it
+        workspace = msgspec.structs.replace(rt_settings.workspace, root=root)
+        with Runtime(settings=msgspec.structs.replace(rt_settings, workspace=workspace)) as runtime:
             yield runtime
 
 
@@ -50,10 +50,8 @@ def transaction(rt: Runtime, *ops: dict[str, Any]) -> list[str]:
     return [r["status"] for r in result.structured["results"]]
 
 
-def test_delete_says_what_it_deleted_and_frees_its_bytes(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Content, "max_session_bytes", 12)
+@pytest.mark.parametrize("rt_settings", [Settings(content=ContentSettings(max_session_bytes=12))])
+def test_delete_says_what_it_deleted_and_frees_its_bytes(rt: Runtime) -> None:
     ok(rt, "add_content", filename="four", content="4444")
     ok(rt, "add_content", filename="eight", content="88888888")
     assert ok(rt, "delete_content", id="c1") == {"id": "c1", "filename": "four", "deleted": True}
@@ -127,10 +125,9 @@ def test_history_default_limit_and_a_single_name_filter(rt: Runtime) -> None:
     assert [op["arguments"]["goal"] for op in only] == [f"g{i}" for i in reversed(range(7))]
 
 
-def test_history_settings_accumulate_and_the_age_limit_is_inclusive(clock: ManualClock) -> None:
-    with Runtime() as rt:
-        History.configure(rt, max_operations=3)
-        History.configure(rt, ttl=10, clock=clock)  # keeps max_operations=3
+def test_history_bounds_are_settings_aged_by_the_runtimes_clock(clock: ManualClock) -> None:
+    limits = Settings(history=HistorySettings(max_operations=3, ttl=10))
+    with Runtime(clock=clock, settings=limits) as rt:
         for i in range(4):
             ok(rt, "create_goal", goal=f"g{i}")
             clock.advance(1)
@@ -270,7 +267,7 @@ def test_history_bounds_are_checked() -> None:
 def test_history_ttl_defaults_to_an_hour(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CTXACTORS_HISTORY_TTL", raising=False)
     monkeypatch.delenv("CTXACTORS_HISTORY_MAX_OPERATIONS", raising=False)
-    assert _env_config().ttl == 3600.0
+    assert Settings.from_env().history == HistorySettings(max_operations=50, ttl=3600.0)
 
 
 def test_a_query_may_have_sixteen_words_and_short_terms_rank_by_occurrences(rt: Runtime) -> None:

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,8 @@ from state_support import RedisServer, redis_server
 from ctxactors.state import (
     GroupCommit,
     MemoryStore,
+    Outcome,
+    Record,
     RedisStore,
     SQLiteStore,
     StaleStateError,
@@ -23,6 +25,7 @@ from ctxactors.state import (
     StoreUnavailableError,
     Write,
 )
+from ctxactors.testing import wait_until
 
 S1 = (None, "s1")
 PLAN = ("planning", "a1", None)
@@ -103,6 +106,45 @@ def test_a_delete_write_removes_one_key(store: StateStore) -> None:
     assert store.load(S1, PLAN) is None
 
 
+DOCS = ("content",)
+
+
+def test_parts_are_written_with_their_key_and_read_back_with_it(store: StateStore) -> None:
+    first = Write(S1, DOCS, b"n2", 0, (("c1", b"one"), ("c2", b"two")))
+    assert store.write([first]) == [1]
+    # A later save carries only what changed: c2 replaced, c1 untouched, c3 new.
+    assert store.write([Write(S1, DOCS, b"n3", 1, (("c2", b"TWO"), ("c3", b"three")))]) == [2]
+    assert store.write([Write(S1, DOCS, b"n3", 2, (("c1", None),))]) == [3]
+    record = store.load(S1, DOCS)
+    assert record is not None
+    assert (record.revision, record.data, record.parts) == (
+        3,
+        b"n3",
+        {"c2": b"TWO", "c3": b"three"},
+    )
+    plain = store.write([Write(S1, PLAN, b"p", 0)])
+    assert plain == [1] and store.load(S1, PLAN) == Record(1, b"p", {})
+
+
+def test_a_stale_save_writes_none_of_its_parts(store: StateStore) -> None:
+    store.write([Write(S1, DOCS, b"n1", 0, (("c1", b"one"),))])
+    (stale,) = store.write([Write(S1, DOCS, b"n2", 0, (("c1", None), ("c2", b"two")))])
+    assert isinstance(stale, StaleStateError)
+    record = store.load(S1, DOCS)
+    assert record is not None and (record.data, record.parts) == (b"n1", {"c1": b"one"})
+
+
+def test_deleting_a_key_or_its_session_deletes_its_parts(store: StateStore) -> None:
+    store.write([Write(S1, DOCS, b"n", 0, (("c1", b"one"),)), Write(S1, PLAN, b"p", 0)])
+    assert store.write([Write(S1, DOCS, None, 1)]) == [0]
+    assert store.write([Write(S1, DOCS, b"again", 0)]) == [1]
+    assert store.load(S1, DOCS) == Record(1, b"again", {})
+    store.write([Write(S1, DOCS, b"more", 1, (("c9", b"nine"),))])
+    assert store.delete_session(S1) == 2
+    assert store.write([Write(S1, DOCS, b"fresh", 0)]) == [1]
+    assert store.load(S1, DOCS) == Record(1, b"fresh", {})
+
+
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 def test_retention_forgets_a_session_after_its_last_use(kind: str, tmp_path: Path) -> None:
     now = [1_000_000.0]
@@ -120,6 +162,36 @@ def test_retention_forgets_a_session_after_its_last_use(kind: str, tmp_path: Pat
     assert store.load(S1, PLAN) is not None
     now[0] += 61
     assert store.load(S1, PLAN) is None
+    store.close()
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_touch_starts_a_sessions_retention_again(kind: str, tmp_path: Path) -> None:
+    now = [1_000_000.0]
+    store: StateStore = (
+        MemoryStore(retention=60, clock=lambda: now[0])
+        if kind == "memory"
+        else SQLiteStore(tmp_path / "r.db", retention=60, clock=lambda: now[0])
+    )
+    store.write([Write(S1, PLAN, b"a", 0), Write((None, "s2"), PLAN, b"b", 0)])
+    now[0] += 45
+    store.touch([S1, (None, "never-stored")])
+    now[0] += 30
+    assert store.purge() == 1  # s2, untouched for 75 s; s1 was touched 30 s ago
+    assert store.load(S1, PLAN) is not None
+    assert store.load((None, "never-stored"), PLAN) is None
+    store.close()
+
+
+def test_a_redis_touch_starts_the_sessions_expiry_again(redis: RedisServer) -> None:
+    import redis as redis_lib
+
+    client = redis_lib.Redis.from_url(redis.url)
+    store = RedisStore(redis.url, retention=30, prefix="touch")
+    store.write([Write(S1, PLAN, b"a", 0)])
+    client.pexpire('touch:[null,"s1"]', 2_000)  # as if 28 s had passed
+    store.touch([S1])
+    assert client.pttl('touch:[null,"s1"]') > 5_000
     store.close()
 
 
@@ -171,6 +243,78 @@ def test_group_commit_answers_every_save_of_a_failed_batch(tmp_path: Path) -> No
     commit.close()
     with pytest.raises(StoreUnavailableError, match="closed"):
         commit.save(Write(S1, PLAN, b"a", 0), timeout=10)
+
+
+class GatedStore(MemoryStore):
+    """A memory store whose first write waits for `gate`, recording each batch's size and
+    the thread that wrote it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.inside = threading.Event()
+        self.batches: list[tuple[int, str]] = []
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        self.batches.append((len(writes), threading.current_thread().name))
+        self.inside.set()
+        assert self.gate.wait(30)
+        return super().write(writes)
+
+
+def _queued(commit: GroupCommit, n: int) -> None:
+    # The queue is the one way to see a caller is waiting.
+    wait_until(lambda: len(commit._queue) >= n, 30, interval=0.001)  # noqa: SLF001
+
+
+def test_a_lone_save_is_written_in_its_callers_thread() -> None:
+    store = GatedStore()
+    store.gate.set()
+    commit = GroupCommit(store)
+    assert commit.save(Write(S1, PLAN, b"a", 0)) == 1
+    assert store.batches == [(1, threading.current_thread().name)]
+
+
+def test_saves_queued_behind_a_write_go_together_written_by_one_of_their_callers() -> None:
+    store = GatedStore()
+    commit = GroupCommit(store)
+    first = threading.Thread(
+        target=commit.save, args=(Write(S1, ("k", "0"), b"0", 0),), name="first"
+    )
+    first.start()
+    assert store.inside.wait(30)
+    callbacks: list[object] = []
+    commit.submit(Write(S1, ("k", "cb"), b"cb", 0), callbacks.append)
+    waiters = [
+        threading.Thread(target=commit.save, args=(Write(S1, ("k", n), b"x", 0),), name=n)
+        for n in ("w1", "w2")
+    ]
+    for w in waiters:
+        w.start()
+    _queued(commit, 3)
+    store.gate.set()
+    for t in (first, *waiters):
+        t.join(30)
+    assert callbacks == [1]
+    assert [size for size, _ in store.batches] == [1, 3]
+    assert store.batches[0][1] == "first" and store.batches[1][1] in ("w1", "w2")
+    assert (commit.batches, commit.saves) == (2, 4)
+    assert all(store.load(S1, ("k", n)) is not None for n in ("0", "cb", "w1", "w2"))
+
+
+def test_a_save_that_times_out_while_queued_is_never_written() -> None:
+    store = GatedStore()
+    commit = GroupCommit(store)
+    first = threading.Thread(target=commit.save, args=(Write(S1, PLAN, b"a", 0),))
+    first.start()
+    assert store.inside.wait(30)
+    with pytest.raises(TimeoutError, match="did not confirm"):
+        commit.save(Write(S1, ("late",), b"late", 0), timeout=0.05)
+    store.gate.set()
+    first.join(30)
+    commit.close()
+    assert store.load(S1, ("late",)) is None
+    assert [size for size, _ in store.batches] == [1]
 
 
 def test_redis_down_is_a_clear_error_and_recovery_is_automatic(tmp_path: Path) -> None:

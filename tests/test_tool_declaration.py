@@ -11,8 +11,17 @@ from typing import Annotated, Any
 import msgspec
 import pytest
 
-from ctxactors import InvalidArgumentsError, Runtime, Scope, Server, ToolContext, tool
-from ctxactors.results import ToolResult, UnknownToolError
+from ctxactors import (
+    DuplicateToolError,
+    InvalidArgumentsError,
+    Runtime,
+    Scope,
+    Server,
+    ToolContext,
+    tool,
+)
+from ctxactors.errors import UnknownToolError
+from ctxactors.results import ToolResult
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.tools import collect_tools, input_schema, pick, refuse_context_fields
 
@@ -377,7 +386,7 @@ def test_an_explicit_name_is_kept_and_extract_and_compensate_are_carried() -> No
         rt.call("make", ctx_args("s"))
         (op,) = rt.call("get_recent_context", ctx_args("s")).structured["operations"]
         assert op["metadata"] == {"made": "m1"}
-        assert rt.registry.keys()[0][0] == "explicit-name"
+        assert rt._registry.keys()[0][0] == "explicit-name"
 
 
 def test_unannotated_keyword_only_and_module_details_of_the_args_type() -> None:
@@ -417,3 +426,74 @@ def test_a_spoofed_context_field_is_dropped_with_a_warning_naming_it() -> None:
             "thread_id": "t1",
         }
     ]
+
+
+def test_two_tools_of_one_name_in_one_server_class_are_refused() -> None:
+    with pytest.raises(DuplicateToolError) as caught:
+
+        class Twice(Server):
+            @tool(name="save")
+            def save_text(self, ctx: ToolContext, text: str) -> str:
+                return text
+
+            @tool
+            def save(self, ctx: ToolContext, data: int) -> int:
+                return data
+
+    assert str(caught.value) == (
+        "duplicate tool name 'save' in Twice: declared by both its methods 'save_text' and 'save'"
+    )
+    # Also a ValueError, as the duplicate across servers always was.
+    assert isinstance(caught.value, ValueError)
+
+
+def test_a_subclass_overriding_a_tools_method_replaces_the_tool() -> None:
+    class Base(Server):
+        @tool
+        def greet(self, ctx: ToolContext) -> str:
+            """Hello."""
+            return "base"
+
+        @tool
+        def other(self, ctx: ToolContext) -> str:
+            return "other"
+
+    class Child(Base):
+        @tool
+        def greet(self, ctx: ToolContext, loud: bool = False) -> str:
+            """Hello, louder."""
+            return "CHILD" if loud else "child"
+
+    assert list(Child.tools) == ["greet", "other"]
+    assert Child.tools["greet"].description == "Hello, louder."
+    assert Child.tools["greet"].field_names == ("loud",)
+
+
+def test_a_server_declared_at_run_time_checks_keys_under_untyped_values() -> None:
+    class Loose(Server):
+        name = "loose"
+        scope = Scope.SESSION
+
+        @tool
+        def keep(self, ctx: ToolContext, data: dict[str, Any]) -> dict[str, Any]:
+            """Keep an untyped object."""
+            return {"data": data}
+
+    with Runtime([Loose]) as rt:
+        with pytest.raises(InvalidArgumentsError) as caught:
+            rt.call("keep", ctx_args("s", data={"a": {1: "x"}}))
+        assert str(caught.value) == (
+            "invalid arguments for 'keep': object keys must be strings, got int - at `$.data.a`"
+        )
+        kept = rt.call("keep", ctx_args("s", data={"a": {"1": "é"}}))
+        assert kept.structured == {"data": {"a": {"1": "é"}}}
+
+
+def test_a_server_without_a_state_type_says_it_is_not_durable() -> None:
+    server = declare()()
+    with pytest.raises(NotImplementedError) as caught:
+        server.snapshot()
+    assert str(caught.value) == "Kit is not durable"
+    with pytest.raises(NotImplementedError) as caught:
+        server.restore(None)
+    assert str(caught.value) == "Kit is not durable"

@@ -25,6 +25,7 @@ from workspace_support import (
     temporary_root,
     wait_done,
     wait_output,
+    workspace_runtime,
 )
 
 from ctxactors import InvalidArgumentsError, Runtime
@@ -115,10 +116,12 @@ def test_kill_after_exit_keeps_exited(rt: Runtime) -> None:
     assert call(rt, "s1", "kill_process", processId=pid)["status"] == "exited"
 
 
-def test_output_cap_keeps_the_newest_bytes_of_megabytes(
-    rt: Runtime, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(Workspace, "max_output_bytes", 64 * 1024)
+def test_output_cap_keeps_the_newest_bytes_of_megabytes(leaks: Leaks) -> None:
+    with workspace_runtime(leaks, max_output_bytes=64 * 1024) as rt:
+        _newest_bytes_are_kept(rt)
+
+
+def _newest_bytes_are_kept(rt: Runtime) -> None:
     # 4 MB of 'a', then a marker; then multibyte text so the cut may land mid-character.
     cmd = "head -c 4000000 /dev/zero | tr '\\0' a; printf '리포트%.0s' $(seq 30000); echo END"
     done = wait_done(rt, "s1", start(rt, "s1", cmd))
@@ -198,9 +201,12 @@ def test_close_with_running_and_chatty_processes_leaves_nothing(leaks: Leaks) ->
     leaks.assert_none()
 
 
-def test_limits_and_bad_input(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(Workspace, "max_running", 2)
-    monkeypatch.setattr(Workspace, "max_timeout", 1.0)
+def test_limits_and_bad_input(leaks: Leaks) -> None:
+    with workspace_runtime(leaks, max_running=2, max_timeout=1.0) as rt:
+        _limits_and_bad_input(rt)
+
+
+def _limits_and_bad_input(rt: Runtime) -> None:
     first = start(rt, "s1", "sleep 30", timeout=999)  # clamped to 1 s
     start(rt, "s1", "sleep 30")
     refused = rt.call("execute_command", ctx_args("s1", command="true"))

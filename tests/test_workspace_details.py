@@ -3,7 +3,6 @@ list_processes and kill_process report, and what the sandbox holds besides /work
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ from workspace_support import (
     session_dirs,
     start,
     temporary_root,
+    use_sandbox,
     wait_done,
 )
 
@@ -100,7 +100,7 @@ def test_a_rolled_back_batch_kills_its_command_and_forgets_it(rt: Runtime) -> No
 def test_the_none_mode_says_what_it_gives_away(
     monkeypatch: pytest.MonkeyPatch, leaks: Leaks
 ) -> None:
-    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, mode="none"))
+    use_sandbox(monkeypatch, mode="none")
     warning = (
         "CTXACTORS_WORKSPACE_SANDBOX=none: commands run unsandboxed, as the server's user, "
         "with its files, processes and network"
@@ -215,9 +215,7 @@ def test_a_bwrap_that_cannot_be_executed_is_refused_with_the_systems_words(
         with open(fake, "wb") as garbage:
             garbage.write(b"\x00\x01 not a program")
         os.chmod(fake, 0o755)
-        monkeypatch.setattr(
-            Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, bwrap=fake)
-        )
+        use_sandbox(monkeypatch, bwrap=fake)
         with pytest.raises(SandboxUnavailableError) as refused:
             Runtime(servers=[Workspace])
         assert str(refused.value).startswith(
@@ -230,7 +228,7 @@ def test_a_bwrap_that_cannot_be_executed_is_refused_with_the_systems_words(
 def test_unsandboxed_a_command_runs_in_its_directory_with_a_clean_environment(
     monkeypatch: pytest.MonkeyPatch, workspace_root: str, leaks: Leaks
 ) -> None:
-    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, mode="none"))
+    use_sandbox(monkeypatch, mode="none")
     monkeypatch.setenv("CTXACTORS_TEST_SECRET", "server-only")
     command = (
         'pwd; echo "$HOME|$PATH|${CTXACTORS_TEST_SECRET:-unset}"; echo err 1>&2; '
@@ -252,7 +250,7 @@ def test_a_workspace_root_the_sandbox_user_cannot_reach_is_refused(
     private = tempfile.mkdtemp(prefix="ctxactors-test-private-")  # mode 0700
     try:
         root = os.path.join(private, "workspaces")
-        monkeypatch.setattr(Workspace, "root", root)
+        monkeypatch.setenv("CTXACTORS_WORKSPACE_ROOT", root)
         with pytest.raises(SandboxUnavailableError) as refused:
             Runtime(servers=[Workspace])
         assert (
@@ -274,7 +272,7 @@ def test_a_command_that_closes_its_output_still_times_out(
 ) -> None:
     # Unsandboxed, the shell is the server's child: closing its output ends the drain, and
     # the timeout must then come from the reaper.
-    monkeypatch.setattr(Workspace, "sandbox", dataclasses.replace(Workspace.sandbox, mode="none"))
+    use_sandbox(monkeypatch, mode="none")
     with Runtime(servers=[Workspace]) as rt:
         pid = start(rt, "s1", "echo bye; exec >&- 2>&-; exec sleep 30", timeout=0.5)
         done = wait_done(rt, "s1", pid)

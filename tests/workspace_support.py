@@ -6,6 +6,7 @@ not) and no thread may be left over. Each test module wires these into three fix
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -14,11 +15,13 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import psutil
 import pytest
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
+from ctxactors.settings import SandboxSettings, Settings, variables
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.testing import wait_until
 
@@ -30,7 +33,7 @@ def temporary_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     # Not under tmp_path: pytest makes its parents 0700, and a root server's sandbox runs
     # as nobody, which must be able to enter the root's parents.
     root = tempfile.mkdtemp(prefix="ctxactors-test-ws-")
-    monkeypatch.setattr(Workspace, "root", root)
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_ROOT", root)  # read by each runtime made
     yield root
     shutil.rmtree(root, ignore_errors=True)
 
@@ -79,14 +82,31 @@ def descendant_names() -> list[str]:
     return names
 
 
-def closed_runtime(leaks: Leaks) -> Iterator[Runtime]:
+def closed_runtime(leaks: Leaks, settings: Settings | None = None) -> Iterator[Runtime]:
     """For the `rt` fixture: a workspace runtime, closed after the test, leaving nothing."""
-    runtime = Runtime(servers=[Workspace])
+    runtime = Runtime(servers=[Workspace], settings=settings)
     try:
         yield runtime
     finally:
         runtime.close()
         leaks.assert_none()
+
+
+@contextlib.contextmanager
+def workspace_runtime(leaks: Leaks, **changes: Any) -> Iterator[Runtime]:
+    """`closed_runtime` with these workspace settings changed (the rest from the environment)."""
+    settings = Settings.from_env()
+    workspace = msgspec.structs.replace(settings.workspace, **changes)
+    yield from closed_runtime(leaks, msgspec.structs.replace(settings, workspace=workspace))
+
+
+def use_sandbox(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
+    """Change the sandbox settings of the runtimes this test makes, through the variables
+    a runtime reads when it is made (`Settings.from_env`)."""
+    names = variables(SandboxSettings)
+    for field, value in changes.items():
+        text = ",".join(value) if isinstance(value, tuple) else str(value)
+        monkeypatch.setenv(names[field], text)
 
 
 def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:

@@ -16,13 +16,10 @@ import httpx
 import msgspec
 
 from ctxactors.conversation.messages import Message
+from ctxactors.errors import ModelError
 
 ToolDefinition = dict[str, Any]
 Step = Message | Callable[[list[Message], list[ToolDefinition]], Message]
-
-
-class ModelError(RuntimeError):
-    """The model could not give a reply: an HTTP error, a malformed body, a spent script."""
 
 
 @runtime_checkable

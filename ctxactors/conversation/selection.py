@@ -22,6 +22,7 @@ import msgspec
 from ctxactors.conversation.messages import Message
 from ctxactors.conversation.shorten import marker_cost, shorten_text
 from ctxactors.conversation.tokens import REPLY_PRIMING, TokenCounter
+from ctxactors.errors import ContextBudgetError
 
 # A unit of the window: one message, or an assistant message with all its tool results.
 Unit = tuple[Message, ...]
@@ -47,10 +48,6 @@ class _Newest(NamedTuple):
     messages: Unit  # shortened if it had to be
     pinned: PlacedUnit | None  # the latest user message, kept behind a gap (paid for)
     remaining: int
-
-
-class ContextBudgetError(ValueError):
-    """The budget cannot hold even the system message and the newest step, shortened."""
 
 
 def select_messages_within_context(

@@ -9,9 +9,12 @@ how they fetch those answers. Every model call gets a prompt built by
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import sys
 import uuid
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import msgspec
@@ -21,13 +24,9 @@ from ctxactors.conversation.messages import Message, ToolCall
 from ctxactors.conversation.models import ChatModel, ModelError, ToolDefinition
 from ctxactors.conversation.prompt import DEFAULT_RESTATE_SHARE, build_prompt
 from ctxactors.conversation.tokens import BPETokenCounter, TokenCounter, count_prompt
+from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
 from ctxactors.logs import get_logger
-from ctxactors.results import (
-    CallTimeoutError,
-    InvalidArgumentsError,
-    ToolResult,
-    UnknownToolError,
-)
+from ctxactors.results import ToolResult
 
 # What a model can get wrong about a call, and can fix once it reads why: sent back to it
 # as the call's result. Anything else (a closed runtime, a bug) propagates.
@@ -165,13 +164,16 @@ class ChatSession:
     def _run_calls(self, calls: Sequence[ToolCall]) -> list[Message]:
         if len(calls) == 1:
             return [self._run_call(calls[0])]
+        # Each call in its caller's context (a copy each): the host's trace goes with it.
+        contexts = [contextvars.copy_context() for _ in calls]
         with ThreadPoolExecutor(max_workers=min(len(calls), 16)) as pool:
-            return list(pool.map(self._run_call, calls))
+            return list(pool.map(lambda c, call: c.run(self._run_call, call), contexts, calls))
 
     def _run_call(self, call: ToolCall) -> Message:
         try:
             arguments = inject_context(call.function.arguments, self.context)
-            result = self.runtime.call(call.function.name, arguments)
+            with tool_call(call.id):  # the model's id of the call, for its span
+                result = self.runtime.call(call.function.name, arguments)
         except _CALL_ERRORS as exc:
             return _error_message(call, exc)
         return _result_message(call, result)
@@ -197,7 +199,8 @@ class ChatSession:
     async def _arun_call(self, call: ToolCall) -> Message:
         try:
             arguments = inject_context(call.function.arguments, self.context)
-            result = await self.runtime.acall(call.function.name, arguments)
+            with tool_call(call.id):
+                result = await self.runtime.acall(call.function.name, arguments)
         except _CALL_ERRORS as exc:
             return _error_message(call, exc)
         return _result_message(call, result)
@@ -234,3 +237,13 @@ def _result_message(call: ToolCall, result: ToolResult) -> Message:
 
 def _error_message(call: ToolCall, exc: Exception) -> Message:
     return Message.tool(call.id, f"Error: {exc}")
+
+
+def tool_call(call_id: str | None) -> AbstractContextManager[None]:
+    """`ctxactors.tracing.tool_call` when OpenTelemetry is in use; else nothing, so the
+    conversation extra needs no OpenTelemetry (a runtime that traces has imported it)."""
+    if "opentelemetry.trace" not in sys.modules:
+        return nullcontext()
+    from ctxactors.tracing import tool_call as naming
+
+    return naming(call_id)

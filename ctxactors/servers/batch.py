@@ -6,7 +6,8 @@ call's own context, so a batch can reach nothing its caller couldn't reach with 
 calls. Presets live per assistant (``Scope.ASSISTANT``) and run inside the presets actor
 the same way. Neither tool may appear inside a batch, so no actor ever waits on itself.
 
-Limits (environment, read at import): ``CTXACTORS_BATCH_MAX_OPERATIONS`` (100 operations a
+Limits (`ctxactors.settings.BatchSettings`, from the runtime's settings):
+``CTXACTORS_BATCH_MAX_OPERATIONS`` (100 operations a
 batch or preset, at most 1000), ``CTXACTORS_BATCH_MAX_EXPANDED_BYTES`` (8 MiB of argument
 text that references and preset params may build in one run),
 ``CTXACTORS_BATCH_MAX_RESULT_BYTES`` (16 MiB of results, after which no operation starts),
@@ -18,17 +19,17 @@ text that references and preset params may build in one run),
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import msgspec
 
-from ctxactors.actors import caller_deadline
+from ctxactors._call import caller_deadline
 from ctxactors.batch_engine import BatchRun
 from ctxactors.batch_plan import BatchOptions, Operation, make_plan
 from ctxactors.batch_template import PLACEHOLDERS, size_of
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError, ToolResult
-from ctxactors.settings import env_int
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.tools import Scope, Server, ToolSpec, tool
 
 Operations = Annotated[list[Operation], msgspec.Meta(max_length=1000)]
@@ -54,12 +55,13 @@ def run_batch(
     it counts towards the batch's bound.
     """
     options = options or BatchOptions()
+    limits = runtime.settings.batch
     steps = make_plan(
         operations,
         runtime.tools,
         ctx,
         excluded=EXCLUDED,
-        max_operations=Batch.max_operations,
+        max_operations=limits.max_operations,
         transactional=options.transactional,
     )
     run = BatchRun(
@@ -67,8 +69,8 @@ def run_batch(
         steps,
         options,
         caller_deadline=caller_deadline(),
-        max_expanded=Batch.max_expanded_bytes,
-        max_result=Batch.max_result_bytes,
+        max_expanded=limits.max_expanded_bytes,
+        max_result=limits.max_result_bytes,
         expanded=expanded,
     )
     result, rolled_back = run.execute()
@@ -88,9 +90,6 @@ class Batch(Server):
 
     name = "batch"
     scope = Scope.THREAD
-    max_operations: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_OPERATIONS", 100)
-    max_expanded_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_EXPANDED_BYTES", 8 << 20)
-    max_result_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_RESULT_BYTES", 16 << 20)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
@@ -134,12 +133,13 @@ class Presets(Server):
     name = "presets"
     scope = Scope.ASSISTANT
     State = PresetsState
-    max_presets: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS", 100)
-    max_preset_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESET_BYTES", 64 << 10)
-    max_total_bytes: ClassVar[int] = env_int("CTXACTORS_BATCH_MAX_PRESETS_BYTES", 1 << 20)
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
+        self.limits = runtime.settings.batch
+        self.max_presets = self.limits.max_presets
+        self.max_preset_bytes = self.limits.max_preset_bytes
+        self.max_total_bytes = self.limits.max_presets_bytes
         self._presets: dict[str, _Preset] = {}
 
     @classmethod
@@ -179,7 +179,7 @@ class Presets(Server):
             self._runtime.tools,
             ctx,
             excluded=EXCLUDED,
-            max_operations=Batch.max_operations,
+            max_operations=self.limits.max_operations,
             transactional=bool(options and options.transactional),
             placeholders=PLACEHOLDERS,
         )
@@ -224,17 +224,17 @@ class Presets(Server):
                 f"preset {name!r} takes params {preset.params}; "
                 f"missing {missing}, unknown {unknown}"
             )
-        expanded = _filled_size(preset, params)
+        expanded = _filled_size(preset, params, self.limits.max_expanded_bytes)
         filled = PLACEHOLDERS.fill(preset.operations, params.__getitem__)
         operations = msgspec.convert(filled, list[Operation])
         return run_batch(self._runtime, ctx, operations, preset.options, expanded=expanded)
 
 
-def _filled_size(preset: _Preset, params: Mapping[str, Any]) -> int:
+def _filled_size(preset: _Preset, params: Mapping[str, Any], limit: int) -> int:
     """The argument text filling the params would build, refused before it is built when
     it would pass the batch's bound (a big param used many times)."""
     sizes = {name: size_of(value) for name, value in params.items()}
-    limit, total = Batch.max_expanded_bytes, 0
+    total = 0
     for index, op in enumerate(preset.operations):
         total += PLACEHOLDERS.filled_size(op, sizes.__getitem__)
         if total > limit:

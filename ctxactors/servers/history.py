@@ -27,7 +27,8 @@ calling actor's thread before the reply: keep them quick, and let them only read
 arguments.
 
 Bounds: the newest ``CTXACTORS_HISTORY_MAX_OPERATIONS`` (50) operations per session, each
-kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600); per runtime with `History.configure`.
+kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600): the runtime's ``settings.history``, aged
+by the runtime's clock.
 ``get_recent_context`` itself is never recorded: asking must not push real operations out.
 """
 
@@ -37,19 +38,17 @@ import datetime
 import re
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import msgspec
-import structlog
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.history_store import HistorySaver, wall_to_clock
+from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
-from ctxactors.settings import env_float, env_int
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
 __all__ = [
@@ -61,10 +60,6 @@ __all__ = [
     "generic_metadata",
     "pick",
 ]
-
-# A lazy proxy, not bound at import: bound here it would keep structlog's default
-# configuration (printing to stdout, the stdio protocol channel) whatever is configured later.
-_log = structlog.get_logger("ctxactors.history")
 
 
 class Operation(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -106,15 +101,10 @@ class HistoryConfig(msgspec.Struct, frozen=True):
             raise ValueError(f"ttl must be positive, got {self.ttl}")
 
 
-def _env_config() -> HistoryConfig:
-    return HistoryConfig(
-        env_int("CTXACTORS_HISTORY_MAX_OPERATIONS", 50),
-        env_float("CTXACTORS_HISTORY_TTL", 3600.0),
-    )
-
-
-# Per-runtime settings; weak so a closed, dropped runtime doesn't stay alive through them.
-_configs: weakref.WeakKeyDictionary[Any, HistoryConfig] = weakref.WeakKeyDictionary()
+def runtime_config(runtime: Any) -> HistoryConfig:
+    """The history bounds of `runtime`: its settings, aged by its clock."""
+    limits = runtime.settings.history
+    return HistoryConfig(limits.max_operations, limits.ttl, runtime.clock)
 
 
 # (config clock for the TTL, wall clock, the tool's scope, the operation without its
@@ -125,17 +115,17 @@ _Record = tuple[float, float, Scope, Operation]
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
     """``(principal, session_id) -> its SessionHistory`` (None once the session is gone)."""
-    registry = runtime.registry
+    registry = runtime._registry
     durable = getattr(runtime, "durability", None)
+    config = runtime_config(runtime)
     if durable is None:
 
         def new() -> SessionHistory:
-            return SessionHistory(_configs.get(runtime) or HistoryConfig())
+            return SessionHistory(config)
 
         return lambda session: registry.session_state(session, "history", new)
 
     def stored(session: SessionKey) -> SessionHistory:
-        config = _configs.get(runtime) or HistoryConfig()
         return SessionHistory(config, HistorySaver(durable, session))
 
     return lambda session: registry.session_state(session, "history", lambda: stored(session))
@@ -165,8 +155,13 @@ class SessionHistory:
                 self._merge_stored(self._saver)
             self._ops.append(record)
             if self._saver is not None:
-                # The scope is stored beside the operation: it decides who may read it.
-                self._saver.save([(wall, [scope.value, op]) for _, wall, scope, op in self._ops])
+                self._saver.save(self._stored)
+
+    def _stored(self) -> list[tuple[float, Any]]:
+        """The records as the store keeps them: the scope beside the operation, since it
+        decides who may read it."""
+        with self._lock:
+            return [(wall, [scope.value, op]) for _, wall, scope, op in self._ops]
 
     def _merge_stored(self, saver: HistorySaver) -> None:
         """Take in what the store holds (once, or again after a failed write); records
@@ -200,57 +195,20 @@ class History(Server):
     name = "history"
     scope = Scope.SESSION
 
-    def __init__(self, histories: Callable[[SessionKey], SessionHistory | None]) -> None:
+    def __init__(
+        self, histories: Callable[[SessionKey], SessionHistory | None], max_answer_bytes: int
+    ) -> None:
         self._histories = histories
+        self._max_answer_bytes = max_answer_bytes
 
     @classmethod
     def create(cls, runtime: Any) -> History:
-        return cls(_session_histories(runtime))
-
-    @classmethod
-    def configure(
-        cls,
-        runtime: Any,
-        *,
-        max_operations: int | None = None,
-        ttl: float | None = None,
-        clock: Callable[[], float] | None = None,
-    ) -> None:
-        """Set this runtime's bounds (applies to histories created from now on)."""
-        current = _configs.get(runtime) or _env_config()
-        _configs[runtime] = HistoryConfig(
-            max_operations if max_operations is not None else current.max_operations,
-            ttl if ttl is not None else current.ttl,
-            clock or current.clock,
-        )
+        return cls(_session_histories(runtime), runtime.settings.max_answer_bytes)
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Record every call of this runtime in the caller's session history."""
-        _configs.setdefault(runtime, _env_config())
-        histories = _session_histories(runtime)
-
-        def observe(
-            ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: ToolResult
-        ) -> None:
-            if issubclass(spec.server, History):
-                return  # asking about the history is not an operation
-            history = histories(ctx.session_key)
-            if history is None:
-                return  # the session was ended meanwhile: nothing to add to
-            arguments = compact(args)
-            op = Operation(
-                timestamp="",
-                tool=spec.name,
-                arguments=arguments,
-                is_error=result.is_error,
-                metadata=extract_metadata(spec, arguments, result),
-                assistant_id=ctx.assistant_id,
-                thread_id=ctx.thread_id,
-            )
-            history.add((history.config.clock(), time.time(), spec.server.scope, op))
-
-        runtime.add_observer(observe, before_reply=True)
+        runtime.add_observer(_Recorder(_session_histories(runtime)), before_reply=True)
 
     @tool(read_only=True)
     def get_recent_context(
@@ -269,11 +227,41 @@ class History(Server):
                 break
             if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
                 found.append(msgspec.structs.replace(op, timestamp=_iso(wall)))
-        budget = AnswerBudget()
+        budget = AnswerBudget(self._max_answer_bytes)
         kept = budget.take(found)
         if budget.cut:
             return RecentContext(kept, len(kept), truncated=True, total=len(found))
         return RecentContext(kept, len(kept))
+
+
+class _Recorder:
+    """The observer that adds each call to its session's history, in the calling actor's
+    thread just before the reply (the session's own actor reaches the history unlocked)."""
+
+    __slots__ = ("_histories",)
+
+    def __init__(self, histories: Callable[[SessionKey], SessionHistory | None]) -> None:
+        self._histories = histories
+
+    def __call__(
+        self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: ToolResult
+    ) -> None:
+        if issubclass(spec.server, History):
+            return  # asking about the history is not an operation
+        history = self._histories(ctx.session_key)
+        if history is None:
+            return  # the session was ended meanwhile: nothing to add to
+        arguments = compact(args)
+        op = Operation(
+            timestamp="",
+            tool=spec.name,
+            arguments=arguments,
+            is_error=result.is_error,
+            metadata=extract_metadata(spec, arguments, result),
+            assistant_id=ctx.assistant_id,
+            thread_id=ctx.thread_id,
+        )
+        history.add((history.config.clock(), time.time(), spec.server.scope, op))
 
 
 def visible(scope: Scope, op: Operation, ctx: ToolContext) -> bool:
@@ -314,7 +302,7 @@ def extract_metadata(spec: ToolSpec, args: dict[str, Any], result: ToolResult) -
     try:
         found = extractor(args, result)
     except Exception as exc:  # noqa: BLE001 - a bad extractor costs metadata, not the record
-        _log.warning("extract_failed", tool=spec.name, exc_info=exc)
+        get_logger("ctxactors.history").warning("extract_failed", tool=spec.name, exc_info=exc)
         return generic_metadata(result.structured)
     return compact(dict(found or {}))
 

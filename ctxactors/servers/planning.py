@@ -1,6 +1,6 @@
 """Planning: goals and todos for one thread of one assistant in one session.
 
-Limits (class attributes, defaults from the environment when the module is imported):
+Limits (`ctxactors.settings.PlanningSettings`, from the runtime's settings):
 ``CTXACTORS_PLANNING_MAX_GOALS`` and ``CTXACTORS_PLANNING_MAX_TODOS`` (1,000 each per key),
 ``CTXACTORS_MAX_TEXT_BYTES`` (64 KiB per goal or todo name) and
 ``CTXACTORS_PLANNING_MAX_BYTES`` (8 MiB of text per key). Over a limit the call is refused
@@ -9,15 +9,16 @@ with a message naming it, and nothing already stored changes.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import msgspec
 
 from ctxactors.bounds import AnswerBudget, check_text, text_size
 from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError, ToolResult
-from ctxactors.settings import MAX_TEXT_BYTES, Cap
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
+from ctxactors.settings import DEFAULTS, Cap, Settings
 from ctxactors.tools import Scope, Server, pick, tool
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -55,12 +56,16 @@ class Planning(Server):
     scope = Scope.THREAD
     State = PlanningState
 
-    max_goals: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_GOALS", 1000)
-    max_todos: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_TODOS", 1000)
-    max_bytes: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLANNING_MAX_BYTES", 8 << 20)
-    max_text_bytes: ClassVar[Cap] = MAX_TEXT_BYTES
+    @classmethod
+    def create(cls, runtime: Any) -> Planning:
+        return cls(runtime.settings)
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings = DEFAULTS) -> None:
+        self.settings = settings
+        self.max_goals = settings.planning.cap("max_goals")
+        self.max_todos = settings.planning.cap("max_todos")
+        self.max_bytes = settings.planning.cap("max_bytes")
+        self.max_text_bytes = settings.cap("max_text_bytes")
         self.goals: dict[str, dict[str, Any]] = {}
         self.todos: dict[str, dict[str, Any]] = {}
         self._next = 0
@@ -156,7 +161,7 @@ class Planning(Server):
     def get_planning_state(self, ctx: ToolContext) -> dict[str, Any]:
         """All goals and todos of this conversation thread (the first ones, with
         `truncated` and the totals, if they don't all fit in one answer)."""
-        budget = AnswerBudget()
+        budget = AnswerBudget(self.settings.max_answer_bytes)
         goals = budget.take(dict(g) for g in self.goals.values())
         todos = budget.take(dict(t) for t in self.todos.values())
         return budget.mark(

@@ -1,6 +1,6 @@
 """Playbooks: named step lists, shared by a session's store but owned per assistant.
 
-Limits (class attributes, defaults from the environment when the module is imported):
+Limits (`ctxactors.settings.PlaybooksSettings`, from the runtime's settings):
 ``CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS`` (1,000 per session), ``CTXACTORS_PLAYBOOKS_MAX_STEPS``
 (200 per playbook), ``CTXACTORS_MAX_TEXT_BYTES`` (64 KiB per step) and
 ``CTXACTORS_PLAYBOOKS_MAX_BYTES`` (8 MiB of names and steps per session). Over a limit the
@@ -9,14 +9,14 @@ call is refused with a message naming it, and nothing already stored changes.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import msgspec
 
 from ctxactors.bounds import AnswerBudget, check_texts, text_size
 from ctxactors.context import ToolContext
-from ctxactors.results import ToolError
-from ctxactors.settings import MAX_TEXT_BYTES, Cap
+from ctxactors.errors import ToolError
+from ctxactors.settings import DEFAULTS, Settings
 from ctxactors.tools import Scope, Server, pick, tool
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
@@ -50,12 +50,16 @@ class Playbooks(Server):
     scope = Scope.SESSION
     State = PlaybooksState
 
-    max_playbooks: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_PLAYBOOKS", 1000)
-    max_steps: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_STEPS", 200)
-    max_bytes: ClassVar[Cap] = Cap.from_env("CTXACTORS_PLAYBOOKS_MAX_BYTES", 8 << 20)
-    max_text_bytes: ClassVar[Cap] = MAX_TEXT_BYTES
+    @classmethod
+    def create(cls, runtime: Any) -> Playbooks:
+        return cls(runtime.settings)
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings = DEFAULTS) -> None:
+        self.settings = settings
+        self.max_playbooks = settings.playbooks.cap("max_playbooks")
+        self.max_steps = settings.playbooks.cap("max_steps")
+        self.max_bytes = settings.playbooks.cap("max_bytes")
+        self.max_text_bytes = settings.cap("max_text_bytes")
         self.playbooks: dict[str, dict[str, Any]] = {}
         self.selected: dict[str | None, str] = {}  # assistant -> playbook id
         self._next = 0
@@ -119,7 +123,7 @@ class Playbooks(Server):
         """The calling assistant's playbooks (the first ones, with `truncated` and the
         total, if they don't all fit in one answer)."""
         mine = [p for p in self.playbooks.values() if p["agent_id"] == ctx.assistant_id]
-        budget = AnswerBudget()
+        budget = AnswerBudget(self.settings.max_answer_bytes)
         return budget.mark({"playbooks": budget.take(map(_copy, mine))}, total=len(mine))
 
     @tool(

@@ -13,15 +13,19 @@ left a zombie even if nobody polls. While any watcher runs, the server reports i
 and its actor is not reaped on TTL. `close()` (session end, reap, runtime close) kills every
 sandbox, joins the watchers and removes the working directory.
 
-The directory is made on first use, per actor incarnation, with a random name under the
-root: a key retired while its close() still runs can't remove the next incarnation's
-directory.
+Without a state store the directory is made on first use, per actor incarnation, with a
+random name under the root, and removed when the actor stops: a key retired while its
+close() still runs can't remove the next incarnation's directory. With a store it is the
+session's own (`ctxactors.servers.workspace_dirs`): it survives the actor (reap, eviction,
+restart) within the session's retention and goes with `end_session`. Processes never
+survive their actor; the ids of those it started are saved, so polling one lost to a
+restart says so instead of "not found".
 
 Registering the server (`Runtime(...)`) probes bubblewrap once and refuses to start
 (`SandboxUnavailableError`) when it can't sandbox, unless ``CTXACTORS_WORKSPACE_SANDBOX=none``,
 which logs a warning at start and on every command.
 
-Settings (class attributes; defaults from the environment when the module is imported):
+Settings (`ctxactors.settings.WorkspaceSettings`, from the runtime's settings):
 
 - ``CTXACTORS_WORKSPACE_ROOT``: where working directories go (default
   ``<tempdir>/ctxactors-workspaces``);
@@ -43,15 +47,17 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from typing import Annotated, Any, ClassVar
 
 import msgspec
 
 from ctxactors import sandbox as sandboxes
 from ctxactors.context import ToolContext
+from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
-from ctxactors.results import ToolError
-from ctxactors.settings import env_float, env_int
+from ctxactors.servers.workspace_dirs import SessionDirs
+from ctxactors.settings import DEFAULTS, WorkspaceSettings
 from ctxactors.tools import Scope, Server, pick, tool
 
 _TICK = 0.5  # seconds a watcher sleeps at most between checks of its deadline and stop flag
@@ -65,6 +71,21 @@ _PROCESS_OUTCOME = pick(process_id="processId", status="status", exit_code="exit
 Command = Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
 Timeout = Annotated[float, msgspec.Meta(gt=0)]
 ProcessId = Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+
+
+_running = 0  # commands whose watcher runs, every session's (`running_processes`)
+_running_lock = threading.Lock()
+
+
+def running_processes() -> int:
+    """Sandboxed commands running in this process now, all sessions (for the metrics)."""
+    return _running
+
+
+def _count_running(delta: int) -> None:
+    global _running
+    with _running_lock:
+        _running += delta
 
 
 class _Process:
@@ -98,10 +119,12 @@ class _Process:
     # -- the watcher thread --------------------------------------------------------------
 
     def _watch(self) -> None:
+        _count_running(1)
         try:
             self._drain()
             self._reap()
         finally:
+            _count_running(-1)
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             # Not busy before "done": whoever saw the process finish (kill_process, a
@@ -209,31 +232,53 @@ def _warn_unsandboxed(log: Any, event: str, **fields: Any) -> None:
     )
 
 
+class WorkspaceState(msgspec.Struct):
+    """What a session's workspace key saves: the ids of the processes it started (the
+    processes themselves end with their actor; the directory stays)."""
+
+    processes: list[str]
+
+
 class Workspace(Server):
     """Run shell commands in a session's own sandbox and read their output."""
 
     name = "workspace"
     scope = Scope.SESSION
+    State = WorkspaceState
 
-    root: ClassVar[str] = os.environ.get("CTXACTORS_WORKSPACE_ROOT") or os.path.join(
-        tempfile.gettempdir(), "ctxactors-workspaces"
-    )
-    max_output_bytes: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_OUTPUT_BYTES", 256 << 10)
-    default_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_DEFAULT_TIMEOUT", 600.0)
-    max_timeout: ClassVar[float] = env_float("CTXACTORS_WORKSPACE_MAX_TIMEOUT", 3600.0)
-    max_running: ClassVar[int] = env_int("CTXACTORS_WORKSPACE_MAX_RUNNING", 16)
-    sandbox: ClassVar[sandboxes.SandboxSettings] = sandboxes.SandboxSettings.from_env()
+    # Per runtime with a store: its kept session directories.
+    _kept: ClassVar[weakref.WeakKeyDictionary[Any, SessionDirs]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Refuse to serve commands that can't be sandboxed (probed once, cached)."""
-        if cls.sandbox.enabled:
-            sandboxes.check(cls.sandbox, cls.root)
+        settings: WorkspaceSettings = runtime.settings.workspace
+        if settings.sandbox.enabled:
+            sandboxes.check(settings.sandbox, settings.root)
         else:
             _warn_unsandboxed(get_logger("ctxactors.workspace"), "workspace_unsandboxed")
+        durability = getattr(runtime, "durability", None)
+        if durability is not None:
+            dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox)
+            durability.listen(dirs)
 
-    def __init__(self) -> None:
+    @classmethod
+    def create(cls, runtime: Any) -> Workspace:
+        workspace = cls(runtime.settings.workspace)
+        workspace._dirs = cls._kept.get(runtime)
+        return workspace
+
+    def __init__(self, settings: WorkspaceSettings = DEFAULTS.workspace) -> None:
+        self.settings = settings
+        self.sandbox = settings.sandbox
+        self.root = settings.root
+        self.max_output_bytes = settings.max_output_bytes
+        self.default_timeout = settings.default_timeout
+        self.max_timeout = settings.max_timeout
+        self.max_running = settings.max_running
         self._procs: dict[str, _Process] = {}
+        self._lost: set[str] = set()  # started by an earlier incarnation: gone with it
+        self._dirs: SessionDirs | None = None  # with a store: the session's kept directory
         self._dir: str | None = None
         self._active = 0  # watchers still running; read by is_busy() from another thread
         self._active_lock = threading.Lock()
@@ -244,11 +289,28 @@ class Workspace(Server):
         """This incarnation's working directory, or None before the first command."""
         return self._dir
 
+    def snapshot(self) -> WorkspaceState:
+        return WorkspaceState([*sorted(self._lost), *self._procs][-_KEPT_RECORDS:])
+
+    def restore(self, state: WorkspaceState) -> None:
+        """Processes started since `state` was saved (by a call whose save failed) are
+        killed: the call was refused, so it must leave nothing running."""
+        kept = set(state.processes)
+        for process_id in [p for p in self._procs if p not in kept]:
+            proc = self._procs[process_id]
+            proc.kill("killed")
+            if proc.done.wait(_JOIN_TIMEOUT):  # else close() must still find it
+                del self._procs[process_id]
+        self._lost = kept - self._procs.keys()
+
     def _workdir(self, ctx: ToolContext) -> str:
         if self._dir is None:
             sandboxes.make_root(self.sandbox, self.root)
-            self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
-            sandboxes.prepare_directory(self.sandbox, self._dir)
+            if self._dirs is not None:
+                self._dir = self._dirs.open(ctx.session_key)
+            else:
+                self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
+                sandboxes.prepare_directory(self.sandbox, self._dir)
             self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
             self._log.info("workspace_created", directory=self._dir)
         return self._dir
@@ -262,6 +324,12 @@ class Workspace(Server):
 
     def _get(self, process_id: str) -> _Process:
         proc = self._procs.get(process_id)
+        if proc is None and process_id in self._lost:
+            raise ToolError(
+                f"process {process_id!r} was stopped when this session's workspace was "
+                "restarted (a server restart, or its end); its output is gone, the files it "
+                "wrote in /workspace are kept"
+            )
         if proc is None:
             # The same words whether the id is made up or another session's: reveal nothing.
             raise ToolError(f"process {process_id!r} not found in this session")
@@ -364,7 +432,9 @@ class Workspace(Server):
         for proc in procs:
             proc.thread.join(max(deadline - time.monotonic(), 0.0))
         stuck = [p.process_id for p in procs if p.thread.is_alive()]
-        if self._dir is not None:
+        if self._dir is not None and self._dirs is not None:
+            self._log.info("workspace_kept", directory=self._dir, processes=len(procs))
+        elif self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._log.info(
                 "workspace_removed", directory=self._dir, processes=len(procs), stuck=stuck

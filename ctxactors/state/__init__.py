@@ -7,6 +7,7 @@ revision, so only one writer per key ever wins; `GroupCommit` writes many saves 
 
 from ctxactors.state._base import (
     Outcome,
+    Part,
     Record,
     SessionRef,
     StaleStateError,
@@ -27,6 +28,7 @@ __all__ = [
     "GroupCommit",
     "MemoryStore",
     "Outcome",
+    "Part",
     "Record",
     "RedisStore",
     "SQLiteStore",

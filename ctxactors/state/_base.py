@@ -10,7 +10,10 @@ A key actor's state outlives the actor only in a store. Three rules make that sa
   ``(principal, session)``, which the store forgets `retention` seconds after its last
   write or load, or at once on `delete_session`;
 - a batch of saves is written together (one transaction or pipeline), each with its own
-  outcome, so group commit costs one round trip for many callers.
+  outcome, so group commit costs one round trip for many callers;
+- a key may have parts (a content session's documents, one part each): a save carries only
+  the parts that changed and writes them with the key, atomically and under the key's
+  compare-and-set, so a large state costs what changed, not what it holds.
 
 Keys and sessions are tuples encoded as JSON arrays, never joined strings: ``("a::b",
 "c")`` and ``("a", "b::c")`` stay different.
@@ -18,12 +21,15 @@ Keys and sessions are tuples encoded as JSON arrays, never joined strings: ``("a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 import msgspec
 
-from ctxactors.results import CtxActorsError
+# The store's errors live with every other error; the stores import them from here.
+from ctxactors.errors import StaleStateError as StaleStateError
+from ctxactors.errors import StoreError as StoreError
+from ctxactors.errors import StoreUnavailableError as StoreUnavailableError
 
 # (principal, session id): the principal is None when the transport authenticated nobody.
 SessionRef = tuple[str | None, str]
@@ -38,51 +44,29 @@ def encode_ref(value: SessionRef | StateKey) -> str:
     return _encode(value).decode()
 
 
-class StoreError(CtxActorsError):
-    """The state store could not do what was asked."""
-
-    code = -32010
-
-
-class StaleStateError(StoreError):
-    """A save named a revision the store no longer holds: another writer got there first.
-
-    The writer's state is out of date; it must reload before it may save again.
-    """
-
-    code = -32011
-
-    def __init__(self, key: StateKey, expected: int, current: int) -> None:
-        super().__init__(
-            f"state {list(key)} changed under this writer: it loaded revision {expected}, "
-            f"the store holds {current}; reload before saving"
-        )
-        self.key = key
-        self.expected = expected
-        self.current = current
-
-
-class StoreUnavailableError(StoreError):
-    """The store is down, full or unreachable; nothing of the failed batch was written."""
-
-    code = -32012
+# A part of a key's state, by name (a content item's id), and its bytes (None: delete it).
+Part = tuple[str, bytes | None]
 
 
 class Record(msgspec.Struct, frozen=True):
-    """A stored state: its bytes and the revision that wrote them (1 for the first save)."""
+    """A stored state: its bytes, the revision that wrote them (1 for the first save) and
+    its parts by name."""
 
     revision: int
     data: bytes
+    parts: dict[str, bytes] = msgspec.field(default_factory=dict)
 
 
 class Write(msgspec.Struct, frozen=True):
-    """One save: `data` replaces the key's state (None deletes the key) if the store still
-    holds revision `expected` (0: the key must not exist)."""
+    """One save: `data` replaces the key's state (None deletes the key and all its parts)
+    if the store still holds revision `expected` (0: the key must not exist); `parts` are
+    written (or deleted) with it, or not at all."""
 
     session: SessionRef
     key: StateKey
     data: bytes | None
     expected: int
+    parts: tuple[Part, ...] = ()
 
 
 # What a store answers for each write of a batch: the new revision (0 after a delete), or
@@ -96,7 +80,13 @@ class StateStore(Protocol):
     retention: float
 
     def load(self, session: SessionRef, key: StateKey) -> Record | None:
-        """The key's stored state, or None; refreshes the session's retention."""
+        """The key's stored state (with every part), or None; refreshes the session's
+        retention."""
+        ...
+
+    def touch(self, sessions: Iterable[SessionRef]) -> None:
+        """Start these sessions' retention again now: they are in use (read by live actors),
+        so the store must not forget them. Raises `StoreUnavailableError`."""
         ...
 
     def write(self, writes: Sequence[Write]) -> list[Outcome]:

@@ -1,113 +1,163 @@
 """Group commit: saves from many actor threads written together, each caller answered when
 its own save is durable.
 
-One writer thread takes the first waiting save, then every save that arrived while the
-previous batch was being written, and writes them in one transaction (SQLite) or one
-pipeline (Redis). Under load that turns N fsyncs into one; alone, a save costs one
-transaction as before. Measured beside a plain save by ``scripts/bench_store.py``.
+There is no writer thread: the first save to arrive while nothing is being written writes
+itself, at once, in its own thread (the leader). Saves that arrive while a write is under
+way queue up; when it ends, the leader hands every queued save to the first queued caller,
+which writes them all in one transaction (SQLite) or one pipeline (Redis) and answers each.
+Under load that turns N commits into one; alone, a save costs one transaction and no thread
+hop: a writer thread cost each save two extra wake-ups, which on a loaded machine are
+chances to lose the CPU for a scheduler slice (it halved single-stream throughput here).
+Measured by ``scripts/bench_store.py``.
+
+Saves submitted with a callback (`submit`, for writes behind the calls) never wait: one
+that finds the store idle is written by its own thread, one that finds it busy is written
+by a later leader.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 
 from ctxactors.state._base import Outcome, StateStore, StoreError, StoreUnavailableError, Write
 
-# Called in the writer thread with the save's revision, or the error that refused it.
+# Called in the writing thread with the save's revision, or the error that refused it.
 Done = Callable[[Outcome | StoreError], None]
 
 
+class _Pending:
+    """One queued save: a blocked caller (`wake` unlocks it) or a callback."""
+
+    __slots__ = ("write", "done", "wake", "outcome", "batch")
+
+    def __init__(self, write: Write, done: Done | None) -> None:
+        self.write = write
+        self.done = done
+        self.wake: threading.Lock | None = None
+        if done is None:
+            self.wake = threading.Lock()
+            self.wake.acquire()
+        self.outcome: Outcome | StoreError | None = None
+        self.batch: list[_Pending] | None = None  # set when handed the lead
+
+    def answer(self, outcome: Outcome | StoreError) -> None:
+        if self.done is not None:
+            self.done(outcome)
+        else:
+            assert self.wake is not None
+            self.outcome = outcome
+            self.wake.release()
+
+
 class GroupCommit:
-    """The single writer in front of a store. `save` blocks; `submit` calls back."""
+    """Writes saves to a store, many at a time. `save` blocks; `submit` calls back."""
 
     def __init__(self, store: StateStore, *, max_batch: int = 512) -> None:
         self.store = store
         self.max_batch = max_batch
         self.batches = 0  # transactions written: saves / batches is the grouping factor
         self.saves = 0
-        self._queue: queue.SimpleQueue[tuple[Write, Done] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._queue: deque[_Pending] = deque()
+        self._writing = False
+        # Told (in the writing thread) each batch's seconds and outcomes: the store metrics.
+        self.on_write: Callable[[float, Sequence[Outcome | StoreError]], None] | None = None
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="ctxactors-commit", daemon=True)
-        self._thread.start()
+        self._idle = threading.Condition(self._lock)
 
     def submit(self, write: Write, done: Done) -> None:
-        if self._closed:
-            done(StoreUnavailableError("the state store is closed"))
-            return
-        self._queue.put((write, done))
+        """Save, and call `done` with the outcome once written (maybe in this thread)."""
+        pending = _Pending(write, done)
+        if self._enqueue(pending):
+            self._lead([pending])
 
     def save(self, write: Write, timeout: float | None = None) -> int:
         """Save and wait until the store has it; returns the new revision.
 
         Raises `StaleStateError` (reload first), `StoreUnavailableError`, or TimeoutError
-        when `timeout` passes first (the save may still land: the caller can't know).
+        when `timeout` passes while the save still waits its turn (it is then never
+        written). A write under way is not interrupted: the store's own timeouts bound it.
         """
-        slot: list[Outcome | StoreError] = []
-        landed = threading.Event()
-
-        def done(outcome: Outcome | StoreError) -> None:
-            slot.append(outcome)
-            landed.set()
-
-        self.submit(write, done)
-        if not landed.wait(timeout):
-            raise TimeoutError("the state store did not confirm the save in time")
-        outcome = slot[0]
+        pending = _Pending(write, None)
+        if self._enqueue(pending):
+            self._lead([pending])
+        else:
+            assert pending.wake is not None
+            woken = pending.wake.acquire(timeout=-1 if timeout is None else timeout)
+            if not woken:
+                with self._lock:
+                    if pending in self._queue:
+                        self._queue.remove(pending)
+                        raise TimeoutError("the state store did not confirm the save in time")
+                pending.wake.acquire()  # handed the lead or answered meanwhile: it's quick
+            if pending.batch is not None:
+                self._lead(pending.batch)
+        outcome = pending.outcome
         if isinstance(outcome, BaseException):
             raise outcome
+        assert outcome is not None
         return outcome
 
-    def close(self) -> None:
-        """Write what is queued, then stop the writer."""
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(None)
-        self._thread.join()
+    def _enqueue(self, pending: _Pending) -> bool:
+        """Queue `pending`, or return True when the store is idle: the caller writes now."""
+        with self._lock:
+            if self._closed:
+                refused = StoreUnavailableError("the state store is closed")
+            elif not self._writing:
+                self._writing = True
+                return True
+            else:
+                self._queue.append(pending)
+                return False
+        pending.answer(refused)
+        return False
 
-    def _run(self) -> None:
+    def _lead(self, batch: list[_Pending]) -> None:
+        """Write `batch`, then hand what queued meanwhile to a waiting caller (or write it
+        here when only callbacks wait), until nothing waits."""
         while True:
-            first = self._queue.get()
-            if first is None:
-                self._fail_rest()
-                return
-            batch = [first]
-            stop = False
-            while len(batch) < self.max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    stop = True
-                    break
-                batch.append(item)
             self._write(batch)
-            if stop:
-                self._fail_rest()
+            with self._lock:
+                if not self._queue:
+                    self._writing = False
+                    if self._closed:
+                        self._idle.notify_all()
+                    return
+                count = min(len(self._queue), self.max_batch)
+                batch = [self._queue.popleft() for _ in range(count)]
+                heir = next((p for p in batch if p.wake is not None), None)
+                if heir is not None:
+                    heir.batch = batch
+            if heir is not None:
+                assert heir.wake is not None
+                heir.wake.release()
                 return
 
-    def _write(self, batch: list[tuple[Write, Done]]) -> None:
+    def _write(self, batch: list[_Pending]) -> None:
         outcomes: list[Outcome | StoreError]
+        started = time.perf_counter()
         try:
-            outcomes = list(self.store.write([w for w, _ in batch]))
+            outcomes = list(self.store.write([p.write for p in batch]))
         except StoreError as exc:
             outcomes = [exc] * len(batch)
         except Exception as exc:  # noqa: BLE001 - a store bug must not strand its callers
             outcomes = [StoreUnavailableError(f"{type(exc).__name__}: {exc}")] * len(batch)
         self.batches += 1
         self.saves += len(batch)
-        for (_, done), outcome in zip(batch, outcomes, strict=True):
-            done(outcome)
+        if self.on_write is not None:
+            self.on_write(time.perf_counter() - started, outcomes)
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if pending.batch is not None:  # the leader: answered by returning, not woken
+                pending.outcome = outcome
+            else:
+                pending.answer(outcome)
 
-    def _fail_rest(self) -> None:
-        # Saves submitted after close() raced past the closed flag: answer them, never hang.
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None:
-                item[1](StoreUnavailableError("the state store is closed"))
+    def close(self) -> None:
+        """Refuse new saves and wait until those already queued are written."""
+        with self._lock:
+            self._closed = True
+            while self._writing:
+                self._idle.wait()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ctxactors.state._base import (
     Outcome,
@@ -57,9 +57,22 @@ class MemoryStore:
                     keys.pop(w.key, None)
                     outcomes.append(0)
                 else:
-                    keys[w.key] = Record(current + 1, w.data)
+                    parts = dict(keys[w.key].parts) if w.key in keys else {}
+                    for name, data in w.parts:
+                        if data is None:
+                            parts.pop(name, None)
+                        else:
+                            parts[name] = data
+                    keys[w.key] = Record(current + 1, w.data, parts)
                     outcomes.append(current + 1)
         return outcomes
+
+    def touch(self, sessions: Iterable[SessionRef]) -> None:
+        with self._lock:
+            now = self._clock()
+            for session in sessions:
+                if session in self._touched:
+                    self._touched[session] = now
 
     def delete_session(self, session: SessionRef) -> int:
         with self._lock:

@@ -1,10 +1,12 @@
 """The Redis store: a hash per session, a compare-and-set script per save, MULTI per batch.
 
 A session is one hash (``<prefix>:<session as JSON>``), with two fields per key: ``r<key>``
-the revision and ``d<key>`` the state. Keeping a session in one hash lets Redis do the
-retention itself (one PEXPIRE per save or load refreshes the whole session) and makes
-`delete_session` a single DEL. Each save runs `_CAS` (atomic in Redis), and a batch of saves
-goes in one MULTI/EXEC round trip: that is group commit for Redis. For durability run the
+the revision and ``d<key>`` the state, and for a key with parts one field per part
+(``p<key>\\0<name>``: a key is JSON, which never holds a raw NUL) and their count
+``n<key>``. Keeping a session in one hash lets Redis do the retention itself (one PEXPIRE
+per save or load refreshes the whole session) and makes `delete_session` one DEL. Each
+save runs `_CAS` (atomic in Redis, parts included), and a batch of saves goes in one
+MULTI/EXEC round trip: that is group commit for Redis. For durability run the
 server with ``--appendonly yes --appendfsync always``.
 
 Uses the official ``redis`` package (the ``ctxactors[redis]`` extra).
@@ -12,7 +14,7 @@ Uses the official ``redis`` package (the ``ctxactors[redis]`` extra).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ctxactors.state._base import (
@@ -26,19 +28,66 @@ from ctxactors.state._base import (
     encode_ref,
 )
 
-# KEYS[1]: the session hash. ARGV: key, expected revision, "s"ave or "d"elete, data, TTL ms.
-# Returns {1, new revision} on success, {0, current revision} when `expected` is stale.
+# KEYS[1]: the session hash. ARGV: key, expected revision, "s"ave or "d"elete, data, TTL ms,
+# then a name, "s"/"d" and data for each part. Returns {1, new revision} on success, {0,
+# current revision} when `expected` is stale. Field ``n<key>`` counts the key's parts, so a
+# load reads the hash's other fields only for a key that has some.
 _CAS = """
 local cur = tonumber(redis.call('HGET', KEYS[1], 'r' .. ARGV[1]) or '0')
 if cur ~= tonumber(ARGV[2]) then return {0, cur} end
+local prefix = 'p' .. ARGV[1] .. '\\0'
 if ARGV[3] == 'd' then
-  redis.call('HDEL', KEYS[1], 'r' .. ARGV[1], 'd' .. ARGV[1])
+  if redis.call('HEXISTS', KEYS[1], 'n' .. ARGV[1]) == 1 then
+    for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+      if string.sub(field, 1, #prefix) == prefix then redis.call('HDEL', KEYS[1], field) end
+    end
+  end
+  redis.call('HDEL', KEYS[1], 'r' .. ARGV[1], 'd' .. ARGV[1], 'n' .. ARGV[1])
   redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {1, 0}
 end
 redis.call('HSET', KEYS[1], 'r' .. ARGV[1], cur + 1, 'd' .. ARGV[1], ARGV[4])
+local count = 0
+for i = 6, #ARGV, 3 do
+  if ARGV[i + 1] == 'd' then
+    count = count - redis.call('HDEL', KEYS[1], prefix .. ARGV[i])
+  else
+    count = count + redis.call('HSET', KEYS[1], prefix .. ARGV[i], ARGV[i + 2])
+  end
+end
+if count ~= 0 then redis.call('HINCRBY', KEYS[1], 'n' .. ARGV[1], count) end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {1, cur + 1}
+"""
+
+# KEYS[1]: the session hash. ARGV: key, TTL ms. Returns {} or {revision, data, part names
+# and data alternating...}, and refreshes the session's retention.
+_LOAD = """
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local got = redis.call('HMGET', KEYS[1], 'r' .. ARGV[1], 'd' .. ARGV[1], 'n' .. ARGV[1])
+if not got[1] then return {} end
+local out = {got[1], got[2]}
+if got[3] and tonumber(got[3]) > 0 then
+  local prefix = 'p' .. ARGV[1] .. '\\0'
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    if string.sub(all[i], 1, #prefix) == prefix then
+      out[#out + 1] = string.sub(all[i], #prefix + 1)
+      out[#out + 1] = all[i + 1]
+    end
+  end
+end
+return out
+"""
+
+# KEYS[1]: the session hash. Deletes it; returns how many keys it held.
+_DELETE = """
+local n = 0
+for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+  if string.sub(field, 1, 1) == 'r' then n = n + 1 end
+end
+redis.call('DEL', KEYS[1])
+return n
 """
 
 
@@ -62,6 +111,8 @@ class RedisStore:
             url, socket_timeout=timeout, socket_connect_timeout=timeout
         )
         self._cas = self._redis.register_script(_CAS)
+        self._load = self._redis.register_script(_LOAD)
+        self._delete = self._redis.register_script(_DELETE)
 
     @property
     def _ttl_ms(self) -> int:
@@ -71,15 +122,23 @@ class RedisStore:
         return f"{self._prefix}:{encode_ref(session)}"
 
     def load(self, session: SessionRef, key: StateKey) -> Record | None:
-        name, field = self._hash(session), encode_ref(key)
         try:
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.hmget(name, "r" + field, "d" + field)
-            pipe.pexpire(name, self._ttl_ms)
-            (revision, data), _ = pipe.execute()
+            got = self._load(keys=[self._hash(session)], args=[encode_ref(key), self._ttl_ms])
         except self._errors as exc:
             raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
-        return None if revision is None else Record(int(revision), bytes(data))
+        if not got:
+            return None
+        parts = {bytes(got[i]).decode(): bytes(got[i + 1]) for i in range(2, len(got), 2)}
+        return Record(int(got[0]), bytes(got[1]), parts)
+
+    def touch(self, sessions: Iterable[SessionRef]) -> None:
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            for session in sessions:
+                pipe.pexpire(self._hash(session), self._ttl_ms)
+            pipe.execute()
+        except self._errors as exc:
+            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
 
     def write(self, writes: Sequence[Write]) -> list[Outcome]:
         try:
@@ -87,7 +146,10 @@ class RedisStore:
             for w in writes:
                 action = "d" if w.data is None else "s"
                 args: list[Any] = [encode_ref(w.key), w.expected, action, w.data or b""]
-                self._cas(keys=[self._hash(w.session)], args=[*args, self._ttl_ms], client=pipe)
+                args.append(self._ttl_ms)
+                for name, data in w.parts:
+                    args += [name, "d", b""] if data is None else [name, "s", data]
+                self._cas(keys=[self._hash(w.session)], args=args, client=pipe)
             replies = pipe.execute()
         except self._errors as exc:
             raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
@@ -102,15 +164,10 @@ class RedisStore:
         return outcomes
 
     def delete_session(self, session: SessionRef) -> int:
-        name = self._hash(session)
         try:
-            pipe = self._redis.pipeline(transaction=True)
-            pipe.hlen(name)
-            pipe.delete(name)
-            fields, _ = pipe.execute()
+            return int(self._delete(keys=[self._hash(session)]))
         except self._errors as exc:
             raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
-        return int(fields) // 2
 
     def purge(self) -> int:
         return 0  # Redis expires whole sessions itself (PEXPIRE on every save and load)

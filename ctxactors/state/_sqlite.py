@@ -1,8 +1,12 @@
 """The SQLite store: one file, WAL mode, every batch of saves in one transaction.
 
-WAL with ``synchronous=NORMAL`` survives a kill -9 of the process (not a power cut: pass
-``synchronous="FULL"`` for that, about ten times the cost of a commit here). Group commit
-(`ctxactors.state.GroupCommit`) makes many saves share a transaction.
+WAL with ``synchronous=NORMAL`` (SQLite's recommended setting for WAL): a commit is
+written to the WAL file but not fsynced, so a committed save survives a crash or kill -9
+of the process (the kernel has it), while a power loss or kernel crash may lose the
+commits since the last checkpoint (never corrupting the file). Checkpoints, which fsync,
+run every half second in a background connection (`ctxactors.state._checkpoint`). Pass
+``synchronous="FULL"`` to fsync every commit (about ten times the cost of a commit here).
+Group commit (`ctxactors.state.GroupCommit`) makes many saves share a transaction.
 
 Sessions and keys are stored as JSON arrays (`encode_ref`), so no two tuples collide.
 Retention uses the wall clock: it must mean the same after a restart.
@@ -18,6 +22,7 @@ from pathlib import Path
 
 from ctxactors.state._base import (
     Outcome,
+    Part,
     Record,
     SessionRef,
     StaleStateError,
@@ -26,6 +31,7 @@ from ctxactors.state._base import (
     Write,
     encode_ref,
 )
+from ctxactors.state._checkpoint import BACKSTOP_PAGES, Checkpointer
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -40,6 +46,13 @@ CREATE TABLE IF NOT EXISTS state (
     PRIMARY KEY (session, key)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS sessions_by_age ON sessions (touched);
+CREATE TABLE IF NOT EXISTS parts (
+    session TEXT NOT NULL,
+    key TEXT NOT NULL,
+    part TEXT NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (session, key, part)
+);
 """
 
 
@@ -70,7 +83,9 @@ class SQLiteStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         self._db.executescript(_SCHEMA)
+        self._checkpointer = Checkpointer(self.path)
 
     def load(self, session: SessionRef, key: StateKey) -> Record | None:
         sid = encode_ref(session)
@@ -78,12 +93,29 @@ class SQLiteStore:
             now = self._clock()
             with self._transaction():
                 touched = self._refresh([sid], now)
+                kid = encode_ref(key)
                 row = self._db.execute(
-                    "SELECT revision, data FROM state WHERE session = ? AND key = ?",
-                    (sid, encode_ref(key)),
+                    "SELECT revision, data FROM state WHERE session = ? AND key = ?", (sid, kid)
                 ).fetchone()
+                parts = self._db.execute(
+                    "SELECT part, data FROM parts WHERE session = ? AND key = ?", (sid, kid)
+                ).fetchall()
             self._touched.update(touched)
-        return None if row is None else Record(row[0], bytes(row[1]))
+        if row is None:
+            return None
+        return Record(row[0], bytes(row[1]), {name: bytes(data) for name, data in parts})
+
+    def touch(self, sessions: Iterable[SessionRef]) -> None:
+        sids = [encode_ref(s) for s in sessions]
+        if not sids:
+            return
+        with self._lock:
+            now = self._clock()
+            with self._transaction():
+                self._db.executemany(
+                    "UPDATE sessions SET touched = ? WHERE session = ?", [(now, s) for s in sids]
+                )
+            self._touched.update((s, now) for s in sids)
 
     def write(self, writes: Sequence[Write]) -> list[Outcome]:
         with self._lock:
@@ -129,7 +161,12 @@ class SQLiteStore:
                 (w.data, sid, kid, w.expected),
             )
         if cur.rowcount == 1:
-            return 0 if w.data is None else w.expected + 1
+            if w.data is None:
+                self._db.execute("DELETE FROM parts WHERE session = ? AND key = ?", (sid, kid))
+                return 0
+            if w.parts:
+                self._write_parts(sid, kid, w.parts)
+            return w.expected + 1
         if w.data is None and w.expected == 0:
             return 0  # deleting what was never saved: nothing to do
         row = self._db.execute(
@@ -137,11 +174,25 @@ class SQLiteStore:
         ).fetchone()
         return StaleStateError(w.key, w.expected, 0 if row is None else row[0])
 
+    def _write_parts(self, sid: str, kid: str, parts: Sequence[Part]) -> None:
+        gone = [(sid, kid, name) for name, data in parts if data is None]
+        kept = [(sid, kid, name, data) for name, data in parts if data is not None]
+        if gone:
+            self._db.executemany(
+                "DELETE FROM parts WHERE session = ? AND key = ? AND part = ?", gone
+            )
+        if kept:
+            self._db.executemany(
+                "INSERT INTO parts VALUES (?, ?, ?, ?)"
+                " ON CONFLICT DO UPDATE SET data = excluded.data",
+                kept,
+            )
+
     def delete_session(self, session: SessionRef) -> int:
         sid = encode_ref(session)
         with self._lock, self._transaction():
             self._touched.pop(sid, None)
-            self._db.execute("DELETE FROM sessions WHERE session = ?", (sid,))
+            self._forget(sid)
             return self._db.execute("DELETE FROM state WHERE session = ?", (sid,)).rowcount
 
     def purge(self) -> int:
@@ -154,12 +205,13 @@ class SQLiteStore:
                 )
             ]
             for sid in old:
+                self._forget(sid)
                 self._db.execute("DELETE FROM state WHERE session = ?", (sid,))
-                self._db.execute("DELETE FROM sessions WHERE session = ?", (sid,))
             self._touched = {k: t for k, t in self._touched.items() if t > cutoff}
         return len(old)
 
     def close(self) -> None:
+        self._checkpointer.close()
         with self._lock:
             self._db.close()
 
@@ -169,6 +221,12 @@ class SQLiteStore:
         row = self._db.execute("SELECT touched FROM sessions WHERE session = ?", (sid,)).fetchone()
         if row is not None and now - row[0] >= self.retention:
             self._db.execute("DELETE FROM state WHERE session = ?", (sid,))
+            self._db.execute("DELETE FROM parts WHERE session = ?", (sid,))
+
+    def _forget(self, sid: str) -> None:
+        """Delete the session's row and parts (its state rows are the caller's)."""
+        self._db.execute("DELETE FROM sessions WHERE session = ?", (sid,))
+        self._db.execute("DELETE FROM parts WHERE session = ?", (sid,))
 
     def _touch(self, sid: str) -> None:
         self._db.execute(

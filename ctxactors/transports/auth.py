@@ -35,7 +35,7 @@ from pydantic import AnyHttpUrl
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ctxactors.logs import get_logger
+from ctxactors.logs import lazy_logger
 
 MAX_PRINCIPAL = 256
 MIN_TOKEN = 16  # a shorter static token is guessable; refused when the file is read
@@ -44,7 +44,7 @@ JWT_LEEWAY_S = 30  # clock skew allowed between the token issuer and this server
 # token (RFC 9728 §3.1: this path, or it followed by the resource's own path).
 _HEALTH = "/healthz"
 _METADATA = "/.well-known/oauth-protected-resource"
-_log = get_logger("ctxactors.auth")
+_log = lazy_logger("ctxactors.auth")
 
 
 class AuthConfigError(ValueError):

@@ -46,16 +46,17 @@ from starlette.datastructures import Headers
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ctxactors._runtime import Runtime
 from ctxactors.context import DEFAULT_SESSION
-from ctxactors.logs import get_logger
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
-    ToolResult,
 )
-from ctxactors.runtime import Runtime
+from ctxactors.logs import get_logger
+from ctxactors.results import ToolResult
+from ctxactors.tracing import META_TOOL_CALL_ID, tool_call
 from ctxactors.transports.access import HttpSecurity
 from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of
 from ctxactors.transports.inflight import InFlight
@@ -113,14 +114,16 @@ class McpFrontend:
         if self.in_flight.draining:
             raise MCPError(RuntimeClosedError.code, "the server is shutting down; no new calls")
         fallback = session_fallback(ctx)
+        call_id = (params.meta or {}).get(META_TOOL_CALL_ID)
         try:
-            result = await self.runtime.acall(
-                params.name,
-                params.arguments,
-                meta=params.meta,
-                session_fallback=fallback,
-                principal=_principal(ctx),
-            )
+            with tool_call(call_id if isinstance(call_id, str) else None):
+                result = await self.runtime.acall(
+                    params.name,
+                    params.arguments,
+                    meta=params.meta,
+                    session_fallback=fallback,
+                    principal=_principal(ctx),
+                )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
             result = ToolResult.error(str(exc))
         except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors

@@ -26,13 +26,16 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
+from ctxactors import metrics
+from ctxactors._runtime import Runtime
+from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.logs import get_logger
-from ctxactors.runtime import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.state import open_store
 from ctxactors.tools import Server
-from ctxactors.transports import access
+from ctxactors.tracing import TraceContextMiddleware
+from ctxactors.transports import access, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
@@ -53,8 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ttl",
         type=float,
-        default=3600.0,
-        help="idle seconds before a key's actor leaves memory (its stored state stays)",
+        help="idle seconds before a key's actor leaves memory (its stored state stays; "
+        "default 3600)",
     )
     parser.add_argument(
         "--store",
@@ -75,9 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=3600.0,
         metavar="SECONDS",
-        help="how long the store keeps a session after its last change or load",
+        help="how long the store keeps a session after its last use",
     )
-    parser.add_argument("--max-actors", type=int, default=10_000, help="cap on live actors")
+    parser.add_argument("--max-actors", type=int, help="cap on live actors (default 10,000)")
+    add_settings_argument(parser)
     parser.add_argument(
         "--tools",
         choices=("all", "unified"),
@@ -106,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(a JSON-RPC error above it); default 4 MiB",
     )
     access.add_arguments(parser)
+    observe.add_arguments(parser)
 
 
 def _positive(text: str) -> int:
@@ -134,17 +139,24 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
     extra = [load_server(s) for s in args.server]
     try:
+        settings = settings_from_args(
+            args,
+            ttl=args.ttl,
+            max_actors=args.max_actors,
+            max_actors_per_principal=args.max_actors_per_principal,
+        )
+    except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
+        raise SystemExit(f"ctxactors serve: {exc}") from None
+    try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
     try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
-            ttl=args.ttl,
-            max_actors=args.max_actors,
-            max_actors_per_principal=args.max_actors_per_principal,
             tools=args.tools,
             store=store,
+            settings=settings,
         )
     except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
         if store is not None:
@@ -160,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
     except access.AuthConfigError as exc:
         print(f"ctxactors serve: {exc}", file=sys.stderr)
         return 2
+    if args.tracing:  # before the runtime: it traces its calls when a provider is installed
+        _start_tracing()
     runtime = build_runtime(args)
     try:
         if args.transport == "stdio":
@@ -175,6 +189,15 @@ def run(args: argparse.Namespace) -> int:
             runtime.store.close()
         log.info("stopped")
     return 0
+
+
+def _start_tracing() -> None:
+    from ctxactors import tracing
+
+    try:
+        tracing.configure_from_env()
+    except RuntimeError as exc:
+        raise SystemExit(f"ctxactors serve --tracing: {exc}") from None
 
 
 def build_model(args: argparse.Namespace) -> OpenAICompatibleModel | None:
@@ -196,27 +219,40 @@ def http_app(
     security: access.HttpSecurity,
     model: Any = None,
     max_body: int = MAX_LINE,
+    operators: frozenset[str] = frozenset(),
+    principal_label: bool = False,
 ) -> tuple[Starlette, McpFrontend]:
-    """The Starlette app (REST, and MCP at ``/mcp``) and its MCP front end, whose drain
-    waits for REST and MCP calls alike."""
+    """The Starlette app (REST, MCP at ``/mcp``, ``/metrics``) and its MCP front end, whose
+    drain waits for REST and MCP calls alike. `operators` and `principal_label`: see
+    `ctxactors.transports.observe`."""
     frontend = McpFrontend(runtime)
     route, lifespan = mcp_parts(frontend, max_body=max_body, security=security)
+    registry = metrics.server_registry()
+    call_metrics = metrics.register(runtime, registry, principal_label=principal_label)
     app = create_app(
         runtime,
         max_body=max_body,
-        routes=[route],
+        routes=[route, *observe.routes(call_metrics, registry, operators)],
         lifespan=lifespan,
         model=model,
         in_flight=frontend.in_flight,
         security=security,
     )
+    app.add_middleware(TraceContextMiddleware)  # REST calls continue the caller's trace
     return app, frontend
 
 
 def _serve_http(
     runtime: Runtime, args: argparse.Namespace, model: Any, security: access.HttpSecurity, log: Any
 ) -> None:
-    app, frontend = http_app(runtime, security=security, model=model, max_body=args.max_body)
+    app, frontend = http_app(
+        runtime,
+        security=security,
+        model=model,
+        max_body=args.max_body,
+        operators=frozenset(args.operator),
+        principal_label=args.metrics_principal_label,
+    )
     if security.verifier is None and not is_loopback(args.host):
         log.warning("no_authentication", host=args.host, risk="anyone who connects runs every tool")
     config = uvicorn.Config(

@@ -134,7 +134,7 @@ async def stats(request: Request) -> Response:
 
 async def healthz(request: Request) -> Response:
     runtime = api_state(request).runtime
-    closed = runtime.registry.closed
+    closed = runtime.closed
     return json_response(
         Health("closed" if closed else "ok", len(runtime.tools)), 503 if closed else 200
     )

@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ctxactors.results import (
+from ctxactors.errors import (
     CallTimeoutError,
     CtxActorsError,
     InvalidArgumentsError,
@@ -60,9 +60,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 async def unexpected(request: Request, exc: Exception) -> Response:
-    api_state(request).log.error(
-        "http_unexpected", path=request.url.path, error=f"{type(exc).__name__}: {exc}"
-    )
+    api_state(request).log.error("http_unexpected", path=request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal error (logged on the server)")
 
 

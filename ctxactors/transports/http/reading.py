@@ -13,7 +13,7 @@ import msgspec
 from starlette.requests import Request
 
 from ctxactors.context import MAX_ID, check_id
-from ctxactors.results import InvalidArgumentsError
+from ctxactors.errors import InvalidArgumentsError
 from ctxactors.transports.http.shapes import ApiError
 
 _decode = msgspec.json.Decoder().decode

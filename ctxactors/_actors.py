@@ -1,7 +1,8 @@
-"""The per-key actor, the message it runs, and the two reply paths back to the caller.
+"""The per-key actor and the two reply paths back to the caller.
 
-A `KeyActor` is a pykka thread actor that owns one server instance (the state of one key).
-Messages are sent with ``tell`` and carry their own reply slot, instead of pykka's ``ask``
+A `KeyActor` is a pykka thread actor that owns one server instance (the state of one key);
+each message is an `Envelope` that `ctxactors._call.execute` runs. Messages are sent with
+``tell`` and carry their own reply slot, instead of pykka's ``ask``
 futures, for two reasons:
 
 - speed: a ``SimpleQueue`` inbox plus a one-shot lock handoff is a lighter round trip than
@@ -19,32 +20,24 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import pykka
-import structlog
 
-from ctxactors.results import ToolResult
+from ctxactors._call import execute
+from ctxactors.logs import lazy_logger
 
-_log = structlog.get_logger("ctxactors.actors")
-
-
-class Reply(Protocol):
-    def set(self, value: Any) -> None: ...
+_log = lazy_logger("ctxactors.actors")
 
 
-_running = threading.local()
+# The lifecycle of the actor whose thread this is (each actor has a thread of its own).
+_here = threading.local()
 
 
-def caller_deadline() -> float | None:
-    """When the caller of the call this actor thread is running stops waiting for it.
-
-    A `time.monotonic` instant, or None when unknown. A handler that starts more work on
-    its caller's behalf (the batch tool) ends that work before this, so nothing runs for a
-    caller that has given up.
-    """
-    deadline: float | None = getattr(_running, "deadline", None)
-    return deadline
+def current_actor() -> Lifecycle | None:
+    """The lifecycle of the actor running on this thread, or None off an actor thread."""
+    actor: Lifecycle | None = getattr(_here, "actor", None)
+    return actor
 
 
 class SyncReply:
@@ -57,6 +50,9 @@ class SyncReply:
         self._lock.acquire()
         self.value: Any = None
         self.deadline = deadline  # see `caller_deadline`
+
+    def start(self) -> str | None:
+        return None  # a caller that timed out still gets its call run, as sent
 
     def set(self, value: Any) -> None:
         self.value = value
@@ -76,6 +72,9 @@ class AsyncReply:
         self.future: asyncio.Future[Any] = loop.create_future()
         self.deadline = deadline  # see `caller_deadline`
 
+    def start(self) -> str | None:
+        return None
+
     def set(self, value: Any) -> None:
         try:
             self._loop.call_soon_threadsafe(_resolve, self.future, value)
@@ -88,26 +87,6 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
         future.set_result(value)
 
 
-class Call:
-    """One message for an actor: run ``fn(server)``, reply, then run ``after(result)``.
-
-    `after` runs in the actor thread once the caller already has its reply, so bookkeeping
-    (the call's log line, the operation history) never delays the caller.
-    """
-
-    __slots__ = ("fn", "reply", "after")
-
-    def __init__(
-        self,
-        fn: Callable[[Any], Any],
-        reply: Reply | None = None,
-        after: Callable[[Any], None] | None = None,
-    ) -> None:
-        self.fn = fn
-        self.reply = reply
-        self.after = after
-
-
 class Lifecycle:
     """What an actor reports about itself to whoever spawned it."""
 
@@ -117,6 +96,9 @@ class Lifecycle:
         self.thread: threading.Thread | None = None
         self.server: Any = None
         self.closed = threading.Event()  # set when the server's close() has finished
+
+    def finished(self) -> None:
+        """Called in the actor's thread after each message, before its reply."""
 
     def wait_closed(self, timeout: float | None) -> bool:
         """Wait for cleanup to finish and the actor thread to end."""
@@ -141,16 +123,14 @@ class KeyActor(pykka.ThreadingActor):
     use_daemon_thread = True
 
     @classmethod
-    def launch(
-        cls, factory: Callable[[], Any], lifecycle: Lifecycle, on_done: Callable[[], None]
-    ) -> KeyActor:
+    def launch(cls, factory: Callable[[], Any], lifecycle: Lifecycle) -> KeyActor:
         """Start an actor without adding it to pykka's global `ActorRegistry`.
 
         That registry is a linear list (unregistering is O(n), which makes stopping 10,000
         actors quadratic), and its `stop_all()` would reach our actors from unrelated code.
         The ctxactors registry keeps its own dict of keys instead.
         """
-        actor = cls(factory, lifecycle, on_done)
+        actor = cls(factory, lifecycle)
         actor._start_actor_loop()
         return actor
 
@@ -158,55 +138,31 @@ class KeyActor(pykka.ThreadingActor):
     def _create_actor_inbox() -> Any:
         return queue.SimpleQueue()
 
-    def __init__(
-        self,
-        factory: Callable[[], Any],
-        lifecycle: Lifecycle,
-        on_done: Callable[[], None],
-    ) -> None:
+    def __init__(self, factory: Callable[[], Any], lifecycle: Lifecycle) -> None:
         super().__init__()
         self._factory = factory
         self._lifecycle = lifecycle
-        self._on_done = on_done
         self._server: Any = None
         self._start_error: BaseException | None = None
 
     def on_start(self) -> None:
         self._lifecycle.thread = threading.current_thread()
+        _here.actor = self._lifecycle
         try:
             self._server = self._factory()
         except BaseException as exc:  # noqa: BLE001 - report it on every call instead
             self._start_error = exc
-            _log.error("server_start_failed", error=f"{type(exc).__name__}: {exc}")
+            _log.error("server_start_failed", exc_info=exc)
         self._lifecycle.server = self._server
 
     def on_receive(self, message: Any) -> None:
-        call: Call = message
-        _running.deadline = getattr(call.reply, "deadline", None)
-        try:
-            if self._start_error is not None:
-                raise RuntimeError(f"server failed to start: {self._start_error}")
-            result = call.fn(self._server)
-        except BaseException as exc:  # noqa: BLE001
-            result = ToolResult.from_exception(exc)
-        finally:
-            _running.deadline = None
-            # Account for the call before replying, so a caller that has its result also
-            # sees the key as idle (and a retiring key stops right after this message).
-            self._on_done()
-        if call.reply is not None:
-            call.reply.set(result)
-        if call.after is not None:
-            try:
-                call.after(result)
-            except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
-                _log.error("after_call_failed", error=f"{type(exc).__name__}: {exc}")
+        execute(message, self._server, self._lifecycle, self._start_error)
 
     def on_stop(self) -> None:
         try:
             if self._server is not None:
                 self._server.close()
         except BaseException as exc:  # noqa: BLE001
-            _log.error("server_close_failed", error=f"{type(exc).__name__}: {exc}")
+            _log.error("server_close_failed", exc_info=exc)
         finally:
             self._lifecycle.closed.set()

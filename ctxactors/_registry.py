@@ -2,20 +2,25 @@
 
 Everything that decides an actor's life happens under one lock, in one place:
 
-- `submit` gets or spawns the key's actor and counts the call as in flight *before* the
-  message is sent, so the reaper can never stop an actor that a call is on its way to.
+- `submit` gets or spawns the key's actor and counts the call as sent *before* the message
+  is sent, so the reaper can never stop an actor that a call is on its way to. That is the
+  only time a call takes the lock: the actor counts it as done on its own thread
+  (`Entry.finished`; only that thread writes the count, the lock readers compare the two),
+  so a reader may see a call as running a moment longer, never as done too early.
 - An actor is retired (passivated) by removing its key from the table under the lock. From
   then on new calls for that key spawn a fresh incarnation; the retired one finishes the
   calls already sent to it and stops when its in-flight count reaches zero. There is no
   window in which a call can reach a stopping actor, so no call is ever lost.
-- The table is an `OrderedDict` in least-recently-used order, which makes both the TTL pass
-  (stop at the first fresh entry) and the LRU caps (first idle entry) cheap. Each principal
+- The table is an `OrderedDict` in least-recently-sent order, which makes both the TTL pass
+  (stop at the first entry sent a call within the TTL) and the LRU caps (first idle entry)
+  cheap. Each principal
   also has its own LRU table: over its own cap, or over the global cap while it holds more
   than its fair share of it (the cap divided by the principals with live keys), a principal
   gives up its own least recently used idle key. So a flood of sessions from one principal
   passivates that principal's keys, not another's.
-- A key is ``(server, (principal, session_id), ...)``: its second item names the session,
-  which groups the actors that `end_session` stops and the state they share.
+- A `Key` is ``(server, (principal, session_id), ...)``: its `session` groups the actors
+  that `end_session` stops and the state they share (`SessionState`), which each entry
+  holds too, so its actor reaches it without the lock.
 
 We keep our own dict rather than pykka's `ActorRegistry`, which is a linear list.
 """
@@ -29,31 +34,81 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import pykka
-import structlog
 
-from ctxactors.actors import Call, KeyActor, Lifecycle
+from ctxactors._actors import KeyActor, Lifecycle, current_actor
+from ctxactors._call import Envelope
 from ctxactors.context import SessionKey
-from ctxactors.results import RuntimeClosedError
+from ctxactors.errors import RuntimeClosedError
+from ctxactors.logs import get_logger
+from ctxactors.tools import Key
 
-Key = tuple[Any, ...]
+
+class SessionState:
+    """The objects a session's actors share, each made on first use (see `session_state`).
+
+    Its own lock guards only the making, so reading a value never waits for the registry.
+    """
+
+    __slots__ = ("_values", "_lock", "live")
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.live = True  # False once the session's last actor is retired
+
+    def get(self, name: str, factory: Callable[[], Any]) -> Any:
+        value = self._values.get(name)
+        if value is None:
+            with self._lock:
+                value = self._values.get(name)
+                if value is None:
+                    value = self._values[name] = factory()
+        return value
 
 
 class Entry(Lifecycle):
-    """One incarnation of a key's actor and its bookkeeping (guarded by the registry lock)."""
+    """One incarnation of a key's actor and its bookkeeping.
 
-    __slots__ = ("key", "actor", "inflight", "last_used", "retiring")
+    `sent`, `sent_at`, `retiring` and `stopping` change under the registry lock; `done` and
+    `last_used` only in the actor's thread (`finished`), written in that order, so a reader
+    that sees a call done also sees when it ended.
+    """
 
-    def __init__(self, key: Key, now: float) -> None:
+    __slots__ = (
+        "key",
+        "actor",
+        "sent",
+        "done",
+        "sent_at",
+        "last_used",
+        "retiring",
+        "stopping",
+        "shared",
+        "_registry",
+    )
+
+    def __init__(self, key: Key, now: float, shared: SessionState, registry: Registry) -> None:
         super().__init__()
         self.key = key
         self.actor: KeyActor | None = None
-        self.inflight = 0
+        self.sent = 0
+        self.done = 0
+        self.sent_at = now
         self.last_used = now
         self.retiring = False
+        self.stopping = False
+        self.shared = shared
+        self._registry = registry
 
     def idle(self) -> bool:
         server = self.server
-        return self.inflight == 0 and not (server is not None and server.is_busy())
+        return self.sent == self.done and not (server is not None and server.is_busy())
+
+    def finished(self) -> None:
+        self.last_used = self._registry.clock()
+        self.done += 1
+        if self.retiring:
+            self._registry.drained(self)
 
 
 class Registry:
@@ -78,17 +133,17 @@ class Registry:
         self.ttl = ttl
         self.max_actors = max_actors
         self.max_actors_per_principal = max_actors_per_principal
-        self._clock = clock
-        self._log = log if log is not None else structlog.get_logger("ctxactors").bind()
+        self.clock = clock
+        self._log = log if log is not None else get_logger("ctxactors")
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
         self._by_session: dict[SessionKey, set[Key]] = {}
-        self._session_state: dict[SessionKey, dict[str, Any]] = {}
+        self._session_state: dict[SessionKey, SessionState] = {}
+        self._draining: set[Entry] = set()  # retired, stopping once their calls are done
         # principal -> its live entries in LRU order (the caps evict a principal's own first).
         self._by_principal: dict[str | None, OrderedDict[Key, Entry]] = {}
         self._closed = False
         self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0, "calls": 0}
-        self._inflight = 0
         self._peak = 0
         self._stop_reaper = threading.Event()
         # Run after each background reaper pass (the runtime's store retention purge).
@@ -105,7 +160,7 @@ class Registry:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def submit(self, key: Key, factory: Callable[[], Any], call: Call) -> None:
+    def submit(self, key: Key, factory: Callable[[], Any], call: Envelope) -> None:
         """Send `call` to the actor of `key`, spawning it first if there is none."""
         victims: list[Entry] = []
         with self._lock:
@@ -114,7 +169,7 @@ class Registry:
             entry = self._entries.get(key)
             if entry is None:
                 entry = self._spawn(key, factory)
-                own = self._by_principal[key[1][0]]
+                own = self._by_principal[key.principal]
                 cap = self.max_actors_per_principal
                 if cap is not None and len(own) > cap:
                     victims = self._evict_lru(own, entry, "max_actors_per_principal")
@@ -127,10 +182,9 @@ class Registry:
                     victims += mine or self._evict_lru(self._entries, entry, "max_actors")
             else:
                 self._entries.move_to_end(key)
-                self._by_principal[key[1][0]].move_to_end(key)
-            entry.inflight += 1
-            entry.last_used = self._clock()
-            self._inflight += 1
+                self._by_principal[key.principal].move_to_end(key)
+            entry.sent += 1
+            entry.sent_at = entry.last_used = self.clock()
             self._counts["calls"] += 1
         self._stop(victims)
         assert entry.actor is not None
@@ -145,62 +199,71 @@ class Registry:
         nothing is kept for a session that is gone). For what all of a session's actors
         add to, like the operation history; it must be thread-safe, as they all use it.
         """
+        here = current_actor()
+        if isinstance(here, Entry) and here.key.session == session:
+            # One of the session's own actors: no lock (retired with it: nothing to add to).
+            shared = here.shared
+            return shared.get(name, factory) if shared.live else None
         with self._lock:
-            if session not in self._by_session:
-                return None
-            shared = self._session_state.setdefault(session, {})
-            value = shared.get(name)
-            if value is None:
-                value = shared[name] = factory()
-            return value
+            found = self._session_state.get(session)
+            return None if found is None else found.get(name, factory)
 
     def has_session(self, session: SessionKey) -> bool:
         with self._lock:
             return session in self._by_session
 
     def _spawn(self, key: Key, factory: Callable[[], Any]) -> Entry:
-        entry = Entry(key, self._clock())
-        entry.actor = KeyActor.launch(factory, entry, lambda: self._finished(entry))
+        shared = self._session_state.get(key.session)
+        if shared is None:
+            shared = self._session_state[key.session] = SessionState()
+        entry = Entry(key, self.clock(), shared, self)
+        entry.actor = KeyActor.launch(factory, entry)
         self._entries[key] = entry
-        self._by_session.setdefault(key[1], set()).add(key)
-        self._by_principal.setdefault(key[1][0], OrderedDict())[key] = entry
+        self._by_session.setdefault(key.session, set()).add(key)
+        self._by_principal.setdefault(key.principal, OrderedDict())[key] = entry
         self._counts["spawned"] += 1
         self._peak = max(self._peak, len(self._entries))
         self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
         return entry
 
-    def _finished(self, entry: Entry) -> None:
-        """Called in the actor's thread after each message."""
+    def drained(self, entry: Entry) -> None:
+        """A retired entry finished a call (its actor's thread): stop it after its last."""
         with self._lock:
-            entry.inflight -= 1
-            self._inflight -= 1
-            entry.last_used = self._clock()
-            if not entry.retiring:
-                self._entries.move_to_end(entry.key)
-                self._by_principal[entry.key[1][0]].move_to_end(entry.key)
+            if entry.stopping or entry.sent != entry.done:
                 return
-            stop_now = entry.inflight == 0
-        if stop_now:
-            self._stop([entry])
+            entry.stopping = True
+            self._draining.discard(entry)
+        self._stop([entry])
 
     # -- passivation ---------------------------------------------------------------------
 
     def _retire(self, entry: Entry) -> bool:
-        """Remove an entry from the table (lock held); True if it can be stopped at once."""
+        """Remove an entry from the table (lock held); True if it can be stopped at once.
+
+        Otherwise its actor stops itself after its last call (`drained`): `retiring` is set
+        before `done` is read here, and `finished` counts before it reads `retiring`, so one
+        of the two always sees the last call done; `stopping` makes sure only one stops it.
+        """
         key = entry.key
         del self._entries[key]
-        keys = self._by_session.get(key[1])
+        keys = self._by_session.get(key.session)
         if keys is not None:
             keys.discard(key)
             if not keys:
-                del self._by_session[key[1]]
-                self._session_state.pop(key[1], None)
-        own = self._by_principal[key[1][0]]
+                del self._by_session[key.session]
+                shared = self._session_state.pop(key.session, None)
+                if shared is not None:
+                    shared.live = False
+        own = self._by_principal[key.principal]
         del own[key]
         if not own:
-            del self._by_principal[key[1][0]]
+            del self._by_principal[key.principal]
         entry.retiring = True
-        return entry.inflight == 0
+        if entry.sent != entry.done:
+            self._draining.add(entry)
+            return False
+        entry.stopping = True
+        return True
 
     def _evict_lru(
         self, table: OrderedDict[Key, Entry], newcomer: Entry, reason: str
@@ -225,12 +288,13 @@ class Registry:
     def reap(self) -> int:
         """One TTL pass: stop every idle actor unused for longer than `ttl`."""
         with self._lock:
-            cutoff = self._clock() - self.ttl
+            cutoff = self.clock() - self.ttl
             victims = []
             for entry in self._entries.values():
-                if entry.last_used > cutoff:
-                    break  # LRU order: everything after this is fresher
-                if entry.idle():
+                if entry.sent_at > cutoff:
+                    break  # in the order sent: every later entry was sent a call since
+                # idle first: an actor that has finished has already written `last_used`
+                if entry.idle() and entry.last_used <= cutoff:
                     victims.append(entry)
             for entry in victims:
                 self._retire(entry)
@@ -266,7 +330,7 @@ class Registry:
                 if self.on_pass is not None:
                     self.on_pass()
             except Exception as exc:  # noqa: BLE001 - the reaper must outlive one bad pass
-                self._log.error("reap_failed", error=f"{type(exc).__name__}: {exc}")
+                self._log.error("reap_failed", exc_info=exc)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -290,9 +354,11 @@ class Registry:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
+            inflight = sum(e.sent - e.done for e in self._entries.values())
+            inflight += sum(e.sent - e.done for e in self._draining)
             return {
                 "actors": len(self._entries),
-                "inflight": self._inflight,
+                "inflight": inflight,
                 "peak_actors": self._peak,
                 "sessions": len(self._by_session),
                 **self._counts,
@@ -305,4 +371,9 @@ class Registry:
 
 def _describe(key: Key) -> dict[str, Any]:
     """A key's fields for a log line."""
-    return {"server": key[0], "principal": key[1][0], "session_id": key[1][1], "key": list(key)}
+    return {
+        "server": key.server,
+        "principal": key.principal,
+        "session_id": key.session[1],
+        "key": list(key),
+    }

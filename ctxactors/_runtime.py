@@ -6,17 +6,21 @@ Every call goes the same way, whichever transport it came from:
    transport's principal, then ``_meta`` or else the ``__*`` fields, then the session
    fallback), strip the ``__*`` fields, validate the rest against the tool's args type;
    all of this in the caller, so bad input fails before anything is sent;
-2. pick the key with the server's scope and hand the call to that key's actor;
+2. build the call as data (`ctxactors._call.ToolCall`), pick the key with the server's
+   scope and hand the call to that key's actor: the only time a call takes the registry's
+   lock;
 3. wait for the reply (a lock handoff for `call`, an asyncio future for `acall`).
 
-The actor thread then writes the call's log line and tells the observers (the operation
-history), after the caller already has its result.
+In the actor, `ctxactors._call.execute` runs it: the handler (between the load and the save
+of a durable key's state), the observers, the reply, and then the call's log line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -24,7 +28,9 @@ from typing import Any
 
 import msgspec
 
-from ctxactors.actors import AsyncReply, Call, Reply, SyncReply
+from ctxactors._actors import AsyncReply, SyncReply
+from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
+from ctxactors._registry import Registry
 from ctxactors.context import (
     DEFAULT_SESSION,
     ToolContext,
@@ -33,14 +39,14 @@ from ctxactors.context import (
     read_context,
 )
 from ctxactors.durable import Durability, is_durable
+from ctxactors.errors import CallTimeoutError, UnknownToolError
 from ctxactors.logs import get_logger
-from ctxactors.registry import Registry
-from ctxactors.results import CallTimeoutError, ToolResult, UnknownToolError
+from ctxactors.results import ToolResult
+from ctxactors.settings import Settings, validate
 from ctxactors.state import StateStore
 from ctxactors.tools import Server, ToolSpec, collect_tools
 
-# An observer sees every call that reached a server: (ctx, spec, clean arguments, result).
-Observer = Callable[[ToolContext, ToolSpec, dict[str, Any], ToolResult], None]
+__all__ = ["CallWrapper", "Observer", "Runtime"]
 
 
 class Runtime:
@@ -52,7 +58,9 @@ class Runtime:
     least recently used idle one is passivated to make room), `max_actors_per_principal`
     caps each principal's (passivating that principal's own least recently used idle key,
     never another's); `clock` is an injectable
-    monotonic clock for tests. With an injected clock and no `scan_interval` there is no
+    monotonic clock for tests (the reaper's and the operation history's). `settings` holds
+    every limit (`ctxactors.settings.Settings`; default: read from the environment now).
+    With an injected clock and no `scan_interval` there is no
     background reaper: the test calls `reap()` itself. ``tools="unified"`` makes
     `list_tools()` publish only the batch and preset tools, whose description lists every
     other tool; every tool can still be called either way.
@@ -62,15 +70,29 @@ class Runtime:
         self,
         servers: Iterable[type[Server]] | None = None,
         *,
-        ttl: float = 3600.0,
+        ttl: float | None = None,
         scan_interval: float | None = None,
-        max_actors: int = 10_000,
+        max_actors: int | None = None,
         max_actors_per_principal: int | None = None,
-        call_timeout: float = 30.0,
+        call_timeout: float | None = None,
         clock: Callable[[], float] | None = None,
         tools: str = "all",
         store: StateStore | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        # Every limit, read from the environment now (not at import) unless given; the
+        # keywords are shortcuts that override their settings.
+        given = validate(settings) if settings is not None else Settings.from_env()
+        self.settings = given.replace(
+            ttl=ttl,
+            max_actors=max_actors,
+            max_actors_per_principal=max_actors_per_principal,
+            call_timeout=call_timeout,
+        )
+        ttl, max_actors = self.settings.ttl, self.settings.max_actors
+        max_actors_per_principal = self.settings.max_actors_per_principal
+        call_timeout = self.settings.call_timeout
+        self.clock = clock or time.monotonic
         if tools not in ("all", "unified"):
             raise ValueError(f"tools must be 'all' or 'unified', got {tools!r}")
         if servers is None:
@@ -90,7 +112,6 @@ class Runtime:
             definitions = unified_definitions(self._tools)
         else:
             definitions = [s.definition() for s in self._tools.values()]
-        self.tools_mode = tools
         self._definitions = msgspec.json.encode(definitions)
         self.call_timeout = call_timeout
         self._log = get_logger("ctxactors")
@@ -100,16 +121,33 @@ class Runtime:
             ttl=ttl,
             max_actors=max_actors,
             max_actors_per_principal=max_actors_per_principal,
-            clock=clock or time.monotonic,
+            clock=self.clock,
             scan_interval=scan_interval,
             log=self._log,
         )
         # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
-        self._durable = Durability(store, save_timeout=call_timeout) if store is not None else None
+        self._durable = (
+            Durability(
+                store,
+                save_timeout=call_timeout,
+                clock=clock or time.monotonic,
+                live=lambda: {key[1] for key in self._registry.keys()},
+            )
+            if store is not None
+            else None
+        )
         if self._durable is not None:
             self._registry.on_pass = self._purge
         self._observers: list[Observer] = []
         self._early_observers: list[Observer] = []
+        self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        if self._durable is not None:  # retention counts from a session's last use
+            durable = self._durable
+            # Before the reply (a dict lookup), so a flush after a call sees its use.
+            self.add_observer(
+                lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
+            )
+        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
             for server in self._servers:
                 server.attach(self)
@@ -204,9 +242,9 @@ class Runtime:
             )
         if defaulted and session_fallback == DEFAULT_SESSION:
             self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
-        self.submit(spec, ctx, validated, args, reply)
+        self._submit(spec, ctx, validated, args, reply, deadline=reply.deadline)
 
-    def submit(
+    def _submit(
         self,
         spec: ToolSpec,
         ctx: ToolContext,
@@ -214,51 +252,34 @@ class Runtime:
         args: dict[str, Any],
         reply: Reply | None,
         *,
-        fn: Callable[[Any], Any] | None = None,
-        observe: bool = True,
+        deadline: float | None,
+        prepare: bool = False,
+        undo: Undo | None = None,
     ) -> None:
-        """Hand an already validated call to its key's actor (for the batch tool).
+        """Hand an already validated call to its key's actor (`call`, and the batch tool's
+        operations and undos).
 
-        `fn` replaces the handler (a compensation, say) while keeping the key and the
-        bookkeeping; ``observe=False`` keeps it out of the observers (an undo is not a
+        `prepare` records the compensation's ``before`` into ``reply.prior``; `undo` runs the
+        compensation instead of the tool, and stays out of the observers (an undo is not a
         call of the tool it undoes, so the operation history must not record it).
         """
-        started = time.perf_counter()
-        log = self._log
-        observers = self._observers if observe else ()
-        early = self._early_observers if observe else ()
-        body = fn or (lambda server: spec.invoke(server, ctx, validated))
-        key = spec.server.scope.key(spec.server.name, ctx)
-        if self._durable is not None and is_durable(spec.server):
-            body = self._durable.wrap(body, key, spec.read_only)
-
-        def run(server: Server) -> ToolResult:
-            result: ToolResult = body(server)
-            for observer in early:  # before the reply: a caller's next call sees their effect
-                try:
-                    observer(ctx, spec, args, result)
-                except Exception as exc:  # noqa: BLE001 - recording never fails a call
-                    log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
-            return result
-
-        def after(result: ToolResult) -> None:
-            log.info(
-                "tool_call",
-                principal=ctx.principal,
-                session_id=ctx.session_id,
-                assistant_id=ctx.assistant_id,
-                thread_id=ctx.thread_id,
-                tool=spec.name,
-                duration_ms=round((time.perf_counter() - started) * 1000, 3),
-                outcome="error" if result.is_error else "ok",
-            )
-            for observer in observers:
-                try:
-                    observer(ctx, spec, args, result)
-                except Exception as exc:  # noqa: BLE001 - recording never fails a call
-                    log.error("observer_failed", error=f"{type(exc).__name__}: {exc}")
-
-        self._registry.submit(key, self._factories[spec.server], Call(run, reply, after))
+        server = spec.server
+        call = ToolCall(
+            spec.name,
+            ctx,
+            args,
+            deadline,
+            spec.read_only,
+            self._durable is not None and is_durable(server),
+            undo is None,
+            prepare,
+            undo,
+        )
+        key = server.scope.key(server.name, ctx)
+        envelope = Envelope(call, spec, validated, key, reply, self._host)
+        if self._host.wrappers and call.observe:
+            envelope.wrap(self._host.wrappers)
+        self._registry.submit(key, self._factories[server], envelope)
 
     def add_observer(self, observer: Observer, *, before_reply: bool = False) -> None:
         """Run `observer` in the actor thread after every call that reached a server.
@@ -268,6 +289,15 @@ class Runtime:
         (the operation history: "what did I just do?" must include the call that returned).
         """
         (self._early_observers if before_reply else self._observers).append(observer)
+
+    def add_call_wrapper(self, wrapper: CallWrapper) -> None:
+        """Wrap the body of every later call that reached a server (not the undo of a batch).
+
+        `wrapper` runs in the caller's thread (where a trace context or a start time is
+        read) and the body it returns runs in the key's actor. No wrapper, no cost: this is
+        how `ctxactors.metrics` and `ctxactors.tracing` hook in.
+        """
+        self._host.wrappers = (*self._host.wrappers, wrapper)
 
     # -- introspection and lifecycle -----------------------------------------------------
 
@@ -331,8 +361,9 @@ class Runtime:
         return self._registry.stats()
 
     @property
-    def registry(self) -> Registry:
-        return self._registry
+    def closed(self) -> bool:
+        """Whether `close` has begun: the runtime takes no more calls."""
+        return self._registry.closed
 
     def close(self) -> None:
         """Refuse new calls, stop every actor and wait for their cleanup. Idempotent."""
@@ -350,3 +381,19 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _trace_if_enabled(runtime: Runtime) -> None:
+    """`tracing.instrument_if_enabled`, without importing OpenTelemetry (the optional
+    ``[otel]``/``[serve]`` extras) into a core install: a global tracer provider can only
+    have been installed by a host that imported ``opentelemetry.trace`` already, or named
+    one in ``OTEL_PYTHON_TRACER_PROVIDER``."""
+    if "opentelemetry.trace" not in sys.modules and not os.environ.get(
+        "OTEL_PYTHON_TRACER_PROVIDER"
+    ):
+        return
+    try:
+        from ctxactors import tracing
+    except ImportError:  # opentelemetry-api is not installed: nothing can be traced
+        return
+    tracing.instrument_if_enabled(runtime)

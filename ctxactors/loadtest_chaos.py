@@ -1,0 +1,114 @@
+"""``ctxactors loadtest --restart-every SECONDS``: the load test's own server, killed and
+restarted under load, so anyone can check that nothing acknowledged is ever lost.
+
+The load test starts ``ctxactors serve --transport http`` on a free loopback port with its
+own data directory (the default SQLite store, or ``--serve-store``), sends the workload to
+it over REST, and every SECONDS kills it with SIGKILL and starts it again on the same port
+and data. A call whose connection dropped before its reply is *in doubt*: its effect may be
+present or absent (the checker reads the key back before its next call and accepts either,
+never half of it); an acknowledged call's effect must be present. The restarts stop before
+the verification phase, which then reads every key back exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+_START_TIMEOUT = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RestartedServer:
+    """A ``ctxactors serve --transport http`` this process owns, restarted every `every`
+    seconds by SIGKILL until `stop_restarting`."""
+
+    def __init__(self, every: float, *, store: str = "sqlite") -> None:
+        self.every = every
+        self.store = store
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.restarts = 0
+        self.failure: str | None = None
+        self._data = tempfile.TemporaryDirectory(prefix="ctxactors-loadtest-")
+        self._log = Path(self._data.name) / "serve.log"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._restart_forever, name="loadtest-chaos")
+
+    def start(self) -> None:
+        """Start the server and the restarts; raises RuntimeError if it doesn't come up."""
+        self._spawn()
+        self._thread.start()
+
+    def _spawn(self) -> None:
+        command = [
+            *(sys.executable, "-m", "ctxactors.cli", "serve", "--transport", "http"),
+            *("--port", str(self.port), "--store", self.store),
+            *("--data-dir", os.path.join(self._data.name, "data")),
+        ]
+        with self._log.open("ab") as log:
+            self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                break
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        tail = self._log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"ctxactors serve did not come up on {self.url}:\n{tail}")
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGKILL)
+        if self._proc is not None:
+            self._proc.wait()
+
+    def _restart_forever(self) -> None:
+        while not self._stop.wait(self.every):
+            self._kill()
+            try:
+                self._spawn()
+            except RuntimeError as exc:
+                self.failure = str(exc)  # the calls fail from here; the report says why
+                return
+            self.restarts += 1
+
+    def stop_restarting(self) -> None:
+        """No more restarts; the server is up when this returns. A run shorter than the
+        interval gets its one restart here, so the verification always reads a restarted
+        server's state."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        if self.restarts == 0 and self.failure is None:
+            self._kill()
+            self._spawn()
+            self.restarts += 1
+
+    def close(self) -> None:
+        self.stop_restarting()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self._kill()
+        self._data.cleanup()

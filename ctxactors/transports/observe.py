@@ -1,0 +1,125 @@
+"""What an operator reads over HTTP: ``/metrics`` (Prometheus) and ``/api/v1/stats/top``
+(the figures of ``ctxactors top``), and the ``serve`` options for them and for tracing.
+
+Who sees what, when authentication is on: an operator (a principal named by
+``--operator``) sees everything; any other principal gets 403 at ``/metrics`` and, at
+``/api/v1/stats/top``, the server-wide figures (calls, latency, live actors: what
+``/api/v1/stats`` already shows every caller) but only its own sessions and errors, never
+another principal's session ids. Without authentication (a loopback server) everyone is
+the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import msgspec
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ctxactors.metrics import BUCKETS, CallMetrics
+from ctxactors.transports.auth import principal_of
+
+TOP_SESSIONS = 10
+
+
+class SessionCalls(msgspec.Struct, frozen=True):
+    principal: str | None
+    session_id: str
+    calls: int
+
+
+class ErrorLine(msgspec.Struct, frozen=True):
+    time: float
+    tool: str
+    principal: str | None
+    session_id: str
+    message: str
+
+
+class TopStats(msgspec.Struct, frozen=True):
+    """One sample for ``ctxactors top``: totals since start; the client takes differences."""
+
+    time: float  # the server's clock (Unix seconds) when sampled
+    scope: str  # "all", or "principal": only the caller's own sessions and errors
+    runtime: dict[str, int]  # `Runtime.stats()`
+    calls: int  # tool calls that reached a server, every principal's
+    errors: int  # of which error results
+    latency_bounds: list[float]  # bucket upper bounds in seconds (+Inf implied last)
+    latency_counts: list[int]  # calls per bucket, not cumulative, +Inf last
+    top_sessions: list[SessionCalls]
+    recent_errors: list[ErrorLine]  # oldest first
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("observability", "README: Operations")
+    group.add_argument(
+        "--tracing",
+        action="store_true",
+        help="export a span per tool call with the OpenTelemetry SDK, configured by the "
+        "OTEL_* variables (needs the [otel] extra)",
+    )
+    group.add_argument(
+        "--operator",
+        action="append",
+        default=[],
+        metavar="PRINCIPAL",
+        help="with authentication, a principal that may read /metrics and every session "
+        "in /api/v1/stats/top (repeatable)",
+    )
+    group.add_argument(
+        "--metrics-principal-label",
+        action="store_true",
+        help="label the call metrics with the principal (one series per caller)",
+    )
+
+
+def routes(
+    metrics: CallMetrics, registry: CollectorRegistry, operators: frozenset[str]
+) -> list[Route]:
+    """``GET /metrics`` and ``GET /api/v1/stats/top`` for one server."""
+
+    def is_operator(request: Request) -> tuple[bool, str | None]:
+        principal = principal_of(request.scope)
+        return principal is None or principal in operators, principal
+
+    async def prometheus(request: Request) -> Response:
+        allowed, principal = is_operator(request)
+        if not allowed:
+            body = {"error": {"code": "forbidden", "message": f"{principal!r} is no operator"}}
+            return Response(_encode(body), 403, media_type="application/json")
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encoder(registry), headers={"Content-Type": content_type})
+
+    async def top(request: Request) -> Response:
+        allowed, principal = is_operator(request)
+        who: Any = ... if allowed else principal
+        counts, _ = metrics.latency()
+        sample = TopStats(
+            time=time.time(),
+            scope="all" if allowed else "principal",
+            runtime=metrics.runtime.stats(),
+            calls=sum(counts),
+            errors=metrics.error_count(),
+            latency_bounds=list(BUCKETS),
+            latency_counts=counts,
+            top_sessions=[SessionCalls(*s) for s in metrics.top_sessions(TOP_SESSIONS, who)],
+            recent_errors=[
+                ErrorLine(e.time, e.tool, e.principal, e.session_id, e.message)
+                for e in metrics.recent_errors(who)
+            ],
+        )
+        return Response(_encode(sample), media_type="application/json")
+
+    return [
+        Route("/metrics", prometheus, methods=["GET"]),
+        Route("/api/v1/stats/top", top, methods=["GET"]),
+    ]

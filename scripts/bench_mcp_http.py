@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""MCP over streamable HTTP: ``ctxactors serve`` beside the SDK's own ``MCPServer``, same run.
+
+The peer is what a user would write instead: the official SDK's `MCPServer` with ``async
+def`` tools keeping a dict of sessions in its event loop (no isolation guarantees, no
+durability). Both servers get the same load from the same client: `--sessions` MCP
+sessions at once, each making `--calls` state-changing calls (create a goal) one after
+another, the official SDK `Client` on the other side. Each server runs pinned to CPU 0 and
+the clients to the other CPUs, so the server's own CPU time per call is comparable.
+
+ctxactors runs with ``--store memory`` (the peer keeps nothing either) and, as an extra
+row, with its default SQLite store.
+
+    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 2] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from mcp import Client
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The peer, run as its own process: `python - PORT` with this on stdin.
+PEER = """
+import logging, sys, uvicorn
+logging.disable(logging.INFO)  # as ctxactors runs: warnings only
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("peer")
+goals: dict[str, dict[str, str]] = {}
+
+@app.tool()
+async def create_goal(session: str, goal: str) -> dict:
+    kept = goals.setdefault(session, {})
+    goal_id = f"g{len(kept) + 1}"
+    kept[goal_id] = goal
+    return {"id": goal_id, "goal": goal}
+
+uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]),
+            log_level="warning")
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def pin(cpus: set[int]) -> list[str]:
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+
+
+@contextlib.contextmanager
+def serving(kind: str, server_cpus: set[int]) -> Iterator[tuple[str, psutil.Process]]:
+    port = free_port()
+    env = {**os.environ, "CTXACTORS_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
+    with tempfile.TemporaryDirectory() as data:
+        if kind == "peer":
+            argv = [sys.executable, "-", str(port)]
+            stdin: Any = subprocess.PIPE
+        else:
+            store = ["--store", "memory"] if kind == "ctxactors" else ["--data-dir", data]
+            argv = [sys.executable, "-m", "ctxactors", "serve", "--transport", "http"]
+            argv += ["--port", str(port), *store]
+            stdin = subprocess.DEVNULL
+        proc = subprocess.Popen(pin(server_cpus) + argv, env=env, stdin=stdin)
+        if kind == "peer":
+            assert proc.stdin is not None
+            proc.stdin.write(PEER.encode())
+            proc.stdin.close()
+        url = f"http://127.0.0.1:{port}/mcp"
+        try:
+            wait_listening(proc, url)
+            # taskset execs the server in place, so the pid is the server's own.
+            yield url, psutil.Process(proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_listening(proc: subprocess.Popen[bytes], url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            httpx.get(url, timeout=1.0)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not start listening")
+
+
+async def one_session(url: str, kind: str, index: int, calls: int, out: list[float]) -> None:
+    session = f"bench-{index}"
+    async with Client(url) as client:
+        for n in range(calls):
+            args: dict[str, Any] = {"goal": f"goal {n}"}
+            if kind == "peer":
+                args["session"] = session
+            else:
+                args["__sessionId"] = session
+            start = time.perf_counter()
+            result = await client.call_tool("create_goal", args)
+            out.append(time.perf_counter() - start)
+            if result.is_error:
+                raise RuntimeError(f"{kind}: create_goal failed: {result.content}")
+
+
+async def load(url: str, kind: str, sessions: int, calls: int) -> tuple[float, list[float]]:
+    latencies: list[float] = []
+    start = time.perf_counter()
+    await asyncio.gather(*(one_session(url, kind, i, calls, latencies) for i in range(sessions)))
+    return time.perf_counter() - start, latencies
+
+
+def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[str, Any]:
+    with serving(kind, server_cpus) as (url, server):
+        asyncio.run(load(url, kind, 2, 5))  # warm up: imports, first sessions
+        before = server.cpu_times()
+        elapsed, latencies = asyncio.run(load(url, kind, args.sessions, args.calls))
+        after = server.cpu_times()
+    calls = len(latencies)
+    cpu = (after.user - before.user) + (after.system - before.system)
+    quantiles = statistics.quantiles(latencies, n=100)
+    return {
+        "calls": calls,
+        "calls_per_s": calls / elapsed,
+        "p50_ms": quantiles[49] * 1e3,
+        "p99_ms": quantiles[98] * 1e3,
+        "server_cpu_us_per_call": cpu / calls * 1e6,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=50)
+    parser.add_argument("--calls", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2, help="alternate the servers this often")
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    args = parser.parse_args()
+
+    cpus = os.sched_getaffinity(0)
+    server_cpus = {min(cpus)} if len(cpus) > 1 else set()
+    client_cpus = cpus - server_cpus or cpus
+    os.sched_setaffinity(0, client_cpus)
+
+    kinds = ["peer", "ctxactors", "ctxactors-sqlite"]
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for _round in range(args.rounds):
+        for kind in kinds:
+            runs[kind].append(measure(kind, args, server_cpus))
+    best = {kind: max(rs, key=lambda r: r["calls_per_s"]) for kind, rs in runs.items()}
+    peer = best["peer"]
+
+    print(
+        f"MCP streamable HTTP, {args.sessions} sessions x {args.calls} calls, best of "
+        f"{args.rounds}; server pinned to CPU {sorted(server_cpus) or 'any'}"
+    )
+    print(
+        f"{'server':<36} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/call':>12}"
+        f" {'throughput vs peer':>19} {'CPU vs peer':>12}"
+    )
+    names = {
+        "peer": "SDK MCPServer, async tools (peer)",
+        "ctxactors": "ctxactors serve --store memory",
+        "ctxactors-sqlite": "ctxactors serve (SQLite, default)",
+    }
+    for kind in kinds:
+        r = best[kind]
+        print(
+            f"{names[kind]:<36} {r['calls_per_s']:>9,.0f} {r['p50_ms']:>8.1f} "
+            f"{r['p99_ms']:>8.1f} {r['server_cpu_us_per_call']:>12,.0f} "
+            f"{r['calls_per_s'] / peer['calls_per_s']:>18.2f}x "
+            f"{r['server_cpu_us_per_call'] / peer['server_cpu_us_per_call']:>11.2f}x"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"best": best, "runs": runs}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""A call is plain data: it encodes and decodes whole, and a decoded one runs like any call.
+
+And the path it takes is short: one call takes the registry's lock once (on lookup/spawn).
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from types import TracebackType
+from typing import Any
+
+import msgspec
+
+from ctxactors import Runtime, ToolContext
+from ctxactors._actors import SyncReply
+from ctxactors._call import Envelope, ToolCall, Undo
+from ctxactors.testing import ManualClock
+from ctxactors.testing import context_args as ctx_args
+
+WAIT = 20.0
+
+CALL = ToolCall(
+    "mark_todo",
+    ToolContext("s1", "a1", "t1", principal="alice"),
+    {"todo_id": "t2", "done": True, "notes": ["é", {"n": 1.5, "none": None}]},
+    deadline=1234.5,
+    read_only=False,
+    durable=True,
+    observe=False,
+    prepare=True,
+    undo=Undo({"id": "t2", "done": True}, prior={"done": False}),
+)
+
+
+def test_a_call_message_round_trips_through_msgpack_json_and_pickle() -> None:
+    for encoding in (msgspec.msgpack, msgspec.json):
+        data = encoding.encode(CALL)
+        assert encoding.decode(data, type=ToolCall) == CALL
+    assert pickle.loads(pickle.dumps(CALL)) == CALL
+    # Defaults stay out of nothing: a plain call decodes to the same plain call.
+    plain = ToolCall("get_planning_state", ToolContext("s1"), {})
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(plain), type=ToolCall) == plain
+    assert (plain.observe, plain.prepare, plain.undo, plain.deadline) == (True, False, None, None)
+
+
+def test_a_decoded_call_runs_in_its_keys_actor_like_a_direct_call() -> None:
+    with Runtime() as rt:
+        assert rt.call("create_goal", ctx_args("s1", goal="first")).structured == {
+            "id": "g1",
+            "goal": "first",
+        }
+        wire = msgspec.msgpack.encode(
+            ToolCall("create_goal", ToolContext("s1"), {"goal": "sent as bytes"})
+        )
+        call = msgspec.msgpack.decode(wire, type=ToolCall)
+        spec = rt.tool_spec(call.tool)
+        key = spec.server.scope.key(spec.server.name, call.ctx)
+        reply = SyncReply()
+        envelope = Envelope(call, spec, spec.validate(call.arguments), key, reply, rt._host)
+        rt._registry.submit(key, rt._factories[spec.server], envelope)
+        assert reply.wait(WAIT)
+        # The same actor and state as the direct call (g2 follows g1), and recorded.
+        assert reply.value.structured == {"id": "g2", "goal": "sent as bytes"}
+        recent = rt.call("get_recent_context", ctx_args("s1", limit=1)).structured
+        assert recent is not None
+        assert [(op["tool"], op["arguments"]) for op in recent["operations"]] == [
+            ("create_goal", {"goal": "sent as bytes"})
+        ]
+
+
+class CountingLock:
+    """The registry's lock, counting how often it is taken."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.taken = 0
+
+    def __enter__(self) -> CountingLock:
+        self._lock.acquire()
+        self.taken += 1
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._lock.release()
+
+
+def test_one_call_takes_the_registry_lock_once(clock: ManualClock) -> None:
+    # A manual clock and no scan interval: no background reaper takes the lock meanwhile.
+    with Runtime(clock=clock) as rt:
+        lock = CountingLock(rt._registry._lock)
+        rt._registry._lock = lock  # type: ignore[assignment]
+        calls = [
+            ("create_goal", ctx_args("s1", "a1", goal="ship")),  # spawns planning, history kept
+            ("create_goal", ctx_args("s1", "a1", goal="test")),
+            ("get_planning_state", ctx_args("s1", "a1")),
+            ("get_recent_context", ctx_args("s1", "a1")),  # spawns the history actor
+            ("get_recent_context", ctx_args("s1", "a1")),
+        ]
+        for n, (tool, args) in enumerate(calls, 1):
+            assert not rt.call(tool, args).is_error
+            assert lock.taken == n
+        # Each call's post-reply step (log line, observers) took no lock either: a call
+        # queued behind them on the same key finds the count unchanged.
+        assert rt.call("get_planning_state", ctx_args("s1", "a1")).structured is not None
+        assert lock.taken == len(calls) + 1
+
+
+def test_calls_from_many_threads_leave_nothing_in_flight() -> None:
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait(WAIT)
+            for n in range(50):
+                args = ctx_args(f"s{i % 3}", f"a{n % 2}", goal=f"{i}-{n}")
+                assert not rt.call("create_goal", args).is_error
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    with Runtime() as rt:
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT)
+        assert errors == []
+        stats = rt.stats()
+        assert (stats["inflight"], stats["calls"]) == (0, 400)
+        goals = sum(
+            len(rt.call("get_planning_state", ctx_args(f"s{s}", f"a{a}")).structured["goals"])
+            for s in range(3)
+            for a in range(2)
+        )
+        assert goals == 400

@@ -1,0 +1,271 @@
+"""Prometheus metrics: in a host's own registry, and at ``/metrics`` of a served process."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp_support import http_server, wait_until
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from workspace_support import Leaks, closed_runtime, start, temporary_root
+
+from ctxactors import InvalidArgumentsError, Runtime, UnknownToolError, metrics
+from ctxactors.state import MemoryStore
+from ctxactors.testing import context_args as ctx_args
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def measured() -> Iterator[tuple[Runtime, CollectorRegistry, metrics.CallMetrics]]:
+    registry = CollectorRegistry()
+    with Runtime(ttl=600) as rt:
+        yield rt, registry, metrics.register(rt, registry)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+def test_calls_are_counted_by_tool_and_outcome(measured: Any) -> None:
+    rt, registry, _ = measured
+    rt.call("create_goal", ctx_args("s1", goal="a"))
+    rt.call("create_goal", ctx_args("s2", goal="b"))
+    rt.call("read_content", ctx_args("s1", id="nope"))  # an error result
+    calls = "ctxactors_tool_calls_total"
+    assert value(registry, calls, tool="create_goal", outcome="ok") == 2
+    assert value(registry, calls, tool="read_content", outcome="error") == 1
+    assert value(registry, calls, tool="create_goal", outcome="error") is None
+    duration = "ctxactors_tool_call_duration_seconds"
+    assert value(registry, duration + "_count", tool="create_goal", outcome="ok") == 2
+    inf = value(registry, duration + "_bucket", tool="create_goal", outcome="ok", le="+Inf")
+    assert inf == 2
+    assert (value(registry, duration + "_sum", tool="create_goal", outcome="ok") or 0) > 0
+
+
+def test_runtime_counters_are_read_at_scrape_time(measured: Any) -> None:
+    rt, registry, _ = measured
+    for session in ("s1", "s2", "s3"):
+        rt.call("create_goal", ctx_args(session, goal="g"))
+    assert value(registry, "ctxactors_actors") == 3
+    assert value(registry, "ctxactors_sessions") == 3
+    assert value(registry, "ctxactors_calls_in_flight") == 0
+    assert value(registry, "ctxactors_actors_spawned_total") == 3
+    assert rt.end_session("s1") == 1
+    assert value(registry, "ctxactors_actors") == 2
+    assert value(registry, "ctxactors_actors_ended_total") == 1
+    assert value(registry, "ctxactors_actors_reaped_total") == 0
+    assert value(registry, "ctxactors_actors_evicted_total") == 0
+
+
+def test_evictions_are_counted() -> None:
+    registry = CollectorRegistry()
+    with Runtime(ttl=600, max_actors=2) as rt:
+        metrics.register(rt, registry)
+        for session in ("s1", "s2", "s3", "s4"):
+            rt.call("create_goal", ctx_args(session, goal="g"))
+        assert value(registry, "ctxactors_actors_evicted_total") == 2
+        assert value(registry, "ctxactors_actors") == 2
+
+
+def test_no_session_id_ever_becomes_a_label_value(measured: Any) -> None:
+    rt, registry, _ = measured
+    sessions = [f"secret-session-{i}" for i in range(20)]
+    for session in sessions:
+        rt.call("create_goal", ctx_args(session, goal="g"))
+        rt.call("read_content", ctx_args(session, id="nope"))
+    text = generate_latest(registry).decode()
+    assert "secret-session" not in text
+    labels = {
+        key
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        for key in sample.labels
+    }
+    assert labels == {"tool", "outcome", "le"}
+
+
+def test_principals_are_labels_only_when_asked() -> None:
+    for asked in (False, True):
+        registry = CollectorRegistry()
+        with Runtime(ttl=600) as rt:
+            metrics.register(rt, registry, principal_label=asked)
+            rt.call("create_goal", ctx_args("s1", goal="g"), principal="alice")
+            rt.call("create_goal", ctx_args("s1", goal="g"))
+            calls = "ctxactors_tool_calls_total"
+            if asked:
+                assert (
+                    value(registry, calls, tool="create_goal", outcome="ok", principal="alice") == 1
+                )
+                assert value(registry, calls, tool="create_goal", outcome="ok", principal="") == 1
+            else:
+                assert value(registry, calls, tool="create_goal", outcome="ok") == 2
+
+
+def test_top_sessions_and_recent_errors_keep_only_live_sessions_and_the_last_errors(
+    measured: Any,
+) -> None:
+    rt, _, call_metrics = measured
+    for _ in range(3):
+        rt.call("create_goal", ctx_args("busy", goal="g"))
+    rt.call("create_goal", ctx_args("quiet", goal="g"))
+    rt.call("create_goal", ctx_args("theirs", goal="g"), principal="bob")
+    assert call_metrics.top_sessions(10) == [
+        (None, "busy", 3),
+        (None, "quiet", 1),
+        ("bob", "theirs", 1),
+    ]
+    assert call_metrics.top_sessions(10, "bob") == [("bob", "theirs", 1)]
+    rt.end_session("busy")
+    assert call_metrics.top_sessions(1) == [(None, "quiet", 1)]
+    for i in range(metrics.MAX_RECENT_ERRORS + 5):
+        rt.call("read_content", ctx_args("quiet", id=f"c{i}"))
+    errors = call_metrics.recent_errors()
+    assert len(errors) == metrics.MAX_RECENT_ERRORS
+    assert errors[-1].message == f"content 'c{metrics.MAX_RECENT_ERRORS + 4}' not found"
+    assert (errors[-1].tool, errors[-1].session_id) == ("read_content", "quiet")
+    assert call_metrics.recent_errors("bob") == []
+    assert call_metrics.error_count() == metrics.MAX_RECENT_ERRORS + 5
+
+
+def test_the_session_table_is_pruned_of_sessions_that_are_gone() -> None:
+    with Runtime(ttl=600, max_actors=10) as rt:
+        call_metrics = metrics.register(rt, CollectorRegistry())
+        for i in range(3000):
+            rt.call("create_goal", ctx_args(f"s{i}", goal="g"))
+        # Evicted sessions are forgotten once the table doubles: it stays near the live ones.
+        assert len(call_metrics._sessions) <= 1024 + 1  # noqa: SLF001 - the bound is the point
+        assert len(call_metrics.top_sessions(100)) == 10
+
+
+def test_store_writes_are_timed_and_stale_saves_counted() -> None:
+    store = MemoryStore()
+    registry = CollectorRegistry()
+    with Runtime(ttl=600, store=store) as rt, Runtime(ttl=600, store=store) as other:
+        metrics.register(rt, registry)
+        rt.call("create_goal", ctx_args("s1", goal="a"))  # saves revision 1
+        other.call("create_goal", ctx_args("s1", goal="b"))  # loads 1, saves 2
+        stale = rt.call("create_goal", ctx_args("s1", goal="c"))  # still holds 1
+        assert stale.is_error and "changed under this writer" in stale.text
+        assert value(registry, "ctxactors_store_write_errors_total", kind="stale") == 1
+        assert value(registry, "ctxactors_store_write_errors_total", kind="unavailable") == 0
+        assert value(registry, "ctxactors_store_saves_total") == 2  # the stale one is not saved
+        writes = value(registry, "ctxactors_store_write_duration_seconds_count") or 0
+        assert writes >= 2
+
+
+def test_a_runtime_without_store_has_no_store_metrics(measured: Any) -> None:
+    _, registry, _ = measured
+    assert value(registry, "ctxactors_store_saves_total") is None
+
+
+class TestSandboxProcesses:
+    @pytest.fixture(autouse=True)
+    def _root(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+        yield from temporary_root(monkeypatch)
+
+    @pytest.fixture
+    def rt(self) -> Iterator[Runtime]:
+        yield from closed_runtime(Leaks())
+
+    def test_running_sandboxed_processes_are_a_gauge(self, rt: Runtime) -> None:
+        registry = CollectorRegistry()
+        metrics.register(rt, registry)
+        assert value(registry, "ctxactors_sandbox_processes") == 0
+        first = start(rt, "s1", "sleep 30")
+        start(rt, "s2", "sleep 30")
+        assert value(registry, "ctxactors_sandbox_processes") == 2
+        rt.call("kill_process", ctx_args("s1", processId=first))
+        assert wait_until(lambda: value(registry, "ctxactors_sandbox_processes") == 1, 20)
+        rt.end_session("s2")
+        assert value(registry, "ctxactors_sandbox_processes") == 0
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+ALICE = "alice-" + secrets.token_urlsafe(24)
+BOB = "bob-" + secrets.token_urlsafe(24)
+
+
+def test_metrics_endpoint_serves_the_prometheus_text_format() -> None:
+    with http_server() as (url, _proc):
+        base = url.removesuffix("/mcp")
+        call = httpx.post(
+            base + "/api/v1/tools/create_goal", json={"goal": "g"}, headers={"X-Session-Id": "s1"}
+        )
+        assert call.status_code == 200
+        response = httpx.get(base + "/metrics")
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+        families = {f.name: f for f in text_string_to_metric_families(response.text)}
+        (ok,) = [
+            s
+            for s in families["ctxactors_tool_calls"].samples
+            if s.labels == {"tool": "create_goal", "outcome": "ok"}
+        ]
+        assert ok.value == 1
+        assert families["ctxactors_sessions"].samples[0].value == 1
+        assert "process_resident_memory_bytes" in families  # the process collector too
+        assert "s1" not in {
+            v for f in families.values() for s in f.samples for v in s.labels.values()
+        }
+
+
+def test_with_auth_only_operators_read_metrics_and_others_see_only_their_sessions(
+    tmp_path: Path,
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{ALICE} alice\n{BOB} bob\n")
+    with http_server("--auth-tokens", str(tokens), "--operator", "alice") as (url, _proc):
+        base = url.removesuffix("/mcp")
+
+        def get(path: str, token: str | None) -> httpx.Response:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return httpx.get(base + path, headers=headers)
+
+        for token, session in ((ALICE, "alices"), (BOB, "bobs"), (BOB, "bobs")):
+            response = httpx.post(
+                base + "/api/v1/tools/read_content",
+                json={"id": "nope"},
+                headers={"Authorization": f"Bearer {token}", "X-Session-Id": session},
+            )
+            assert response.status_code == 200
+        assert get("/metrics", None).status_code == 401
+        forbidden = get("/metrics", BOB)
+        assert forbidden.status_code == 403
+        assert forbidden.json() == {
+            "error": {"code": "forbidden", "message": "'bob' is no operator"}
+        }
+        assert get("/metrics", ALICE).status_code == 200
+
+        bob = get("/api/v1/stats/top", BOB).json()
+        assert bob["scope"] == "principal"
+        assert bob["top_sessions"] == [{"principal": "bob", "session_id": "bobs", "calls": 2}]
+        assert [e["session_id"] for e in bob["recent_errors"]] == ["bobs", "bobs"]
+        assert bob["calls"] == 3 and bob["errors"] == 3  # server-wide, as /api/v1/stats
+        alice = get("/api/v1/stats/top", ALICE).json()
+        assert alice["scope"] == "all"
+        assert alice["top_sessions"] == [
+            {"principal": "bob", "session_id": "bobs", "calls": 2},
+            {"principal": "alice", "session_id": "alices", "calls": 1},
+        ]
+        assert [e["session_id"] for e in alice["recent_errors"]] == ["alices", "bobs", "bobs"]
+        assert alice["recent_errors"][0]["message"] == "content 'nope' not found"
+
+
+def test_refused_calls_make_no_label_value(measured: Any) -> None:
+    """A made-up tool name (which a model or a client picks) never becomes a label value:
+    only calls that reached a server are recorded, under their registered tool's name."""
+    rt, registry, _ = measured
+    with pytest.raises(UnknownToolError):
+        rt.call("tool-" + "x" * 100, ctx_args("s1"))
+    with pytest.raises(InvalidArgumentsError):
+        rt.call("create_goal", ctx_args("s1", goal=3))
+    text = generate_latest(registry).decode()
+    assert "tool-x" not in text
+    assert "ctxactors_tool_calls_total{" not in text
