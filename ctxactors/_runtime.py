@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -154,10 +155,7 @@ class Runtime:
             self.add_observer(
                 lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
             )
-        if "opentelemetry.trace" in sys.modules:  # else no tracer provider can be installed
-            from ctxactors import tracing
-
-            tracing.instrument_if_enabled(self)  # only with a provider installed: no cost
+        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
             for server in self._servers if backend is None else ():
                 server.attach(self)
@@ -410,3 +408,19 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _trace_if_enabled(runtime: Runtime) -> None:
+    """`tracing.instrument_if_enabled`, without importing OpenTelemetry (the optional
+    ``[otel]``/``[serve]`` extras) into a core install: a global tracer provider can only
+    have been installed by a host that imported ``opentelemetry.trace`` already, or named
+    one in ``OTEL_PYTHON_TRACER_PROVIDER``."""
+    if "opentelemetry.trace" not in sys.modules and not os.environ.get(
+        "OTEL_PYTHON_TRACER_PROVIDER"
+    ):
+        return
+    try:
+        from ctxactors import tracing
+    except ImportError:  # opentelemetry-api is not installed: nothing can be traced
+        return
+    tracing.instrument_if_enabled(runtime)

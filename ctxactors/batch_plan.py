@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ctxactors.batch_pending import Placement, holds_placeholder, pending_problems
 from ctxactors.batch_template import REFERENCES, Path, Template
 from ctxactors.compensation import Compensation, as_compensation
 from ctxactors.context import ToolContext, clean_args
@@ -169,8 +170,10 @@ def make_plan(
         )
     templates = [REFERENCES, *([placeholders] if placeholders else [])]
 
-    def filled_later(value: Any) -> bool:
-        return any(t.keys(value) for t in templates)
+    def placement(text: str) -> Placement:
+        if any(t.whole(text) is not None for t in templates):
+            return "whole"
+        return "inside" if any(t.keys(text) for t in templates) else None
 
     steps: list[Step] = []
     seen: dict[str, int] = {}
@@ -183,35 +186,54 @@ def make_plan(
         if op_id in seen:
             raise ToolError(f"{where}: duplicate id {op_id!r} (also operation {seen[op_id]})")
         seen[op_id] = index
-        # The context is exactly the batch call's own; reserved fields inside the
-        # arguments are dropped.
-        step = Step(index, op_id, spec, clean_args(op.arguments), ctx)
-        step.needs = set(op.depends_on) | references(step.args)
-        step.condition = op.condition
-        step.after = set(step.needs)
-        if op.condition is not None:
-            given = [c for c in (op.condition.if_success, op.condition.if_failed) if c]
-            if len(given) != 1:
-                raise ToolError(f"{where}: a condition names exactly one of ifSuccess/ifFailed")
-            step.after.add(given[0])
-        step.timeout = None if op.timeout is None else op.timeout / 1000
-        step.compensation = as_compensation(spec.compensate)
+        step = _schedule(Step(index, op_id, spec, clean_args(op.arguments), ctx), op, where)
         if transactional and step.compensation is None and not spec.read_only:
             raise ToolError(
                 f"{where}: {spec.name!r} has no compensation, so it can't run in a "
                 "transactional batch"
             )
-        if not filled_later(step.args):
-            try:
-                step.validated = spec.validate(step.args)
-            except CtxActorsError as exc:
-                raise ToolError(f"{where}: {exc}") from None
-        else:  # some values come later: check those by name now, the rest fully
-            _check_known(spec, step.args, where, filled_later)
+        _check_arguments(step, where, placement)
         steps.append(step)
+    _check_order(steps)
+    return steps
+
+
+def _schedule(step: Step, op: Operation, where: str) -> Step:
+    """`step` with what it waits for, its timeout and its compensation (from `op`).
+
+    Its context is exactly the batch call's own; reserved fields inside the arguments
+    were dropped."""
+    step.needs = set(op.depends_on) | references(step.args)
+    step.condition = op.condition
+    step.after = set(step.needs)
+    if op.condition is not None:
+        given = [c for c in (op.condition.if_success, op.condition.if_failed) if c]
+        if len(given) != 1:
+            raise ToolError(f"{where}: a condition names exactly one of ifSuccess/ifFailed")
+        step.after.add(given[0])
+    step.timeout = None if op.timeout is None else op.timeout / 1000
+    step.compensation = as_compensation(step.spec.compensate)
+    return step
+
+
+def _check_arguments(step: Step, where: str, placement: Callable[[str], Placement]) -> None:
+    """Validate the arguments now, or, while placeholders are in them, all that is known
+    before they are filled (they are validated again once filled)."""
+    if not holds_placeholder(step.args, placement):
+        try:
+            step.validated = step.spec.validate(step.args)
+        except CtxActorsError as exc:
+            raise ToolError(f"{where}: {exc}") from None
+    else:
+        _check_known(step.spec, step.args, where, placement)
+
+
+def _check_order(steps: list[Step]) -> None:
+    """Every step waits only for other, known steps, and the waits form no cycle."""
+    ids = {step.id for step in steps}
     for step in steps:
         for other in sorted(step.after):
-            if other not in seen:
+            if other not in ids:
                 raise ToolError(
                     f"operation {step.index} ({step.id!r}) depends on unknown {other!r}"
                 )
@@ -222,14 +244,13 @@ def make_plan(
     except graphlib.CycleError as exc:
         cycle = " -> ".join(exc.args[1])
         raise ToolError(f"the operations' dependencies form a cycle: {cycle}") from None
-    return steps
 
 
 def _check_known(
-    spec: ToolSpec, args: Mapping[str, Any], where: str, later: Callable[[Any], bool]
+    spec: ToolSpec, args: Mapping[str, Any], where: str, placement: Callable[[str], Placement]
 ) -> None:
-    """Check what can be checked before the `later` values are filled in: every name, and
-    the value of every argument that `later` does not claim."""
+    """Check what can be checked before the placeholders are filled in: every name, each
+    value without a placeholder, and the shape around them (`batch_pending`)."""
     fields = msgspec.structs.fields(spec.args_type)
     unknown = sorted(set(args) - {f.encode_name for f in fields})
     missing = [f.encode_name for f in fields if f.required and f.encode_name not in args]
@@ -240,12 +261,8 @@ def _check_known(
         problems.append(f"missing {', '.join(missing)}")
     for field in fields:
         value = args.get(field.encode_name, _ABSENT)
-        if value is _ABSENT or later(value):
-            continue
-        try:
-            msgspec.convert(value, field.type, strict=True)
-        except msgspec.ValidationError as exc:
-            problems.append(f"{exc} - in `{field.encode_name}`")
+        if value is not _ABSENT:
+            problems += pending_problems(value, field.type, field.encode_name, placement)
     if problems:
         raise ToolError(f"{where}: invalid arguments for {spec.name!r}: {'; '.join(problems)}")
 

@@ -37,7 +37,7 @@ class Template(Generic[K]):
             if key is not None:
                 yield match, key
 
-    def _whole(self, text: str) -> K | None:
+    def whole(self, text: str) -> K | None:
         """The key when `text` is exactly one placeholder (it then keeps the value's type)."""
         match = self._pattern.fullmatch(text)
         return None if match is None else self._parse(match.group(1))
@@ -74,7 +74,7 @@ class Template(Generic[K]):
         """The value with every placeholder filled: a string that is exactly one
         placeholder becomes the value itself (any type), others get the value's text."""
         if isinstance(value, str):
-            whole = self._whole(value)
+            whole = self.whole(value)
             if whole is not None:
                 return lookup(whole)
 

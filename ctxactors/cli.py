@@ -22,6 +22,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "shards": ("ctxactors.ray._command", "show or add the shards of a Ray deployment"),
     "top": ("ctxactors.top", "a live view of a running server (calls/s, latency, sessions)"),
 }
+# The extra (pyproject.toml) a command's imports come from; the core install has the demo.
+# `top` reads the server's own /top shapes (ctxactors.transports.observe), so it needs both.
+EXTRAS = {"serve": "serve", "loadtest": "cli", "logs": "cli", "top": "all"}
 
 
 def add_settings_argument(parser: argparse.ArgumentParser) -> None:
@@ -50,16 +53,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     args_list = sys.argv[1:] if argv is None else argv
-    for name, (module_name, help_text) in COMMANDS.items():
+    for name, (_, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         # Only import the chosen command's module (imports of others may be heavy).
         if args_list[:1] == [name]:
-            importlib.import_module(module_name).add_arguments(p)
+            _load(name).add_arguments(p)
     args = parser.parse_args(args_list)
     # The application configures logging (from CTXACTORS_LOG_*), never the library.
     configure_logging()
-    module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    return int(_load(args.command).run(args) or 0)
+
+
+def _load(command: str) -> Any:
+    try:
+        return importlib.import_module(COMMANDS[command][0])
+    except ModuleNotFoundError as exc:
+        if command not in EXTRAS or exc.name is None or exc.name.startswith("ctxactors"):
+            raise
+        extra = EXTRAS[command]
+        sys.exit(
+            f"ctxactors {command} needs {exc.name!r}, from the [{extra}] extra: "
+            f"pip install 'ctxactors[{extra}]'"
+        )
 
 
 if __name__ == "__main__":

@@ -36,18 +36,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ctxactors.cli import add_settings_argument
 from ctxactors.context import ToolContext
 from ctxactors.loadtest_chaos import RestartedServer
-from ctxactors.loadtest_targets import McpTarget, Target, TransportError, make_target
-from ctxactors.loadtest_workload import (
-    Outcome,
-    PlannedCall,
-    PlaybookBook,
-    Unit,
-    parse_mix,
-)
+from ctxactors.loadtest_options import DEFAULT_TTL, LoadOptions
+from ctxactors.loadtest_targets import Target, TransportError, make_target
+from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit
 from ctxactors.logs import configure_logging
-
-DEFAULT_TTL = 3600.0
-DEFAULT_MAX_ACTORS = 10_000
 
 
 class Owner(Protocol):
@@ -148,27 +140,26 @@ class Metrics:
             self.peak_actors = max(self.peak_actors, int(stats.get("actors", 0)))
 
 
-def build_workload(
-    args: argparse.Namespace, allow_resets: bool, tolerate_doubt: bool = False
-) -> tuple[list[Unit], list[PlaybookBook]]:
+def build_workload(options: LoadOptions) -> tuple[list[Unit], list[PlaybookBook]]:
     """The units (planning keys) and playbook books of every session, deterministic by seed."""
-    mix = parse_mix(args.mix)
+    allow_resets = options.allow_resets
+    tolerate_doubt = options.restart_every is not None  # a call cut off by a restart
     run_id = secrets.token_hex(2)  # fresh ids per run, so a long-lived server starts clean
-    assistants = [f"a{i}" for i in range(args.assistants)]
-    threads: list[str | None] = [f"t{i}" for i in range(args.threads)] or [None]
+    assistants = [f"a{i}" for i in range(options.assistants)]
+    threads: list[str | None] = [f"t{i}" for i in range(options.threads)] or [None]
     units: list[Unit] = []
     books: list[PlaybookBook] = []
-    for s in range(args.sessions):
+    for s in range(options.sessions):
         session = f"lt{run_id}-s{s:05d}"
         book = PlaybookBook(session, assistants, allow_resets)
         books.append(book)
         keys = [(a, t) for a in assistants for t in threads]
-        share, extra = divmod(args.calls, len(keys))
+        share, extra = divmod(options.calls, len(keys))
         for i, (assistant, thread) in enumerate(keys):
             ctx = ToolContext(session, assistant, thread)
-            seed = args.seed * 1_000_003 + len(units)
+            seed = options.seed * 1_000_003 + len(units)
             calls = share + (1 if i < extra else 0)
-            units.append(Unit(ctx, calls, mix, seed, book, allow_resets, tolerate_doubt))
+            units.append(Unit(ctx, calls, options.mix, seed, book, allow_resets, tolerate_doubt))
     return units, books
 
 
@@ -310,14 +301,13 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 def build_report(
-    args: argparse.Namespace,
+    options: LoadOptions,
     target: Target,
     units: list[Unit],
     books: list[PlaybookBook],
     metrics: Metrics,
     elapsed: float,
     stats: dict[str, int] | None,
-    allow_resets: bool,
 ) -> dict[str, Any]:
     violations = [v for u in units for v in u.violations]
     violations += [v for b in books for v in b.violations]
@@ -335,14 +325,14 @@ def build_report(
     stats = stats or {}
     return {
         "target": target.description,
-        "mode": "async" if args.use_async else f"threads ({args.workers})",
-        "sessions": args.sessions,
-        "assistants": args.assistants,
-        "threads": args.threads,
-        "calls_per_session": args.calls,
+        "mode": "async" if options.use_async else f"threads ({options.workers})",
+        "sessions": options.sessions,
+        "assistants": options.assistants,
+        "threads": options.threads,
+        "calls_per_session": options.calls,
         "planning_keys": len(units),
-        "workload_calls": args.sessions * args.calls,
-        "verification_calls": done - args.sessions * args.calls,
+        "workload_calls": options.sessions * options.calls,
+        "verification_calls": done - options.sessions * options.calls,
         "elapsed_s": round(elapsed, 3),
         "throughput_calls_per_s": round(done / elapsed, 1) if elapsed else 0.0,
         "latency_ms": {
@@ -359,11 +349,11 @@ def build_report(
             "reaped": stats.get("reaped"),
             "evicted": stats.get("evicted"),
         },
-        "expect_reaping": allow_resets,
+        "expect_reaping": options.allow_resets,
         "state_resets_seen": resets,
         "in_doubt_calls": sum(u.in_doubt for u in units),
         "peak_rss_mb": round(metrics.peak_rss / 2**20, 1),
-        "rss_of": "the load generator only" if args.url else "runtime and load generator",
+        "rss_of": "the load generator only" if options.url else "runtime and load generator",
         "violations_count": len(violations),
         "violations": violations[:100],
         # Tool error results are judged by the checker (a violation unless a reset explains
@@ -422,57 +412,63 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("sessions", "assistants", "calls", "workers", "concurrency"):
-        if getattr(args, name) < 1:
-            print(f"ctxactors loadtest: --{name} must be at least 1", file=sys.stderr)
-            return 2
-    if args.threads < 0:
-        print("ctxactors loadtest: --threads must not be negative", file=sys.stderr)
+    try:
+        options = LoadOptions.from_args(args)
+    except ValueError as exc:
+        print(f"ctxactors loadtest: {exc}", file=sys.stderr)
         return 2
     chaos: RestartedServer | None = None
-    if args.restart_every is not None:
-        if not args.restart_every > 0 or args.url or args.use_async:
-            print(
-                "ctxactors loadtest: --restart-every takes a positive number of seconds and "
-                "starts its own server: not with --url or --async",
-                file=sys.stderr,
-            )
-            return 2
-        chaos = RestartedServer(args.restart_every, store=args.serve_store)
+    if options.restart_every is not None:
+        chaos = RestartedServer(options.restart_every, store=options.serve_store)
         try:
             chaos.start()
         except RuntimeError as exc:
             chaos.close()
             print(f"ctxactors loadtest: {exc}", file=sys.stderr)
             return 2
-        args.url, args.transport = chaos.url, "rest"
+        options = msgspec.structs.replace(options, url=chaos.url)
     try:
-        return _run(args, chaos)
+        return _run(options, chaos)
     finally:
         if chaos is not None:
             chaos.close()
 
 
-def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
+def _run(options: LoadOptions, chaos: RestartedServer | None) -> int:
     if not os.environ.get("CTXACTORS_LOG_LEVEL"):
         configure_logging(level="warning")  # one JSON line per call would drown the figures
-    allow_resets = args.expect_reaping or (
-        not args.url and (args.ttl is not None or args.max_actors is not None)
-    )
-    keys = args.sessions * args.assistants * max(args.threads, 1) + args.sessions
-    args.ttl = DEFAULT_TTL if args.ttl is None else args.ttl
-    if args.max_actors is None:
-        args.max_actors = max(DEFAULT_MAX_ACTORS, keys + 16)
     try:
-        units, books = build_workload(args, allow_resets, tolerate_doubt=chaos is not None)
-        target = make_target(args)
+        units, books = build_workload(options)
+        target = make_target(options)
     except ValueError as exc:
         print(f"ctxactors loadtest: {exc}", file=sys.stderr)
         return 2
-    if isinstance(target, McpTarget):
-        args.use_async = True
     metrics = Metrics()
-    total = args.sessions * args.calls + len(units) + args.sessions * (args.assistants + 1)
+    report = _drive(options, target, units, books, metrics, chaos)
+    if chaos is not None:
+        report["restarts"] = chaos.restarts
+        report["restart_failure"] = chaos.failure
+        report["refused_calls"] = sum(u.refused for u in units)
+        # Calls cut off by a restart are in doubt, not failures: the checker judged them.
+        report["passed"] = report["violations_count"] == 0 and chaos.failure is None
+    print_report(report)
+    if options.json:
+        with open(options.json, "wb") as f:
+            f.write(msgspec.json.format(msgspec.json.encode(report), indent=2))
+    return 0 if report["passed"] else 1
+
+
+def _drive(
+    options: LoadOptions,
+    target: Target,
+    units: list[Unit],
+    books: list[PlaybookBook],
+    metrics: Metrics,
+    chaos: RestartedServer | None = None,
+) -> dict[str, Any]:
+    """Send the workload and the verification calls with a progress bar; the report."""
+    total = options.sessions * options.calls + len(units)
+    total += options.sessions * (options.assistants + 1)
     stop = threading.Event()
     progress = Progress(
         TextColumn("loadtest"),
@@ -481,7 +477,7 @@ def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
         TextColumn("calls"),
         TimeElapsedColumn(),
         console=Console(stderr=True),
-        disable=args.no_progress,
+        disable=not options.progress,
         transient=True,
     )
     task = progress.add_task("calls", total=total)
@@ -497,14 +493,14 @@ def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
     try:
         with progress:
             watcher.start()
-            if args.use_async:
-                asyncio.run(run_tasks(target, units, books, args.concurrency, metrics))
+            if options.use_async:
+                asyncio.run(run_tasks(target, units, books, options.concurrency, metrics))
             else:
                 run_threads(
                     target,
                     units,
                     books,
-                    args.workers,
+                    options.workers,
                     metrics,
                     between=None if chaos is None else chaos.stop_restarting,
                     pause=0.0 if chaos is None else 0.05,
@@ -517,15 +513,4 @@ def _run(args: argparse.Namespace, chaos: RestartedServer | None) -> int:
     finally:
         stop.set()
         target.close()
-    report = build_report(args, target, units, books, metrics, elapsed, stats, allow_resets)
-    if chaos is not None:
-        report["restarts"] = chaos.restarts
-        report["restart_failure"] = chaos.failure
-        report["refused_calls"] = sum(u.refused for u in units)
-        # Calls cut off by a restart are in doubt, not failures: the checker judged them.
-        report["passed"] = report["violations_count"] == 0 and chaos.failure is None
-    print_report(report)
-    if args.json:
-        with open(args.json, "wb") as f:
-            f.write(msgspec.json.format(msgspec.json.encode(report), indent=2))
-    return 0 if report["passed"] else 1
+    return build_report(options, target, units, books, metrics, elapsed, stats)

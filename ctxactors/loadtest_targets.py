@@ -11,13 +11,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 import httpx
 
 from ctxactors._runtime import Runtime
-from ctxactors.cli import settings_from_args
 from ctxactors.context import META_KEYS, ToolContext, inject_context
+from ctxactors.loadtest_options import LoadOptions
 from ctxactors.loadtest_workload import Outcome
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
@@ -218,19 +217,17 @@ def reachable(url: str, timeout: float = 5.0) -> None:
         raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
 
 
-def make_target(args: Any) -> Target:
-    """The target the command line asks for."""
-    if not args.url:
+def make_target(options: LoadOptions) -> Target:
+    """The target the options ask for."""
+    if not options.url:
         return EmbeddedTarget(
-            ttl=args.ttl,
-            max_actors=args.max_actors,
-            call_timeout=args.call_timeout,
-            settings=settings_from_args(args),  # a bad one: ValueError, reported by `run`
+            ttl=options.ttl,
+            max_actors=options.max_actors,
+            call_timeout=options.call_timeout,
+            settings=options.settings,
         )
-    reachable(args.url)
-    transport = args.transport
-    if transport == "auto":
-        transport = "mcp" if urlsplit(args.url).path.rstrip("/").endswith("/mcp") else "rest"
-    if transport == "mcp":
-        return McpTarget(args.url, timeout=args.call_timeout)
-    return RestTarget(args.url, timeout=args.call_timeout, connections=max(args.workers, 8))
+    reachable(options.url)
+    if options.transport == "mcp":
+        return McpTarget(options.url, timeout=options.call_timeout)
+    connections = max(options.workers, 8)
+    return RestTarget(options.url, timeout=options.call_timeout, connections=connections)

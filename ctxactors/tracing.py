@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -36,6 +36,9 @@ from opentelemetry.trace import ProxyTracerProvider, SpanKind, StatusCode
 from ctxactors.context import ToolContext
 from ctxactors.results import ToolResult
 from ctxactors.tools import Server, ToolSpec
+
+if TYPE_CHECKING:  # starlette is the [serve] extra's; only the middleware's types need it
+    pass
 
 TRACER_NAME = "ctxactors"
 # The model's id of the tool call being run (`tool_call_id`): ``gen_ai.tool.call.id``.

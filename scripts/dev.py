@@ -6,8 +6,8 @@
     python3 scripts/dev.py <cmd...>  # any `ctxactors` subcommand
 
 Creates `.venv` beside the project on first use and installs the project into it
-(editable, with the test extras), then re-runs inside it. Uses only the standard library
-so it works before anything is installed. Before the tests it installs, from Debian, the
+(editable, with every extra and the test tools), then re-runs inside it. Uses only the
+standard library so it works before anything is installed. Before the tests it installs, from Debian, the
 programs they run for real when they are missing (bubblewrap for the workspace sandbox,
 redis-server for the Redis store, tmux for `ctxactors top`), as root or through sudo.
 """
@@ -37,7 +37,7 @@ def ensure_venv() -> None:
     print("installing ctxactors and its dependencies ...", file=sys.stderr)
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[test]"], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[all,test]"], check=True)
     STAMP.touch()
 
 

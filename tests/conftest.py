@@ -1,8 +1,10 @@
-"""Shared fixtures: a runtime that is always closed, and a manual clock for reaping tests."""
+"""Shared fixtures: a runtime that is always closed, and a manual clock for reaping tests.
+
+Helpers a test imports live in `ctxactors.testing` (host apps use them too).
+"""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -10,22 +12,7 @@ import pytest
 from ctxactors import Runtime
 from ctxactors.logs import configure_logging
 from ctxactors.settings import Settings
-
-
-class ManualClock:
-    """A monotonic clock that only moves when a test says so."""
-
-    def __init__(self) -> None:
-        self._now = 1000.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self._now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self._now += seconds
+from ctxactors.testing import ManualClock
 
 
 @pytest.fixture(autouse=True)
@@ -53,16 +40,3 @@ def runtime() -> Iterator[Runtime]:
         yield rt
     finally:
         rt.close()
-
-
-def ctx_args(
-    session: str, assistant: str | None = None, thread: str | None = None, **args: object
-) -> dict[str, object]:
-    """Arguments as the host middleware would send them."""
-    out: dict[str, object] = dict(args)
-    out["__sessionId"] = session
-    if assistant is not None:
-        out["__assistantId"] = assistant
-    if thread is not None:
-        out["__threadId"] = thread
-    return out

@@ -8,7 +8,6 @@ while it was still waiting.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import socket
@@ -27,6 +26,7 @@ from mcp_types import RequestParamsMeta
 
 from ctxactors import Scope, Server, ToolContext, tool
 from ctxactors.context import META_KEYS
+from ctxactors.testing import await_until, wait_until
 
 TESTS_DIR = Path(__file__).resolve().parent
 _gates: dict[str, threading.Event] = {}
@@ -167,16 +167,20 @@ def http_server(
 
 
 def _wait_listening(proc: subprocess.Popen[bytes], port: int, timeout: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def answers_or_exited() -> bool:
         if proc.poll() is not None:
-            return False
+            return True
         try:
             httpx.get(f"http://127.0.0.1:{port}/mcp", timeout=1.0)
             return True
         except httpx.TransportError:
-            time.sleep(0.05)
-    return False
+            return False
+
+    try:
+        wait_until(answers_or_exited, timeout, 0.05)
+    except TimeoutError:
+        return False
+    return proc.poll() is None
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -192,14 +196,14 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def open_fifo_writer(path: Path, timeout: float = 20.0) -> int:
     """Open the FIFO at `path` for writing once a reader holds it (a `wait_fifo` call is
     running); returns the fd. Closing it after a write ends that call."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def opened() -> list[int]:
         try:
-            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            return [os.open(path, os.O_WRONLY | os.O_NONBLOCK)]
         except OSError:  # ENXIO: no reader yet
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
+            return []
+
+    return wait_until(opened, timeout)[0]
 
 
 def release_fifo(fd: int, text: str) -> None:
@@ -214,15 +218,6 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_until(predicate: Any, timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return bool(predicate())
 
 
 def pids_of(argv: list[str]) -> list[int]:
@@ -248,9 +243,5 @@ async def spawn_sleeper(client: Any, session: str) -> int:
     await client.call_tool(
         "execute_command", {"command": f"exec sleep {marker}", "__sessionId": session}
     )
-    for _ in range(200):
-        pids = pids_of(["sleep", marker])
-        if pids:
-            return pids[0]
-        await asyncio.sleep(0.05)
-    raise AssertionError("the sleep did not start")
+    pids = await await_until(lambda: pids_of(["sleep", marker]), 10, 0.05)
+    return pids[0]

@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from mcp_support import free_port, serve_env, wait_until
+from mcp_support import free_port, serve_env
+
+from ctxactors.testing import wait_until
 
 SERVE = [sys.executable, "-m", "ctxactors.cli", "serve"]
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}

@@ -5,10 +5,11 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from ctxactors.testing import wait_until
 
 
 def free_port() -> int:
@@ -53,17 +54,15 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        wait_until(self._answers_ping, 20, 0.05)
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self, kill: bool = False) -> None:
         if self.proc is not None:

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 
 from ctxactors import (
     CallTimeoutError,
@@ -23,6 +22,7 @@ from ctxactors import (
 )
 from ctxactors._call import caller_deadline
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import context_args as ctx_args
 
 WAIT = 20.0  # bound for waits that pass at once unless the code is broken
 HELD_RUNNING = threading.Event()

@@ -13,6 +13,7 @@ from batch_support import WAIT, Probe, batch, probe_runtime, state, statuses
 
 from ctxactors import Runtime, batch_engine
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import wait_until
 
 
 @pytest.fixture
@@ -375,9 +376,8 @@ def test_the_batch_timeout_skips_what_has_not_run(rt: Runtime) -> None:
     assert by_id["a"]["status"] == "failed" and by_id["a"]["error"]["code"] == "timeout"
     assert by_id["b"]["status"] == by_id["c"]["status"] == "skipped"
     assert by_id["b"]["error"]["code"] == "batch_timeout"
-    deadline = time.monotonic() + WAIT  # `a` still finishes in its actor; b and c never run
-    while state(rt, "items_now")["items"] != ["a"] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    # `a` still finishes in its actor; b and c never run
+    wait_until(lambda: state(rt, "items_now")["items"] == ["a"], WAIT)
     time.sleep(0.05)
     assert state(rt, "items_now")["items"] == ["a"]
 
@@ -448,9 +448,7 @@ def test_rollback_runs_in_reverse_order_and_compensations_are_not_observed(
     result = batch(rt, ops, transactional=True)
     assert result.is_error
     assert Probe.undone == ["c", "b", "a"]
-    deadline = time.monotonic() + WAIT
-    while seen.count("batch") < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: "batch" in seen, WAIT)
     assert sorted(seen) == ["batch", "fail", "put", "put", "put1"]
 
 
@@ -462,9 +460,7 @@ def test_a_write_that_times_out_and_finishes_later_is_compensated(rt: Runtime) -
     result = batch(rt, ops, transactional=True, parallel=True)
     assert result.is_error
     assert statuses(result) == {"slow": "failed", "fast": "rolled_back"}
-    deadline = time.monotonic() + WAIT
-    while "late" not in Probe.undone and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: "late" in Probe.undone, WAIT)
     assert sorted(Probe.undone) == ["fast", "late"]
     assert state(rt, "items_now")["items"] == []
     assert state(rt, "items1")["items"] == []

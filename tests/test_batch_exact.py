@@ -11,7 +11,6 @@ from typing import Any, ClassVar, cast
 
 import pytest
 from batch_support import WAIT, Probe, batch, by_id
-from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._call import caller_deadline
@@ -30,6 +29,7 @@ from ctxactors.errors import ToolError
 from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.settings import BatchSettings, Settings
+from ctxactors.testing import context_args as ctx_args
 
 RESULTS = {"a": {"items": [{"id": "x"}, {"id": "y"}], "n": 0}, "b": None}
 

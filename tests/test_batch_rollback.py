@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.errors import ToolError
+from ctxactors.testing import context_args as ctx_args
 
 
 class Ledger(Server):

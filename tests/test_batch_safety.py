@@ -16,12 +16,13 @@ import pytest
 from batch_support import WAIT, Probe, batch, by_id, probe_runtime, state, statuses
 from hypothesis import given
 from hypothesis import strategies as st
-from test_http_api import call, error_of, serve
+from test_http_api import call, error_of
 
 from ctxactors import Runtime
 from ctxactors.batch_template import PLACEHOLDERS, REFERENCES
 from ctxactors.errors import CallTimeoutError, InvalidArgumentsError
 from ctxactors.settings import BatchSettings, Settings
+from ctxactors.testing import serve_app
 from ctxactors.transports.http import create_app
 
 MiB = 1 << 20
@@ -437,7 +438,7 @@ def test_arguments_beside_references_are_checked_before_anything_runs(rt: Runtim
 def test_over_rest_a_batch_stays_in_its_thread_and_ends_before_the_call_times_out() -> None:
     for runtime in probe_runtime(call_timeout=3.0):
         with (
-            serve(create_app(runtime)) as url,
+            serve_app(create_app(runtime)) as url,
             httpx.Client(base_url=url, timeout=3 * WAIT) as http,
         ):
             call(http, "create_goal", {"goal": "t1's secret"}, assistant="a1", thread="t1")

@@ -11,11 +11,12 @@ from types import TracebackType
 from typing import Any
 
 import msgspec
-from conftest import ManualClock, ctx_args
 
 from ctxactors import Runtime, ToolContext
 from ctxactors._actors import SyncReply
 from ctxactors._call import Envelope, ToolCall, Undo
+from ctxactors.testing import ManualClock
+from ctxactors.testing import context_args as ctx_args
 
 WAIT = 20.0
 

@@ -8,13 +8,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ctxactors import InvalidArgumentsError, Runtime, ToolContext
 from ctxactors.servers.content import MAX_RESULTS, Content, fts_phrases
 from ctxactors.settings import ContentSettings, Settings
+from ctxactors.testing import context_args as ctx_args
 
 KOREAN = "여러 파일을 분석해서 리포트 작성"
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import ctx_args
-
 from ctxactors import Runtime
+from ctxactors.testing import context_args as ctx_args
 
 
 def test_assistants_and_threads_of_one_session_share_documents(runtime: Runtime) -> None:

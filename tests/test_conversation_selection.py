@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from structlog.testing import capture_logs
 from test_conversation_invariants import prompt_violations
 
 from ctxactors.conversation import (
@@ -174,6 +175,31 @@ def test_restatement_respects_its_share(share: float) -> None:
     cost = COUNTER.count_text(text) - COUNTER.count_text(base)
     assert 0 < cost <= share * 2000
     assert is_shortened(text)
+
+
+def test_a_restatement_that_cannot_fit_its_share_is_logged_not_dropped_silently() -> None:
+    request = CORPORA["english"][:1500]
+    with capture_logs() as logs:
+        text = build_system_prompt(
+            "base",
+            window=[],
+            history=[Message.user(request)],
+            counter=COUNTER,
+            max_tokens=40,  # a 10% share is 4 tokens: not even the "Last user query" label
+        )
+    assert text == "base"
+    assert logs == [
+        {
+            "event": "user_request_not_restated",
+            "log_level": "warning",
+            "logger": "ctxactors.conversation",
+            "reason": "the restatement does not fit its share of the budget",
+            "allowed_tokens": 4,
+            "request_tokens": COUNTER.count_text(request),
+            "restate_share": 0.10,
+            "max_tokens": 40,
+        }
+    ]
 
 
 def test_system_message_alone_over_budget_raises() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -162,3 +164,46 @@ def test_cache_is_bounded() -> None:
         counter.count_message(Message.user(f"m{i}"))
     assert len(counter._cache) == 10
     assert counter.count_message(Message.user("m49")) == counter.count_message(Message.user("m49"))
+
+
+def test_one_counter_shared_by_threads_keeps_its_cache_bounded_and_its_counts_exact() -> None:
+    """Chat sessions on one server share a counter: evictions from several threads at once
+    must neither fail (two threads deleting the same oldest key) nor overfill the cache,
+    and every count must be the message's own."""
+    messages = [Message.user("word " * (i % 40 + 1)) for i in range(400)]
+    expected = [HeuristicTokenCounter().count_message(m) for m in messages]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: races show up
+    try:
+        for _ in range(5):  # a race is a race: several rounds make a miss unlikely
+            counter = HeuristicTokenCounter(cache_size=8)
+            failures, wrong = _count_from_threads(counter, messages, expected, threads=8)
+            assert failures == [] and wrong == []
+            assert len(counter._cache) == 8
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def _count_from_threads(
+    counter: TokenCounter, messages: list[Message], expected: list[int], threads: int
+) -> tuple[list[BaseException], list[int]]:
+    start = threading.Barrier(threads)
+    failures: list[BaseException] = []
+    wrong: list[int] = []
+
+    def count_all(offset: int) -> None:
+        start.wait()
+        try:
+            for n in range(3 * len(messages)):
+                i = (n * 7 + offset) % len(messages)
+                if counter.count_message(messages[i]) != expected[i]:
+                    wrong.append(i)
+        except BaseException as exc:  # reported by the caller's assertion
+            failures.append(exc)
+
+    workers = [threading.Thread(target=count_all, args=(k * 50,)) for k in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return failures, wrong

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +15,14 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import ManualClock, ctx_args
 from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.servers import Planning
 from ctxactors.settings import HistorySettings, Settings
 from ctxactors.state import MemoryStore, Outcome, RedisStore, SQLiteStore, StateStore, Write
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 
 S = "s1"
 A = "a1"
@@ -304,10 +304,8 @@ def test_redis_retention_expires_the_session(redis: RedisServer) -> None:
             _planning_write(rt)
         record = store.load((None, S), ("planning", A, None))
         assert record is not None  # (the load refreshed the 0.5 s retention)
-        deadline = time.monotonic() + 10
-        while store.load((None, S), ("planning", A, None)) is not None:
-            assert time.monotonic() < deadline, "Redis never expired the session"
-            time.sleep(0.6)  # past the retention, so the load above does not refresh it
+        # Polled past the retention, so one load does not refresh it for the next.
+        wait_until(lambda: store.load((None, S), ("planning", A, None)) is None, 10, 0.6)
     finally:
         store.close()
 

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
@@ -17,6 +16,8 @@ from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.history import compact, generic_metadata, pick
 from ctxactors.settings import HistorySettings, Settings
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 
 
 class Survey(Server):
@@ -184,11 +185,12 @@ def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Ru
     rt.call("delete_content", ctx_args("s1", id=content_id))
     started = rt.call("execute_command", ctx_args("s1", command="echo hello; exit 3"))
     pid = started.structured["processId"]
-    for _ in range(500):
+
+    def finished() -> ToolResult | None:
         polled = rt.call("poll_process", ctx_args("s1", processId=pid))
-        if polled.structured["status"] != "running":
-            break
-        threading.Event().wait(0.01)
+        return None if polled.structured["status"] == "running" else polled
+
+    polled = wait_until(finished)
     assert polled.structured["output"] == "hello\n"
     ops = {op["tool"]: op for op in reversed(recent(rt, "s1", limit=50))}  # newest wins
     assert ops["add_content"]["metadata"] == {"created_content": content_id, "filename": "notes.md"}

@@ -16,13 +16,13 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import ctx_args
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.encodable import argument_problem, may_hold_untyped
 from ctxactors.errors import InvalidArgumentsError, ToolError
 from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import context_args as ctx_args
 
 SURROGATE = json.loads('"\\ud800"')  # what a host's json.loads gives for "\ud800"
 SURROGATE_ERROR = (

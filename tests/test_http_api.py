@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -25,30 +22,11 @@ from test_history import Survey
 from ctxactors import Runtime
 from ctxactors.conversation import Message, ScriptedModel, ToolCall
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import serve_app
 from ctxactors.transports.http import create_app
 
 WAIT = 20.0
 SERVERS = [*BUILTIN, Survey]
-
-
-@contextlib.contextmanager
-def serve(app: Starlette) -> Iterator[str]:
-    """Run `app` on uvicorn at 127.0.0.1:<ephemeral> in a thread; yields the base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + WAIT
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started, "uvicorn did not start"
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(WAIT)
-        sock.close()
 
 
 @pytest.fixture
@@ -60,7 +38,7 @@ def rt() -> Iterator[Runtime]:
 @pytest.fixture
 def client(rt: Runtime) -> Iterator[httpx.Client]:
     with (
-        serve(create_app(rt, max_body=64 * 1024)) as url,
+        serve_app(create_app(rt, max_body=64 * 1024)) as url,
         httpx.Client(base_url=url, timeout=WAIT) as http,
     ):
         yield http
@@ -239,7 +217,7 @@ def test_query_runs_the_agent_loop_with_a_model(rt: Runtime) -> None:
             Message.assistant("Created goal g1."),
         ]
     )
-    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+    with serve_app(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
         bad = http.post("/api/v1/query", json={"query": ""})
         assert "$.query" in error_of(bad, 400)["message"]
         long_header = http.post(
@@ -303,7 +281,7 @@ def test_extra_routes_and_lifespan_join_the_app(rt: Runtime) -> None:
         return PlainTextResponse("mcp here")
 
     app = create_app(rt, routes=[Route("/mcp", mcp, methods=["GET", "POST"])], lifespan=lifespan)
-    with serve(app) as url:
+    with serve_app(app) as url:
         assert httpx.get(f"{url}/mcp").text == "mcp here"
         assert httpx.get(f"{url}/healthz").status_code == 200
     assert events == ["start", "stop"]
@@ -351,7 +329,7 @@ def test_a_body_that_is_not_utf8_is_a_400_on_every_endpoint_that_reads_one(
 ) -> None:
     model = ScriptedModel([])  # never asked: the body is refused first
     headers = {"X-Session-Id": "u8", "content-type": "application/json"}
-    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+    with serve_app(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
         for path in ("/api/v1/tools/create_goal", "/api/v1/query"):
             detail = error_of(http.post(path, content=body, headers=headers), 400)
             assert detail == {
@@ -380,7 +358,7 @@ def test_a_query_session_id_no_header_can_carry_is_refused_before_the_model_runs
 ) -> None:
     model = ScriptedModel([Message.assistant("never sent")])
     body = json.dumps({"query": "make a goal", "session_id": session_id}).encode()
-    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+    with serve_app(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
         refused = http.post(
             "/api/v1/query", content=body, headers={"content-type": "application/json"}
         )
@@ -397,7 +375,7 @@ def test_a_query_session_id_beyond_latin1_comes_back_intact_in_the_header(rt: Ru
             Message.assistant("Created goal g1."),
         ]
     )
-    with serve(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
+    with serve_app(create_app(rt, model=model)) as url, httpx.Client(base_url=url) as http:
         r = http.post("/api/v1/query", json={"query": "make a goal", "session_id": session_id})
         assert r.status_code == 200, r.text
         assert r.json() == {"session_id": session_id, "answer": "Created goal g1."}

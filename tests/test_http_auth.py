@@ -27,11 +27,11 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_support import SERVE, free_port, host_meta, http_server, serve_env
-from test_http_api import serve
 
 from ctxactors import Runtime
 from ctxactors.cli import main as cli_main
 from ctxactors.conversation import Message, ScriptedModel, ToolCall
+from ctxactors.testing import serve_app, wait_until
 from ctxactors.transports.access import HttpSecurity
 from ctxactors.transports.auth import StaticTokens
 from ctxactors.transports.http import create_app
@@ -462,7 +462,7 @@ def test_query_runs_its_tools_as_the_callers_principal() -> None:
     )
     security = HttpSecurity(verifier=StaticTokens([(ALICE, "alice"), (BOB, "bob")]))
     with Runtime() as rt:
-        with serve(create_app(rt, model=model, security=security)) as url:
+        with serve_app(create_app(rt, model=model, security=security)) as url:
             query = {"query": "make a goal", "session_id": "q"}
             assert_401(httpx.post(f"{url}/api/v1/query", json=query))
             answered = httpx.post(f"{url}/api/v1/query", json=query, headers=bearer(ALICE))
@@ -614,15 +614,15 @@ def test_a_loopback_bind_accepts_its_own_address_as_host() -> None:
     proc = subprocess.Popen(command, env=serve_env(), stdin=subprocess.DEVNULL)
     try:
         url = f"http://127.0.0.2:{port}/api/v1/tools"
-        deadline = time.monotonic() + 30
-        while True:
+
+        def answer() -> httpx.Response | None:
+            assert proc.poll() is None, "serve exited"
             try:
-                response = httpx.get(url)
-                break
+                return httpx.get(url)
             except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.05)
-        assert response.status_code == 200
+                return None
+
+        assert wait_until(answer, 30, 0.05).status_code == 200
         assert httpx.get(url, headers={"Host": "evil.example"}).status_code == 421
     finally:
         proc.terminate()

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 
 from ctxactors import CallTimeoutError, InvalidArgumentsError, Runtime, Scope, Server, tool
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import context_args as ctx_args
 
 WAIT = 20.0  # a bound for waits that succeed at once unless the code is broken
 

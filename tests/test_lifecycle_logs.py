@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 import structlog
-from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import (
@@ -27,6 +26,8 @@ from ctxactors import (
 )
 from ctxactors._actors import SyncReply
 from ctxactors._call import CallHost, Envelope, ToolCall
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 from ctxactors.tools import Key
 
 WAIT = 20.0
@@ -194,11 +195,7 @@ def test_a_busy_server_is_neither_reaped_nor_evicted(clock: ManualClock) -> None
 def test_the_background_reaper_stops_idle_actors_by_itself() -> None:
     with Runtime([Counter], ttl=0.05, scan_interval=0.01) as rt:
         rt.call("bump", ctx_args("s", "a"))
-        done = threading.Event()
-        for _ in range(int(WAIT / 0.01)):
-            if rt.stats()["reaped"] == 1:
-                break
-            done.wait(0.01)
+        wait_until(lambda: rt.stats()["reaped"] == 1, WAIT)
         assert rt.stats()["reaped"] == 1 and rt.stats()["actors"] == 0
 
 
@@ -460,11 +457,7 @@ class BadBusy(Server):
 def test_a_failing_reaper_pass_is_logged_and_the_reaper_goes_on() -> None:
     with capture_logs() as logs, Runtime([BadBusy], ttl=0.01, scan_interval=0.01) as rt:
         rt.call("touch", ctx_args("s"))
-        pause = threading.Event()
-        for _ in range(int(WAIT / 0.01)):
-            if sum(e["event"] == "reap_failed" for e in logs) >= 2:  # it keeps trying
-                break
-            pause.wait(0.01)
+        wait_until(lambda: sum(e["event"] == "reap_failed" for e in logs) >= 2, WAIT)  # it retries
     failed = [e for e in logs if e["event"] == "reap_failed"]
     assert len(failed) >= 2
     assert traced(failed[0]) == {

@@ -17,13 +17,14 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from conftest import ctx_args
-from test_http_api import WAIT, serve
+from test_http_api import WAIT
 
 from ctxactors import Runtime
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
 from ctxactors.settings import Cap, PlanningSettings, PlaybooksSettings, Settings, fields
+from ctxactors.testing import context_args as ctx_args
+from ctxactors.testing import serve_app
 from ctxactors.transports.http import create_app
 
 
@@ -60,7 +61,7 @@ def test_the_101st_playbook_over_a_cap_of_100_is_refused_and_the_100_stay(rt: Ru
 
 def test_a_2_mb_step_is_refused_over_rest_and_nothing_is_kept(rt: Runtime) -> None:
     step = "x" * 2_000_000
-    with serve(create_app(rt)) as url, httpx.Client(base_url=url, timeout=WAIT) as http:
+    with serve_app(create_app(rt)) as url, httpx.Client(base_url=url, timeout=WAIT) as http:
         sent = http.post(
             "/api/v1/tools/create_playbook",
             json={"name": "big", "steps": ["fine", step]},

@@ -14,8 +14,10 @@ from mcp_support import free_port
 
 from ctxactors import loadtest
 from ctxactors.context import ToolContext
+from ctxactors.loadtest_options import LoadOptions
 from ctxactors.loadtest_targets import EmbeddedTarget, TransportError
 from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit, parse_mix
+from ctxactors.testing import serve_app
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -112,15 +114,15 @@ class Flaky(Broken):
 
 def drive(target: Broken, *argv: str) -> dict[str, Any]:
     """One sender thread (a deterministic call order) through the load test's own checks."""
-    args = parse(*argv)
-    units, books = loadtest.build_workload(args, allow_resets=False)
+    options = LoadOptions.from_args(parse(*argv))
+    units, books = loadtest.build_workload(options)
     metrics = loadtest.Metrics()
     try:
         loadtest.run_threads(target, units, books, 1, metrics)
         stats = target.stats()
     finally:
         target.close()
-    return loadtest.build_report(args, target, units, books, metrics, 1.0, stats, False)
+    return loadtest.build_report(options, target, units, books, metrics, 1.0, stats)
 
 
 @pytest.mark.parametrize(("broken", "expect"), [(CrossTalk, "s00004/"), (StateLoss, "missing")])
@@ -199,16 +201,12 @@ def keys_by_server(rt: Any) -> dict[str, int]:
     return counts
 
 
-def serve_rest(rt: Any) -> tuple[Any, str]:
-    """A minimal REST front for the runtime on an ephemeral loopback port (test double).
+def rest_front(rt: Any) -> Any:
+    """A minimal REST front for the runtime (test double).
 
     Shapes follow the REST contract: POST /api/v1/tools/{name}, context in X-*-Id headers,
     the MCP result object as the body.
     """
-    import socket
-    import threading
-
-    import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import JSONResponse
@@ -224,17 +222,7 @@ def serve_rest(rt: Any) -> tuple[Any, str]:
         )
         return JSONResponse(result.to_mcp())
 
-    app = Starlette(routes=[Route("/api/v1/tools/{name}", tool, methods=["POST"])])
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        threading.Event().wait(0.05)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return Starlette(routes=[Route("/api/v1/tools/{name}", tool, methods=["POST"])])
 
 
 @pytest.mark.parametrize("use_async", [False, True])
@@ -242,12 +230,9 @@ def test_rest_target_over_loopback(tmp_path: Path, use_async: bool) -> None:
     from ctxactors import Runtime
 
     with Runtime() as rt:
-        server, url = serve_rest(rt)
-        try:
+        with serve_app(rest_front(rt)) as url:
             argv = ["--url", url, "--sessions", "10", "--calls", "12", "--workers", "4"]
             code, report = run_cli(tmp_path, *argv, *(["--async"] if use_async else []))
-        finally:
-            server.should_exit = True
         assert code == 0, report
         assert report["target"] == f"REST API at {url}"
         assert report["workload_calls"] == 120 and report["errors"] == {}
@@ -284,11 +269,11 @@ def test_mcp_target_sends_context_in_meta() -> None:
 
         server = McpServer("test", on_list_tools=list_tools, on_call_tool=call_tool)
         target = McpTarget(server, timeout=30.0)
-        args = parse("--sessions", "4", "--calls", "10", "--async")
-        units, books = loadtest.build_workload(args, allow_resets=False)
+        options = LoadOptions.from_args(parse("--sessions", "4", "--calls", "10", "--async"))
+        units, books = loadtest.build_workload(options)
         metrics = loadtest.Metrics()
         asyncio.run(loadtest.run_tasks(target, units, books, 16, metrics))
-        report = loadtest.build_report(args, target, units, books, metrics, 1.0, None, False)
+        report = loadtest.build_report(options, target, units, books, metrics, 1.0, None)
         assert report["passed"], (report["violations"], report["error_samples"])
         assert keys_by_server(rt) == {"planning": 4 * 2, "playbooks": 4}  # the context arrived
 
@@ -309,6 +294,42 @@ def test_published_stats_are_read_when_the_server_has_them_and_none_otherwise() 
     assert published_stats(answer(404, {"error": {}}), "http://x") is None  # type: ignore[arg-type]
     assert published_stats(answer(200, [1, 2]), "http://x") is None  # type: ignore[arg-type]
     assert published_stats(unreachable, "http://x") is None
+
+
+def test_options_are_read_once_and_the_namespace_is_left_as_given(tmp_path: Path) -> None:
+    args = parse("--sessions", "3", "--calls", "4", "--threads", "2", "--json", str(tmp_path / "r"))
+    before = vars(args).copy()
+    assert loadtest.run(args) == 0
+    assert vars(args) == before  # the defaults were resolved in the options, not here
+    options = LoadOptions.from_args(args)
+    assert (options.ttl, options.max_actors, options.allow_resets) == (3600.0, 10_000, False)
+    assert options.keys == 3 * 2 * 2 + 3
+    assert (options.transport, options.use_async, options.progress) == ("rest", False, False)
+
+
+def test_options_resolve_the_transport_reaping_and_the_actor_cap() -> None:
+    mcp = LoadOptions.from_args(parse("--url", "http://h:1/mcp/", "--sessions", "2"))
+    assert (mcp.url, mcp.transport, mcp.use_async) == ("http://h:1/mcp/", "mcp", True)
+    rest = LoadOptions.from_args(parse("--url", "http://h:1/mcp", "--transport", "rest"))
+    assert (rest.transport, rest.use_async, rest.allow_resets) == ("rest", False, False)
+    capped = LoadOptions.from_args(parse("--max-actors", "5", "--sessions", "20000"))
+    assert (capped.max_actors, capped.ttl, capped.allow_resets) == (5, 3600.0, True)
+    big = LoadOptions.from_args(parse("--sessions", "20000", "--assistants", "1"))
+    assert (big.max_actors, big.allow_resets) == (2 * 20000 + 16, False)
+    assert LoadOptions.from_args(parse("--url", "http://h:1/", "--expect-reaping")).allow_resets
+    with pytest.raises(ValueError, match="^--threads must not be negative$"):
+        LoadOptions.from_args(parse("--threads", "-1"))
+
+
+def test_options_carry_the_restarts_and_the_embedded_runtimes_settings() -> None:
+    argv = ("--restart-every", "2", "--ttl", "5", "--transport", "mcp")
+    chaos = LoadOptions.from_args(parse(*argv, "--set", "content.max_item_bytes=65536"))
+    # Its own server, served over REST, whose state a TTL of the generator's does not reset.
+    assert (chaos.restart_every, chaos.serve_store, chaos.url) == (2.0, "sqlite", None)
+    assert (chaos.transport, chaos.use_async, chaos.allow_resets) == ("rest", False, False)
+    assert chaos.settings.content.max_item_bytes == 65536
+    with pytest.raises(ValueError, match="^--set content.max_item_bytes must be an integer, got"):
+        LoadOptions.from_args(parse("--set", "content.max_item_bytes=lots"))
 
 
 # -- --restart-every: a server killed and restarted under load ----------------------------

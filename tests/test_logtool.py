@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from ctxactors import logtool
+from ctxactors.testing import wait_until
 
 
 def call_line(
@@ -165,13 +166,11 @@ def test_follow_prints_appended_lines_and_survives_truncation_and_rotation(tmp_p
     worker.start()
 
     def wait_for(count: int) -> list[float]:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def printed() -> list[float] | None:
             got = [r["duration_ms"] for r in records(out.getvalue())]
-            if len(got) >= count:
-                return got
-            time.sleep(0.05)
-        raise AssertionError(f"follow printed {out.getvalue()!r}")
+            return got if len(got) >= count else None
+
+        return wait_until(printed, 20, describe=out.getvalue)
 
     try:
         assert wait_for(1) == [1.0]

@@ -26,12 +26,12 @@ from mcp_support import (
     schema_keys,
     serve_env,
     spawn_sleeper,
-    wait_until,
 )
 from test_conversation_models import Stub
 
 from ctxactors import Runtime
 from ctxactors.servers import Planning
+from ctxactors.testing import wait_until
 from ctxactors.transports.mcp import McpFrontend
 
 pytestmark = pytest.mark.timeout(50)

@@ -26,11 +26,11 @@ from mcp_support import (
     serve_env,
     spawn_sleeper,
     stdio_params,
-    wait_until,
 )
 
 from ctxactors import Runtime
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import wait_until
 
 pytestmark = pytest.mark.timeout(50)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import ctx_args
 from mcp_support import http_server, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +16,7 @@ from workspace_support import Leaks, closed_runtime, start, temporary_root
 
 from ctxactors import InvalidArgumentsError, Runtime, UnknownToolError, metrics
 from ctxactors.state import MemoryStore
+from ctxactors.testing import context_args as ctx_args
 
 pytestmark = pytest.mark.timeout(60)
 

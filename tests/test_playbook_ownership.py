@@ -6,9 +6,8 @@ ownership check keeps them apart. A caller that gives no assistant id is not a w
 
 from __future__ import annotations
 
-from conftest import ctx_args
-
 from ctxactors import Runtime
+from ctxactors.testing import context_args as ctx_args
 
 
 def test_a_caller_without_an_assistant_cannot_select_an_assistants_playbook(

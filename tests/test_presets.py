@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import pytest
-from conftest import ctx_args
 
 from ctxactors import Runtime
+from ctxactors.batch_pending import Placement, pending_problems
+from ctxactors.batch_template import PLACEHOLDERS
 from ctxactors.settings import BatchSettings, Settings
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture
@@ -96,3 +100,83 @@ def test_a_transactional_preset_refuses_an_operation_that_cannot_be_undone(rt: R
         "transactional batch"
     )
     assert not call(rt, "save_preset", name="plain", operations=select).is_error
+
+
+def test_a_preset_with_params_is_refused_when_saved_for_what_no_param_could_fix(
+    rt: Runtime,
+) -> None:
+    ops = [
+        {"id": "t", "tool": "mark_todo", "arguments": {"todo_id": "{{id}}", "done": "{{d}} yes"}},
+        {"tool": "create_playbook", "arguments": {"name": "{{n}}", "steps": ["a {{s}}", 3]}},
+        {"tool": "search_content", "arguments": {"query": "{{q}}", "limit": "{{n}}0"}},
+    ]
+    refused = call(rt, "save_preset", name="p", operations=ops, params=["id", "d", "n", "s", "q"])
+    assert refused.text == (
+        "operation 0 ('t'): invalid arguments for 'mark_todo': `done` will be text "
+        "('{{d}} yes' filled in), but it takes bool"
+    )
+    refused = call(rt, "save_preset", name="p", operations=ops[1:], params=["n", "s", "q"])
+    assert refused.text == (
+        "operation 0: invalid arguments for 'create_playbook': "
+        "Expected `str`, got `int` - in `steps[1]`"
+    )
+    refused = call(rt, "save_preset", name="p", operations=ops[2:], params=["n", "q"])
+    assert refused.text == (
+        "operation 0: invalid arguments for 'search_content': `limit` will be text "
+        "('{{n}}0' filled in), but it takes int"
+    )
+    assert call(rt, "list_presets").structured == {"presets": []}  # none was saved
+
+
+def test_a_whole_string_param_may_become_any_type_so_it_is_checked_when_run(
+    rt: Runtime,
+) -> None:
+    ops = [
+        {"tool": "create_goal", "arguments": {"goal": "{{g}}"}},
+        {"tool": "create_playbook", "arguments": {"name": "pb {{g}}", "steps": "{{steps}}"}},
+        {"tool": "search_content", "arguments": {"query": "{{g}}", "limit": "{{limit}}"}},
+    ]
+    saved = call(rt, "save_preset", name="p", operations=ops, params=["g", "steps", "limit"])
+    assert not saved.is_error, saved.text
+    ran = call(rt, "run_preset", name="p", params={"g": "Rust", "steps": ["a", "b"], "limit": 2})
+    assert [r["status"] for r in ran.structured["results"]] == ["success"] * 3
+    wrong = call(rt, "run_preset", name="p", params={"g": "Rust", "steps": "ab", "limit": 2})
+    assert "Expected `array`, got `str` - at `$.steps`" in wrong.text
+
+
+def placed(text: str) -> Placement:
+    if PLACEHOLDERS.whole(text) is not None:
+        return "whole"
+    return "inside" if PLACEHOLDERS.keys(text) else None
+
+
+class Shape(msgspec.Struct):
+    size: int
+    tags: dict[str, int]
+
+
+@pytest.mark.parametrize(
+    ("value", "type_", "problems"),
+    [
+        ("x {{p}}", int | None, ["`f` will be text ('x {{p}}' filled in), but it takes int"]),
+        ("x {{p}}", Literal["a", "b"] | None, []),  # the filled text may be "a"
+        ("x {{p}}", datetime.date, []),
+        (["{{p}}", "x"], list[int] | None, ["Expected `int`, got `str` - in `f[1]`"]),
+        (["{{p}}", 1.5], tuple[int, ...], ["Expected `int`, got `float` - in `f[1]`"]),
+        (["{{p}}", "x"], tuple[int, str], []),
+        (["{{p}}", "x"], list[int] | dict[str, int], []),  # two containers: left to run time
+        (
+            {"size": "{{p}}", "tags": {"a": "x{{p}}", "b": "no"}},
+            Shape,
+            [
+                "`f.tags.a` will be text ('x{{p}}' filled in), but it takes int",
+                "Expected `int`, got `str` - in `f.tags.b`",
+            ],
+        ),
+        ({"size": "{{p}}", "other": [1]}, Shape, []),  # unknown keys: refused when it runs
+    ],
+)
+def test_what_is_known_before_the_params_are_filled_is_checked(
+    value: Any, type_: Any, problems: list[str]
+) -> None:
+    assert pending_problems(value, type_, "f", placed) == problems

@@ -7,17 +7,18 @@ principal=...)`); nothing in the arguments or ``_meta`` names or changes it.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 from hypothesis import given
 from hypothesis import strategies as st
 from workspace_support import temporary_root
 
 from ctxactors import InvalidArgumentsError, Runtime, Scope, ToolContext
+from ctxactors.results import ToolResult
+from ctxactors.testing import context_args as ctx_args
+from ctxactors.testing import wait_until
 
 WAIT = 20.0  # generous: the machine is shared and loaded
 
@@ -134,14 +135,13 @@ def test_workspaces_of_two_principals_with_the_same_session_are_apart(rt: Runtim
     def run(principal: str, command: str) -> str:
         started = rt.call("execute_command", ctx_args("s1", command=command), principal=principal)
         pid = started.structured["processId"]
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
+
+        def finished() -> ToolResult | None:
             polled = rt.call("poll_process", ctx_args("s1", processId=pid), principal=principal)
-            if polled.structured["status"] != "running":
-                output: str = polled.structured["output"]
-                return output
-            time.sleep(0.02)
-        raise AssertionError(f"{command!r} did not finish")
+            return None if polled.structured["status"] == "running" else polled
+
+        output: str = wait_until(finished, WAIT, describe=lambda: command).structured["output"]
+        return output
 
     run("alice", "echo alice-secret > note.txt")
     assert "alice-secret" in run("alice", "cat note.txt")

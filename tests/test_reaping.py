@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
-from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import Lifecycle
 from ctxactors.servers import BUILTIN
 from ctxactors.state import MemoryStore
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 
 
 class Gate(Server):
@@ -70,9 +70,7 @@ def test_an_actor_with_a_call_in_flight_is_never_reaped(clock: ManualClock) -> N
         rt.call("count", ctx_args("busy"))
         t = threading.Thread(target=lambda: rt.call("wait_gate", ctx_args("busy", gate="inflight")))
         t.start()
-        deadline = time.monotonic() + 5
-        while rt.stats()["inflight"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: rt.stats()["inflight"] > 0, 5)
         clock.advance(100)
         assert rt.reap() == 0
         Gate.gates["inflight"].set()
@@ -106,9 +104,7 @@ def test_cap_is_exceeded_rather_than_failing_when_every_actor_is_busy(clock: Man
         ]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 5
-        while rt.stats()["inflight"] < 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: rt.stats()["inflight"] == 2, 5)
         assert rt.call("count", ctx_args("extra")).structured == {"n": 1}
         assert rt.stats()["actors"] == 3
         Gate.gates["cap"].set()
@@ -174,9 +170,7 @@ def test_end_session_lets_calls_in_flight_finish(clock: ManualClock) -> None:
         ended: list[int] = []
         ender = threading.Thread(target=lambda: ended.append(rt.end_session("s")))
         ender.start()
-        deadline = time.monotonic() + 10
-        while rt.stats()["ended"] == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)  # until end_session has retired the key
+        wait_until(lambda: rt.stats()["ended"] > 0, 10)  # end_session has retired the key
         assert rt._registry.keys() == []
         # It waits for the call in flight, which holds the actor (a join that can only
         # return early if end_session does not wait).

@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import pytest
-from conftest import ctx_args
 from structlog.testing import capture_logs
 
 from ctxactors import (
@@ -23,6 +22,8 @@ from ctxactors import (
     tool,
 )
 from ctxactors.servers import BUILTIN
+from ctxactors.testing import context_args as ctx_args
+from ctxactors.testing import wait_until
 
 
 class Flaky(Server):
@@ -296,9 +297,7 @@ def test_one_json_log_line_per_call_with_the_context() -> None:
     with Runtime() as rt, capture_logs() as logs:
         rt.call("create_goal", ctx_args("s1", "a1", "t1", goal="x"))
         rt.call("select_playbook", ctx_args("s1", "a1", id="missing"))
-        deadline = time.monotonic() + 5
-        while sum(e["event"] == "tool_call" for e in logs) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: sum(e["event"] == "tool_call" for e in logs) >= 2, 5)
     calls = [e for e in logs if e["event"] == "tool_call"]
     assert [(c["tool"], c["outcome"]) for c in calls] == [
         ("create_goal", "ok"),

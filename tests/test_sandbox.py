@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from mcp_support import pids_of, wait_until
+from mcp_support import pids_of
 from structlog.testing import capture_logs
 from workspace_support import (
     WAIT,
@@ -34,6 +34,7 @@ from workspace_support import (
 from ctxactors import Runtime
 from ctxactors.sandbox import SandboxSettings, SandboxUnavailableError
 from ctxactors.servers.workspace import Workspace
+from ctxactors.testing import wait_until
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from conftest import ManualClock, ctx_args
 from workspace_support import temporary_root
 
 from ctxactors import Runtime, Server, ToolContext, tool
@@ -31,6 +30,8 @@ from ctxactors.settings import (
     Settings,
 )
 from ctxactors.state import MemoryStore
+from ctxactors.testing import ManualClock
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
-from conftest import ctx_args
 from mcp import Client
 from mcp_support import serve_env, stdio_params
 
@@ -19,6 +18,7 @@ from ctxactors import Runtime, loadtest
 from ctxactors.servers.content import Content
 from ctxactors.servers.history import History
 from ctxactors.settings import ContentSettings, HistorySettings, Settings, fields
+from ctxactors.testing import context_args as ctx_args
 
 
 def add(rt: Runtime, size: int) -> str:

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from ctxactors.state import (
     StoreUnavailableError,
     Write,
 )
+from ctxactors.testing import wait_until
 
 S1 = (None, "s1")
 PLAN = ("planning", "a1", None)
@@ -263,10 +263,8 @@ class GatedStore(MemoryStore):
 
 
 def _queued(commit: GroupCommit, n: int) -> None:
-    deadline = time.monotonic() + 30
-    while len(commit._queue) < n:  # noqa: SLF001 - the one way to see a caller is waiting
-        assert time.monotonic() < deadline
-        time.sleep(0.001)
+    # The queue is the one way to see a caller is waiting.
+    wait_until(lambda: len(commit._queue) >= n, 30, interval=0.001)  # noqa: SLF001
 
 
 def test_a_lone_save_is_written_in_its_callers_thread() -> None:

@@ -19,8 +19,9 @@ import anyio
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from mcp_support import SERVE, open_fifo_writer, release_fifo, serve_env, wait_until
+from mcp_support import SERVE, open_fifo_writer, release_fifo, serve_env
 
+from ctxactors.testing import wait_until
 from ctxactors.transports.stdio import Oversized, read_lines
 
 pytestmark = pytest.mark.timeout(60)

@@ -6,9 +6,8 @@ import random
 import threading
 from collections import defaultdict
 
-from conftest import ctx_args
-
 from ctxactors import Runtime
+from ctxactors.testing import context_args as ctx_args
 
 THREADS = 32
 SESSIONS = 12

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 import msgspec
 import pytest
-from conftest import ctx_args
 
 from ctxactors import (
     DuplicateToolError,
@@ -23,6 +22,7 @@ from ctxactors import (
 )
 from ctxactors.errors import UnknownToolError
 from ctxactors.results import ToolResult
+from ctxactors.testing import context_args as ctx_args
 from ctxactors.tools import collect_tools, input_schema, pick, refuse_context_fields
 
 

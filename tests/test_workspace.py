@@ -14,7 +14,6 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import ManualClock, ctx_args
 from workspace_support import (
     WAIT,
     Leaks,
@@ -31,6 +30,8 @@ from workspace_support import (
 
 from ctxactors import InvalidArgumentsError, Runtime
 from ctxactors.servers.workspace import Workspace
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture(autouse=True)
@@ -163,9 +164,7 @@ def test_running_processes_keep_the_actor_from_being_reaped(
         call(rt, "s1", "kill_process", processId=pid)
         clock.advance(100)
         assert rt.reap() == 1
-        deadline = time.monotonic() + WAIT
-        while os.path.exists(cwd) and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: not os.path.exists(cwd), WAIT)
         assert not os.path.exists(cwd)
         # The next call is a fresh incarnation: no memory of the old process.
         gone = rt.call("poll_process", ctx_args("s1", processId=pid))

@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 from workspace_support import (
     Leaks,
@@ -30,6 +29,8 @@ from ctxactors import Runtime
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.servers import workspace
 from ctxactors.servers.workspace import Workspace, _Process
+from ctxactors.testing import ManualClock
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture(autouse=True)

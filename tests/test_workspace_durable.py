@@ -10,12 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ManualClock, ctx_args
 from workspace_support import WAIT, call, session_dirs, start, temporary_root, wait_done
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
 from ctxactors.state import SQLiteStore
+from ctxactors.testing import ManualClock, wait_until
+from ctxactors.testing import context_args as ctx_args
 
 S = "s1"
 
@@ -111,7 +112,10 @@ def test_without_a_store_the_directory_goes_with_the_actor(
         run(rt, "echo x > note.txt")
         clock.advance(61)
         assert rt.reap() == 1
-        deadline = time.monotonic() + WAIT  # the actor's cleanup runs after the reap
-        while session_dirs(workspace_root) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert session_dirs(workspace_root) == []
+        # reap() stops the actor; its server's close (which removes the directory) runs in
+        # the actor's thread after that, so wait for it rather than race it.
+        wait_until(
+            lambda: session_dirs(workspace_root) == [],
+            WAIT,
+            describe=lambda: session_dirs(workspace_root),
+        )

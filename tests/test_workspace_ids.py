@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import ctx_args
 from structlog.testing import capture_logs
 from workspace_support import temporary_root
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
+from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture

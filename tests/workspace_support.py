@@ -18,11 +18,12 @@ from typing import Any
 import msgspec
 import psutil
 import pytest
-from conftest import ctx_args
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
 from ctxactors.settings import SandboxSettings, Settings, variables
+from ctxactors.testing import context_args as ctx_args
+from ctxactors.testing import wait_until
 
 WAIT = 20.0  # generous: the machine is shared and loaded
 
@@ -51,12 +52,11 @@ class Leaks:
         self.children = {p.pid for p in self.me.children(recursive=True)}
 
     def assert_none(self) -> None:
-        deadline = time.monotonic() + WAIT
-        while time.monotonic() < deadline:
-            extra = self._extra_children()
-            if not extra and threading.active_count() <= self.threads:
-                break
-            time.sleep(0.05)
+        wait_until(
+            lambda: not self._extra_children() and threading.active_count() <= self.threads,
+            WAIT,
+            describe=lambda: (self._extra_children(), [t.name for t in threading.enumerate()]),
+        )
         assert self._extra_children() == []
         assert threading.active_count() <= self.threads, [t.name for t in threading.enumerate()]
 

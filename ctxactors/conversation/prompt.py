@@ -13,6 +13,7 @@ from ctxactors.conversation.messages import Message
 from ctxactors.conversation.selection import select_messages_within_context
 from ctxactors.conversation.shorten import shorten_text
 from ctxactors.conversation.tokens import TokenCounter
+from ctxactors.logs import get_logger
 
 LAST_USER_QUERY = "Last user query: "
 DEFAULT_RESTATE_SHARE = 0.10
@@ -59,6 +60,15 @@ def build_system_prompt(
         if over <= 0:
             return restated
         query_budget -= over
+    # The model will answer without what the user asked: say so where an operator looks.
+    get_logger("ctxactors.conversation").warning(
+        "user_request_not_restated",
+        reason="the restatement does not fit its share of the budget",
+        allowed_tokens=allowed,
+        request_tokens=counter.count_text(user.text),
+        restate_share=restate_share,
+        max_tokens=max_tokens,
+    )
     return prompt
 
 

@@ -13,8 +13,9 @@ What the window cannot hold of the user's request, the system prompt restates
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
+from typing import NamedTuple
 
 import msgspec
 
@@ -25,6 +26,28 @@ from ctxactors.errors import ContextBudgetError
 
 # A unit of the window: one message, or an assistant message with all its tool results.
 Unit = tuple[Message, ...]
+
+
+class PlacedUnit(NamedTuple):
+    """A unit and the position of its first message in the history."""
+
+    position: int
+    messages: Unit
+
+    @property
+    def is_user(self) -> bool:
+        return self.messages[0].role == "user"
+
+
+_placed = tuple.__new__
+
+
+class _Newest(NamedTuple):
+    """The newest unit as it will be sent, and what is left once it is paid for."""
+
+    messages: Unit  # shortened if it had to be
+    pinned: PlacedUnit | None  # the latest user message, kept behind a gap (paid for)
+    remaining: int
 
 
 def select_messages_within_context(
@@ -50,55 +73,82 @@ def select_messages_within_context(
     window (and back to the latest user message) are looked at, so a selection over a long
     history costs about as much as the window it returns.
     """
-    count = counter.count_message
     system = messages[0] if messages and messages[0].role == "system" else None
     head = [system] if system is not None else []
-    remaining = max_tokens - REPLY_PRIMING - (count(system) if system is not None else 0)
+    remaining = _left_beside_system(system, max_tokens, counter)
+    units = _units_newest_first(messages, len(head))
+    recent = _back_to_latest_user(units)
+    if not recent:
+        return head
+    newest = _place_newest(recent, remaining, counter)
+    if newest is None:
+        return head  # the system prompt restates the user's message
+    kept = _add_older(newest, chain(recent[1:], units), counter)
+    return head + [message for unit in reversed(kept) for message in unit]
+
+
+def _left_beside_system(system: Message | None, max_tokens: int, counter: TokenCounter) -> int:
+    """The budget left once the reply priming and the system message are paid for."""
+    remaining = (
+        max_tokens - REPLY_PRIMING - (counter.count_message(system) if system is not None else 0)
+    )
     if remaining < 0:
         raise ContextBudgetError(
             f"the system message alone needs {max_tokens - remaining} tokens; "
             f"the budget is {max_tokens}"
         )
-    units = _units_newest_first(messages, 1 if system is not None else 0)
-    # The units newer than the latest user message, then that message; newest first.
-    recent: list[tuple[int, Unit]] = []
-    for item in units:
-        recent.append(item)
-        if item[1][0].role == "user":
+    return remaining
+
+
+def _back_to_latest_user(units: Iterator[PlacedUnit]) -> list[PlacedUnit]:
+    """The units newer than the latest user message, then that message; newest first.
+
+    Consumes `units` only that far, so the caller goes on with the older ones.
+    """
+    recent: list[PlacedUnit] = []
+    for unit in units:
+        recent.append(unit)
+        if unit.is_user:
             break
-    if not recent:
-        return head
+    return recent
 
-    def cost(unit: Unit) -> int:
-        total = 0
-        for message in unit:
-            total += count(message)
-        return total
 
-    newest_position, newest = recent[0]
-    user = recent[-1] if recent[-1][1][0].role == "user" else None
-    pinned: tuple[int, Unit] | None = None  # the latest user message, kept behind a gap
-    if user is not None and user[0] == newest_position:
-        newest_cost = cost(newest)
+def _place_newest(
+    recent: list[PlacedUnit], remaining: int, counter: TokenCounter
+) -> _Newest | None:
+    """The newest unit within `remaining`, and the latest user message pinned beside it
+    when both fit (the newest shortened, if need be); None when the newest unit is the
+    user's own message and does not fit."""
+    newest, latest = recent[0], recent[-1]
+    newest_cost = _cost(newest.messages, counter)
+    if latest.is_user and latest.position == newest.position:
         if newest_cost > remaining:
-            return head  # the system prompt restates it
-    else:
-        newest_cost = cost(newest)
-        if user is not None:
-            user_cost = cost(user[1])
-            if user_cost + newest_cost <= remaining or (
-                user_cost + _minimal_cost(newest, counter) <= remaining
-            ):
-                pinned = user
-                remaining -= user_cost
-        if newest_cost > remaining:
-            newest = _shorten_unit(newest, remaining, counter)
-            newest_cost = remaining
-    remaining -= newest_cost
-    kept = [newest]  # newest first
-    for position, unit in chain(recent[1:], units):
-        if pinned is not None and position == pinned[0]:
-            kept.append(pinned[1])  # already paid for
+            return None
+        return _Newest(newest.messages, None, remaining - newest_cost)
+    pinned = None
+    if latest.is_user:
+        user_cost = _cost(latest.messages, counter)
+        if user_cost + newest_cost <= remaining or (
+            user_cost + _minimal_cost(newest.messages, counter) <= remaining
+        ):
+            pinned = latest
+            remaining -= user_cost
+    sent = newest.messages
+    if newest_cost > remaining:
+        sent = _shorten_unit(sent, remaining, counter)
+        newest_cost = remaining
+    return _Newest(sent, pinned, remaining - newest_cost)
+
+
+def _add_older(newest: _Newest, older: Iterable[PlacedUnit], counter: TokenCounter) -> list[Unit]:
+    """The units kept, newest first: older units are added while they fit, and the pinned
+    user message wherever it falls (at the end if the window stops before it)."""
+    count = counter.count_message
+    kept = [newest.messages]
+    pinned, remaining = newest.pinned, newest.remaining
+    for position, unit in older:
+        if pinned is not None and position == pinned.position:
+            kept.append(pinned.messages)  # already paid for
             pinned = None
             continue
         unit_cost = 0
@@ -109,21 +159,27 @@ def select_messages_within_context(
         kept.append(unit)
         remaining -= unit_cost
     if pinned is not None:
-        kept.append(pinned[1])  # older than everything else kept
-    return head + [message for unit in reversed(kept) for message in unit]
+        kept.append(pinned.messages)  # older than everything else kept
+    return kept
 
 
-def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[tuple[int, Unit]]:
+def _cost(unit: Unit, counter: TokenCounter) -> int:
+    return sum(counter.count_message(message) for message in unit)
+
+
+def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[PlacedUnit]:
     """The valid units of ``messages[start:]`` with their positions, newest first.
 
-    Walking backwards lets the selection stop as soon as the window is full.
+    Walking backwards lets the selection stop as soon as the window is full. (`_placed`
+    builds each `PlacedUnit` without the named tuple's Python-level ``__new__``: this runs
+    once per unit of the window.)
     """
     i = len(messages) - 1
     while i >= start:
         message = messages[i]
         if message.role != "tool":
             if not message.tool_calls:  # a call not followed by its results is dropped
-                yield i, (message,)
+                yield _placed(PlacedUnit, (i, (message,)))
             i -= 1
             continue
         first = i
@@ -133,7 +189,7 @@ def _units_newest_first(messages: Sequence[Message], start: int) -> Iterator[tup
         if caller >= start and messages[caller].tool_calls:
             unit = _complete_step(messages[caller], messages[first : i + 1])
             if unit is not None:
-                yield caller, unit
+                yield _placed(PlacedUnit, (caller, unit))
             i = caller - 1
         else:
             i = first - 1  # tool results without their call

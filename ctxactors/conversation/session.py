@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import sys
 import uuid
 from collections.abc import Generator, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
 import msgspec
@@ -25,7 +27,6 @@ from ctxactors.conversation.tokens import BPETokenCounter, TokenCounter, count_p
 from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
-from ctxactors.tracing import tool_call
 
 # What a model can get wrong about a call, and can fix once it reads why: sent back to it
 # as the call's result. Anything else (a closed runtime, a bug) propagates.
@@ -236,3 +237,13 @@ def _result_message(call: ToolCall, result: ToolResult) -> Message:
 
 def _error_message(call: ToolCall, exc: Exception) -> Message:
     return Message.tool(call.id, f"Error: {exc}")
+
+
+def tool_call(call_id: str | None) -> AbstractContextManager[None]:
+    """`ctxactors.tracing.tool_call` when OpenTelemetry is in use; else nothing, so the
+    conversation extra needs no OpenTelemetry (a runtime that traces has imported it)."""
+    if "opentelemetry.trace" not in sys.modules:
+        return nullcontext()
+    from ctxactors.tracing import tool_call as naming
+
+    return naming(call_id)

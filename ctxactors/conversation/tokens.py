@@ -11,6 +11,7 @@ role and framing tokens, the function name and arguments of each tool call, the
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
@@ -42,11 +43,17 @@ class CachingCounter:
     Subclasses only say how to count a text. The cache is keyed by the (frozen, hashable)
     message itself, so equal messages share a count and a message that is gone can be
     evicted; the oldest entries go first once `cache_size` is reached.
+
+    One counter may serve several threads (chat sessions of a server share one). A hit is
+    a single dict lookup, safe without a lock; a miss is counted outside the lock (so
+    threads tokenize in parallel) and stored under it, because evicting is a read of the
+    oldest key and a delete that two threads must not interleave.
     """
 
     def __init__(self, *, cache_size: int = 200_000) -> None:
         self._cache: dict[Message, int] = {}
         self._cache_size = cache_size
+        self._lock = threading.Lock()
         self.misses = 0  # messages counted, not found in the cache
 
     def count_text(self, text: str) -> int:
@@ -56,12 +63,14 @@ class CachingCounter:
         cached = self._cache.get(message)
         if cached is not None:
             return cached
-        self.misses += 1
         count = self._count_uncached(message)
-        cache = self._cache
-        if len(cache) >= self._cache_size:
-            del cache[next(iter(cache))]
-        cache[message] = count
+        with self._lock:
+            self.misses += 1
+            cache = self._cache
+            if message not in cache:  # another thread may have stored it meanwhile
+                if cache and len(cache) >= self._cache_size:
+                    del cache[next(iter(cache))]
+                cache[message] = count
         return count
 
     def _count_uncached(self, message: Message) -> int:
@@ -79,8 +88,9 @@ class CachingCounter:
         return total
 
     def clear_cache(self) -> None:
-        self._cache.clear()
-        self.misses = 0
+        with self._lock:
+            self._cache.clear()
+            self.misses = 0
 
 
 class BPETokenCounter(CachingCounter):

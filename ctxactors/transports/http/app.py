@@ -1,0 +1,91 @@
+"""The REST API: every tool over plain HTTP and JSON (Starlette, served by uvicorn).
+
+For hosts that don't speak MCP. The context travels in headers, never in the body:
+``X-Session-Id`` (a new one is made when absent and returned in the ``X-Session-Id`` response
+header and the body), ``X-Assistant-Id``, ``X-Thread-Id``. Any ``__*`` field in a body is
+dropped (`inject_context`), so a body can't pick another session.
+
+Routes: ``GET /api/v1/tools``; ``POST /api/v1/tools/{name}`` (body: the arguments);
+``GET /api/v1/sessions/{id}/context?limit=&tool_filter=``; ``DELETE /api/v1/sessions/{id}``;
+``POST /api/v1/query``; ``GET /api/v1/stats``; ``GET /healthz``; ``GET /openapi.json``.
+
+Errors are ``{"error": {"code", "message"}}``: 400 for malformed JSON (a body that is not
+UTF-8 included), invalid arguments (the message names the field) or an id that can't be a
+header, 404 for an unknown tool, session or route, 413 for a body over `max_body`, 503 when
+the runtime is closed, the server is shutting down or no model is configured, 504 on a call
+timeout. A tool's own failure is not an HTTP error: it is a 200 with ``isError: true``, as
+in MCP. Every shape is a msgspec type below, and `/openapi.json` is generated from them.
+
+Ids travel as UTF-8 in headers (``X-Session-Id: café`` is the session ``café`` that MCP's
+``_meta`` names too); an id with a control character, or with a space or tab at either end,
+can't be carried by a header and is refused with 400 before anything runs, wherever it
+comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, Route
+
+from ctxactors.logs import get_logger
+from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
+from ctxactors.transports.http import endpoints
+from ctxactors.transports.http.failures import HANDLERS
+from ctxactors.transports.http.middleware import BodyLimit, CountCalls
+from ctxactors.transports.http.openapi import build_openapi
+from ctxactors.transports.http.shapes import encode
+from ctxactors.transports.http.state import ApiState
+from ctxactors.transports.inflight import InFlight
+
+# The route table: (path, endpoint, methods). A new endpoint is one line here.
+API_ROUTES: tuple[tuple[str, Any, tuple[str, ...]], ...] = (
+    ("/healthz", endpoints.healthz, ("GET",)),
+    ("/openapi.json", endpoints.openapi_json, ("GET",)),
+    ("/api/v1/tools", endpoints.list_tools, ("GET",)),
+    ("/api/v1/tools/{name}", endpoints.call_tool, ("POST",)),
+    ("/api/v1/sessions/{session_id}/context", endpoints.session_context, ("GET",)),
+    ("/api/v1/sessions/{session_id}", endpoints.end_session, ("DELETE",)),
+    ("/api/v1/query", endpoints.query, ("POST",)),
+    ("/api/v1/stats", endpoints.stats, ("GET",)),
+)
+
+
+def create_app(
+    runtime: Any,
+    *,
+    max_body: int = 4 * 1024 * 1024,
+    routes: Sequence[BaseRoute] = (),
+    lifespan: Any = None,
+    model: Any = None,
+    in_flight: InFlight | None = None,
+    security: HttpSecurity = LOOPBACK_ONLY,
+) -> Starlette:
+    """The REST API of `runtime` as a Starlette app.
+
+    `routes` join the same app (the MCP endpoint at ``/mcp``), `lifespan` runs around it
+    (the MCP session manager), `max_body` caps every request body (413 above it). `model`
+    (a `ctxactors.conversation.ChatModel`) enables ``/api/v1/query``; without one it
+    answers 503. With `in_flight`, every API request counts there until its
+    response is sent, and once it drains new ones get 503. `security` guards every route,
+    ``/mcp`` included: by default loopback Host names only, no cross-origin request, JSON
+    POSTs only, and no authentication; with authentication, the caller's principal
+    namespaces every session.
+    """
+    api = [Route(path, endpoint, methods=list(methods)) for path, endpoint, methods in API_ROUTES]
+    # Refusals (a foreign page, no token) come first: they never count as calls.
+    middleware = [*security.middleware(), Middleware(BodyLimit, max_body=max_body)]
+    if in_flight is not None:
+        middleware.insert(-1, Middleware(CountCalls, in_flight=in_flight))
+    app = Starlette(
+        routes=[*api, *routes, *security.routes()],
+        middleware=middleware,
+        exception_handlers=HANDLERS,
+        lifespan=lifespan,
+    )
+    openapi = encode(build_openapi(runtime))
+    app.state.api = ApiState(runtime, model, openapi, get_logger("ctxactors.http"))
+    return app
