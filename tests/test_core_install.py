@@ -72,7 +72,7 @@ def test_the_runtime_and_every_builtin_server_need_only_the_core_dependencies() 
     [
         ("serve", "anyio", "serve"),
         ("logs", "rich", "cli"),
-        ("loadtest", "psutil", "cli"),
+        ("loadtest", "httpx", "cli"),
         ("top", "httpx", "all"),
     ],
 )
