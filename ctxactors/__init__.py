@@ -29,6 +29,7 @@ from ctxactors.errors import (
     UnknownToolError,
 )
 from ctxactors.results import ToolResult
+from ctxactors.settings import Settings
 from ctxactors.tools import Scope, Server, pick, tool
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Scope",
     "Server",
     "ServerDefinitionError",
+    "Settings",
     "ShardUnavailableError",
     "StaleStateError",
     "StoreError",

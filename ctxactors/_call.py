@@ -27,7 +27,7 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
-from ctxactors.compensation import as_compensation
+from ctxactors.batch.compensation import as_compensation
 from ctxactors.context import ToolContext
 from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult

@@ -103,7 +103,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     # tests/batch_support.py is staged with the tests; it is a helper, not a test file.
     "batch": (
-        [f"ctxactors/{m}.py" for m in ("batch_engine", "batch_plan", "batch_template")],
+        [f"ctxactors/batch/{m}.py" for m in ("engine", "plan", "template")],
         [f"tests/test_batch{t}.py" for t in ("", "_rollback", "_safety", "_template", "_exact")],
     ),
 }

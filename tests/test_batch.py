@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 from batch_support import WAIT, Probe, batch, probe_runtime, state, statuses
 
-from ctxactors import Runtime, batch_engine
+from ctxactors import Runtime
+from ctxactors.batch import engine as batch_engine
 from ctxactors.servers import BUILTIN
 from ctxactors.testing import wait_until
 

@@ -14,8 +14,8 @@ from batch_support import WAIT, Probe, batch, by_id
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._call import caller_deadline
-from ctxactors.batch_engine import BatchRun, _margin, _OpReply
-from ctxactors.batch_plan import (
+from ctxactors.batch.engine import BatchRun, _margin, _OpReply
+from ctxactors.batch.plan import (
     BadReference,
     BatchOptions,
     Operation,

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_http_api import call, error_of
 
 from ctxactors import Runtime
-from ctxactors.batch_template import PLACEHOLDERS, REFERENCES
+from ctxactors.batch.template import PLACEHOLDERS, REFERENCES
 from ctxactors.errors import CallTimeoutError, InvalidArgumentsError
 from ctxactors.settings import BatchSettings, Settings
 from ctxactors.testing import serve_app

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ctxactors.batch_template import PLACEHOLDERS, REFERENCES, size_of, text_of
+from ctxactors.batch.template import PLACEHOLDERS, REFERENCES, size_of, text_of
 
 VALUES: dict[tuple[str, tuple[str, ...]], Any] = {
     ("a", ()): {"n": 1},

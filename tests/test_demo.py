@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ctxactors.demo import demo
+from ctxactors.cli.demo import demo
 
 
 def test_demo_reports_isolation_and_refused_cross_assistant_selection() -> None:

@@ -12,6 +12,7 @@ import ctxactors
 import ctxactors.conversation
 import ctxactors.errors
 import ctxactors.sandbox
+import ctxactors.servers
 import ctxactors.state
 
 EXPORTED = [
@@ -27,6 +28,7 @@ EXPORTED = [
     "Scope",
     "Server",
     "ServerDefinitionError",
+    "Settings",
     "ShardUnavailableError",
     "StaleStateError",
     "StoreError",
@@ -84,3 +86,47 @@ def test_errors_keep_their_old_homes_and_bases() -> None:
     assert issubclass(ctxactors.DuplicateToolError, ValueError)
     codes = {e.__name__: e.code for e in (ctxactors.StoreError, ctxactors.StaleStateError)}
     assert codes == {"StoreError": -32010, "StaleStateError": -32011}
+
+
+SERVERS = ["ALWAYS", "BUILTIN", "Batch", "Content", "History", "Planning", "Playbooks"]
+SERVERS += ["Presets", "Workspace"]
+CONVERSATION = [
+    "LAST_USER_QUERY",
+    "SHORTENED_MARK",
+    "BPETokenCounter",
+    "ChatModel",
+    "ChatSession",
+    "ContextBudgetError",
+    "FunctionCall",
+    "HeuristicTokenCounter",
+    "Message",
+    "ModelError",
+    "OpenAICompatibleModel",
+    "ScriptedModel",
+    "TokenCounter",
+    "ToolCall",
+    "build_prompt",
+    "build_system_prompt",
+    "count_prompt",
+    "decode_messages",
+    "encode_messages",
+    "is_shortened",
+    "latest_user_message",
+    "openai_tools",
+    "select_messages_within_context",
+    "shorten_text",
+]
+
+
+def test_the_public_names_of_the_servers_and_the_conversation_are_pinned_too() -> None:
+    for module, names in ((ctxactors.servers, SERVERS), (ctxactors.conversation, CONVERSATION)):
+        assert module.__all__ == names, module.__name__
+        for name in names:
+            assert getattr(module, name) is not None, name
+        public = {
+            name
+            for name, value in vars(module).items()
+            if not name.startswith("_") and not inspect.ismodule(value)
+        }
+        # `annotations` is the __future__ import, not a name of the module.
+        assert public - {"annotations"} == set(names), module.__name__

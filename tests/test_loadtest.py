@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from mcp_support import free_port
 
-from ctxactors import loadtest
+from ctxactors.cli.loadtest import command as loadtest
+from ctxactors.cli.loadtest.options import LoadOptions
+from ctxactors.cli.loadtest.targets import EmbeddedTarget, TransportError
+from ctxactors.cli.loadtest.workload import Outcome, PlannedCall, PlaybookBook, Unit, parse_mix
 from ctxactors.context import ToolContext
-from ctxactors.loadtest_options import LoadOptions
-from ctxactors.loadtest_targets import EmbeddedTarget, TransportError
-from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit, parse_mix
 from ctxactors.testing import serve_app
 
 
@@ -247,7 +247,7 @@ def test_mcp_target_sends_context_in_meta() -> None:
     from mcp.server.lowlevel import Server as McpServer
 
     from ctxactors import Runtime
-    from ctxactors.loadtest_targets import McpTarget
+    from ctxactors.cli.loadtest.targets import McpTarget
 
     with Runtime() as rt:
 
@@ -281,7 +281,7 @@ def test_mcp_target_sends_context_in_meta() -> None:
 def test_published_stats_are_read_when_the_server_has_them_and_none_otherwise() -> None:
     import httpx
 
-    from ctxactors.loadtest_targets import published_stats
+    from ctxactors.cli.loadtest.targets import published_stats
 
     def answer(status: int, body: object) -> object:
         return lambda url: httpx.Response(status, json=body, request=httpx.Request("GET", url))

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from ctxactors import logtool
+from ctxactors.cli import logs as logtool
 from ctxactors.testing import wait_until
 
 

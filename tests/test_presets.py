@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 from ctxactors import Runtime
-from ctxactors.batch_pending import Placement, pending_problems
-from ctxactors.batch_template import PLACEHOLDERS
+from ctxactors.batch.pending import Placement, pending_problems
+from ctxactors.batch.template import PLACEHOLDERS
 from ctxactors.settings import BatchSettings, Settings
 from ctxactors.testing import context_args as ctx_args
 

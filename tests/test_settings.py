@@ -14,7 +14,8 @@ import pytest
 from mcp import Client
 from mcp_support import serve_env, stdio_params
 
-from ctxactors import Runtime, loadtest
+from ctxactors import Runtime
+from ctxactors.cli.loadtest import command as loadtest
 from ctxactors.servers.content import Content
 from ctxactors.servers.history import History
 from ctxactors.settings import ContentSettings, HistorySettings, Settings, fields

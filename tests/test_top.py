@@ -15,7 +15,7 @@ import httpx
 import pytest
 from mcp_support import http_server, serve_env, wait_until
 
-from ctxactors.top import quantile
+from ctxactors.cli.top import quantile
 
 pytestmark = pytest.mark.timeout(90)
 

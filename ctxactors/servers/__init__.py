@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import typing
+
 from ctxactors.servers.batch import Batch, Presets
 from ctxactors.servers.content import Content
 from ctxactors.servers.history import History
 from ctxactors.servers.planning import Planning
 from ctxactors.servers.playbooks import Playbooks
 from ctxactors.servers.workspace import Workspace
-from ctxactors.tools import Server
+
+if typing.TYPE_CHECKING:
+    from ctxactors.tools import Server
 
 # Registered by Runtime(servers=None).
 BUILTIN: list[type[Server]] = [Planning, Playbooks, Content, Workspace]

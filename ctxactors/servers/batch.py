@@ -24,9 +24,9 @@ from typing import Annotated, Any
 import msgspec
 
 from ctxactors._call import caller_deadline
-from ctxactors.batch_engine import BatchRun
-from ctxactors.batch_plan import BatchOptions, Operation, make_plan
-from ctxactors.batch_template import PLACEHOLDERS, size_of
+from ctxactors.batch.engine import BatchRun
+from ctxactors.batch.plan import BatchOptions, Operation, make_plan
+from ctxactors.batch.template import PLACEHOLDERS, size_of
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.results import ToolResult

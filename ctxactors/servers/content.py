@@ -34,8 +34,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ctxactors.batch.compensation import Compensation
 from ctxactors.bounds import AnswerBudget
-from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.settings import DEFAULTS, Settings

@@ -64,7 +64,7 @@ __all__ = [
 
 class OperationRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """One recorded call, as `get_recent_context` returns it (not the batch tool's input
-    operation, `ctxactors.batch_plan.Operation`)."""
+    operation, `ctxactors.batch.plan.Operation`)."""
 
     timestamp: str  # ISO 8601, UTC, milliseconds
     tool: str

@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from ctxactors.batch.compensation import Compensation
 from ctxactors.bounds import AnswerBudget, check_text, text_size
-from ctxactors.compensation import Compensation
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.results import ToolResult

@@ -15,9 +15,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from ctxactors.batch_pending import Placement, holds_placeholder, pending_problems
-from ctxactors.batch_template import REFERENCES, Path, Template
-from ctxactors.compensation import Compensation, as_compensation
+from ctxactors.batch.compensation import Compensation, as_compensation
+from ctxactors.batch.pending import Placement, holds_placeholder, pending_problems
+from ctxactors.batch.template import REFERENCES, Path, Template
 from ctxactors.context import ToolContext, clean_args
 from ctxactors.errors import CtxActorsError, ToolError
 from ctxactors.tools import ToolSpec

@@ -15,9 +15,9 @@ from typing import Any, Protocol
 import httpx
 
 from ctxactors._runtime import Runtime
+from ctxactors.cli.loadtest.options import LoadOptions
+from ctxactors.cli.loadtest.workload import Outcome
 from ctxactors.context import META_KEYS, ToolContext, inject_context
-from ctxactors.loadtest_options import LoadOptions
-from ctxactors.loadtest_workload import Outcome
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from ctxactors.cli import settings_from_args
-from ctxactors.loadtest_workload import parse_mix
+from ctxactors.cli.loadtest.workload import parse_mix
 from ctxactors.settings import Settings
 
 DEFAULT_TTL = 3600.0

@@ -5,12 +5,12 @@ a configurable mix of planning and playbook tools, from a bounded pool of thread
 asyncio tasks. The calls of all sessions interleave: a worker sends one call of a unit
 (one planning key) and puts the unit back at the end of the queue, so every session is in
 flight at once. Each reply is checked against the unit's own model as it arrives
-(`ctxactors.loadtest_workload`); at the end every planning key and every assistant's
+(`ctxactors.cli.loadtest.workload`); at the end every planning key and every assistant's
 playbook list is read back and must equal exactly what that session sent. Any difference is
 a violation, printed with the session it happened to, and the command exits 1.
 
 The target is the embedded runtime, or a running server with ``--url`` (REST, or MCP when
-the URL ends in ``/mcp``; see `ctxactors.loadtest_targets`).
+the URL ends in ``/mcp``; see `ctxactors.cli.loadtest.targets`).
 """
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ctxactors.cli import add_settings_argument
+from ctxactors.cli.loadtest.chaos import RestartedServer
+from ctxactors.cli.loadtest.options import DEFAULT_TTL, LoadOptions
+from ctxactors.cli.loadtest.targets import Target, TransportError, make_target
+from ctxactors.cli.loadtest.workload import Outcome, PlannedCall, PlaybookBook, Unit
 from ctxactors.context import ToolContext
-from ctxactors.loadtest_chaos import RestartedServer
-from ctxactors.loadtest_options import DEFAULT_TTL, LoadOptions
-from ctxactors.loadtest_targets import Target, TransportError, make_target
-from ctxactors.loadtest_workload import Outcome, PlannedCall, PlaybookBook, Unit
 from ctxactors.logs import configure_logging
 
 

@@ -15,12 +15,15 @@ from ctxactors.logs import configure_logging
 from ctxactors.settings import Settings, assign
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("ctxactors.demo", "run a scripted multi-session scenario on the embedded runtime"),
+    "demo": ("ctxactors.cli.demo", "run a scripted multi-session scenario on the embedded runtime"),
     "serve": ("ctxactors.transports.serve", "serve the tools over MCP (stdio or HTTP) and REST"),
-    "loadtest": ("ctxactors.loadtest", "fire many concurrent sessions and check for cross-talk"),
-    "logs": ("ctxactors.logtool", "filter and summarise ctxactors JSON log lines"),
+    "loadtest": (
+        "ctxactors.cli.loadtest.command",
+        "fire many concurrent sessions and check for cross-talk",
+    ),
+    "logs": ("ctxactors.cli.logs", "filter and summarise ctxactors JSON log lines"),
     "shards": ("ctxactors.ray._command", "show or add the shards of a Ray deployment"),
-    "top": ("ctxactors.top", "a live view of a running server (calls/s, latency, sessions)"),
+    "top": ("ctxactors.cli.top", "a live view of a running server (calls/s, latency, sessions)"),
 }
 # The extra (pyproject.toml) a command's imports come from; the core install has the demo.
 # `top` reads the server's own /top shapes (ctxactors.transports.observe), so it needs both.
@@ -75,7 +78,3 @@ def _load(command: str) -> Any:
             f"ctxactors {command} needs {exc.name!r}, from the [{extra}] extra: "
             f"pip install 'ctxactors[{extra}]'"
         )
-
-
-if __name__ == "__main__":
-    sys.exit(main())

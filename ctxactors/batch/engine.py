@@ -29,7 +29,7 @@ import msgspec
 
 from ctxactors._actors import SyncReply
 from ctxactors._call import Undo
-from ctxactors.batch_plan import (
+from ctxactors.batch.plan import (
     BadReference,
     BatchOptions,
     BatchResult,
@@ -41,7 +41,7 @@ from ctxactors.batch_plan import (
     lookup,
     resolve,
 )
-from ctxactors.batch_template import REFERENCES, Path, size_of
+from ctxactors.batch.template import REFERENCES, Path, size_of
 from ctxactors.errors import CtxActorsError
 from ctxactors.results import ToolResult
 
