@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from ctxactors._call import execute
+from ctxactors._call import Envelope, execute
 from ctxactors.logs import lazy_logger
+from ctxactors.results import ToolResult
 
 _log = lazy_logger("ctxactors.actors")
 
@@ -157,6 +159,51 @@ class KeyActor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> None:
         execute(message, self._server, self._lifecycle, self._start_error)
+
+    def _actor_loop_running(self) -> None:
+        """pykka's loop, with our calls (put in the inbox as they are, see `post`) run
+        straight away: no pykka envelope, no look-up of pykka's own message types."""
+        get = self.actor_inbox.get
+        server, lifecycle, start_error = self._server, self._lifecycle, self._start_error
+        stopped = self.actor_stopped
+        while not stopped.is_set():
+            message = get()
+            if type(message) is Envelope:
+                execute(message, server, lifecycle, start_error)
+            else:
+                self._pykka_message(message)
+
+    def _pykka_message(self, envelope: Any) -> None:
+        """One of pykka's own envelopes (a stop, say), as pykka's loop handles it."""
+        reply_to = envelope.reply_to
+        try:
+            response = self._handle_receive(envelope.message)
+            if reply_to is not None:
+                reply_to.set(response)
+        except Exception:
+            if reply_to is not None:
+                reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+        except BaseException:  # noqa: BLE001 - as pykka: stop this actor, not the process's
+            self._stop()
+
+    def _actor_loop_teardown(self) -> None:
+        # The registry sends no call after the stop; should one be there all the same, its
+        # caller gets an answer rather than a wait until its timeout.
+        while not self.actor_inbox.empty():
+            message = self.actor_inbox.get()
+            if type(message) is Envelope:
+                if message.reply is not None:
+                    message.reply.set(ToolResult.error("the key's actor stopped before the call"))
+            elif message.reply_to is not None:
+                message.reply_to.set(None)
+
+    def post(self, envelope: Envelope) -> None:
+        """Send a call: into the inbox as it is (`_actor_loop_running` runs it)."""
+        if self.actor_stopped.is_set():
+            raise pykka.ActorDeadError(f"{self.actor_ref} not found")
+        self.actor_inbox.put(envelope)
 
     def on_stop(self) -> None:
         try:

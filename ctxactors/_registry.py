@@ -188,7 +188,7 @@ class Registry:
             self._counts["calls"] += 1
         self._stop(victims)
         assert entry.actor is not None
-        entry.actor.actor_ref.tell(call)
+        entry.actor.post(call)
 
     def session_state(self, session: SessionKey, name: str, factory: Callable[[], Any]) -> Any:
         """The shared object `name` of `session` (a ``(principal, session_id)`` pair), made
