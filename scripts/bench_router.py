@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO, cast
 
 import pykka
 
@@ -98,7 +98,7 @@ def bench(calls: int, rounds: int) -> dict[str, Any]:
     # A runtime binds its logger when created: make each one under the level it measures.
     runtimes = []
     for level, out in (("warning", sink), ("warning", sink), ("info", log_file)):
-        configure_logging(level=level, file=out, force=True)
+        configure_logging(level=level, file=cast(TextIO, out), force=True)
         runtimes.append(Runtime([Echo]))
     runtimes[0]._early_observers.clear()  # noqa: SLF001 - the router alone, no history
 
