@@ -20,6 +20,8 @@ import asyncio
 import queue
 import sys
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -67,10 +69,13 @@ class SyncReply:
 class AsyncReply:
     """A one-shot slot that resolves an asyncio future on its own loop's thread."""
 
-    __slots__ = ("_loop", "future", "deadline")
+    __slots__ = ("_replies", "future", "deadline")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None = None) -> None:
-        self._loop = loop
+        replies = _loop_replies.get(loop)
+        if replies is None:
+            replies = _loop_replies.setdefault(loop, _LoopReplies(loop))
+        self._replies = replies
         self.future: asyncio.Future[Any] = loop.create_future()
         self.deadline = deadline  # see `caller_deadline`
 
@@ -78,15 +83,45 @@ class AsyncReply:
         return None
 
     def set(self, value: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(_resolve, self.future, value)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        self._replies.put(self.future, value)
 
 
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():  # cancelled or timed out: drop the late reply
-        future.set_result(value)
+class _LoopReplies:
+    """The replies on their way to one event loop: one wake-up of the loop resolves every
+    reply that arrived meanwhile (``call_soon_threadsafe`` writes to the loop's wake-up pipe
+    and schedules a callback: once per batch, not once per reply)."""
+
+    __slots__ = ("_loop", "_pending", "_scheduled", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: deque[tuple[asyncio.Future[Any], Any]] = deque()
+        self._scheduled = False
+
+    def put(self, future: asyncio.Future[Any], value: Any) -> None:
+        self._pending.append((future, value))
+        if not self._scheduled:
+            # Set before the drain can run, and cleared by the drain before it takes the
+            # replies: a reply appended after the drain took its last sees it cleared.
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                self._pending.clear()
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            future, value = pending.popleft()
+            if not future.done():  # cancelled or timed out: drop the late reply
+                future.set_result(value)
+
+
+# One `_LoopReplies` per event loop, gone with its loop.
+_loop_replies: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopReplies] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class Lifecycle:
