@@ -270,10 +270,7 @@ class _Writer:
     def close(self) -> None:
         """Write what is pending and stop the thread (a reconfiguration, or exit)."""
         self._closed = True
-        self._wake.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(1.0)
+        self._wake.set()  # the thread ends on its own; the write lock keeps the order
         self.flush()
 
 
