@@ -181,6 +181,7 @@ class _Writer:
     """
 
     interval = 0.01
+    linger = 0.5  # an idle writer's thread ends after this; the next line starts another
 
     def __init__(self, stream: TextIO | None, renderer: Any) -> None:
         self._stream = stream
@@ -202,21 +203,23 @@ class _Writer:
         lines.append((event, stderr))
         if self._idle:
             self._idle = False
-            if self._thread is None:
-                self._start()
-            self._wake.set()
+            self._start()
         if self._closed or len(lines) > _MAX_PENDING:
             self._backlog()
 
     log = debug = info = warning = warn = error = err = critical = exception = fatal = msg
 
     def _start(self) -> None:
+        """Wake the writer, starting its thread if it ended (idle) or never ran. Under the
+        lock `_run` decides to end under, so a line is never left with no thread to write
+        it."""
         with self._start_lock:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._run, name="ctxactors-log-writer", daemon=True
                 )
                 self._thread.start()
+            self._wake.set()
 
     def _backlog(self) -> None:
         thread = self._thread
@@ -229,7 +232,12 @@ class _Writer:
 
     def _run(self) -> None:
         while not self._closed:
-            self._wake.wait()
+            if not self._wake.wait(self.linger):
+                with self._start_lock:  # idle for a while: end the thread (no idle threads)
+                    if not (self._wake.is_set() or self._lines):
+                        self._thread = None
+                        return
+                continue
             self._wake.clear()
             while self._lines and not self._closed:
                 time.sleep(self.interval)  # let lines gather: one write for many

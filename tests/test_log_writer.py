@@ -6,6 +6,9 @@ import io
 import json
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -96,3 +99,26 @@ def test_standard_error_is_the_one_of_the_moment_a_line_was_logged(
     flush_logs()
     assert json.loads(then.getvalue())["event"] == "then"
     assert now.getvalue() == ""
+
+
+def _writers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "ctxactors-log-writer"]
+
+
+def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 20.0
+    while not check():
+        assert time.monotonic() < deadline, "not within 20 s"
+        time.sleep(0.02)
+
+
+def test_an_idle_writer_leaves_no_thread_and_the_next_line_still_gets_written() -> None:
+    out = io.StringIO()
+    configure_logging(file=out, force=True)
+    log = get_logger("ctxactors.test")
+    log.info("first")
+    _until(lambda: out.getvalue().count("\n") == 1)  # written by the writer, unflushed
+    _until(lambda: not _writers())
+    log.info("second")
+    _until(lambda: out.getvalue().count("\n") == 2)
+    assert [json.loads(x)["event"] for x in out.getvalue().splitlines()] == ["first", "second"]
