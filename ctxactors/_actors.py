@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import sys
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import pykka
 
-from ctxactors._call import execute
+from ctxactors._call import Envelope, execute
 from ctxactors.logs import lazy_logger
+from ctxactors.results import ToolResult
 
 _log = lazy_logger("ctxactors.actors")
 
@@ -65,10 +69,13 @@ class SyncReply:
 class AsyncReply:
     """A one-shot slot that resolves an asyncio future on its own loop's thread."""
 
-    __slots__ = ("_loop", "future", "deadline")
+    __slots__ = ("_replies", "future", "deadline")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None = None) -> None:
-        self._loop = loop
+        replies = _loop_replies.get(loop)
+        if replies is None:
+            replies = _loop_replies.setdefault(loop, _LoopReplies(loop))
+        self._replies = replies
         self.future: asyncio.Future[Any] = loop.create_future()
         self.deadline = deadline  # see `caller_deadline`
 
@@ -76,15 +83,45 @@ class AsyncReply:
         return None
 
     def set(self, value: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(_resolve, self.future, value)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+        self._replies.put(self.future, value)
 
 
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():  # cancelled or timed out: drop the late reply
-        future.set_result(value)
+class _LoopReplies:
+    """The replies on their way to one event loop: one wake-up of the loop resolves every
+    reply that arrived meanwhile (``call_soon_threadsafe`` writes to the loop's wake-up pipe
+    and schedules a callback: once per batch, not once per reply)."""
+
+    __slots__ = ("_loop", "_pending", "_scheduled", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: deque[tuple[asyncio.Future[Any], Any]] = deque()
+        self._scheduled = False
+
+    def put(self, future: asyncio.Future[Any], value: Any) -> None:
+        self._pending.append((future, value))
+        if not self._scheduled:
+            # Set before the drain can run, and cleared by the drain before it takes the
+            # replies: a reply appended after the drain took its last sees it cleared.
+            self._scheduled = True
+            try:
+                self._loop.call_soon_threadsafe(self._drain)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                self._pending.clear()
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        pending = self._pending
+        while pending:
+            future, value = pending.popleft()
+            if not future.done():  # cancelled or timed out: drop the late reply
+                future.set_result(value)
+
+
+# One `_LoopReplies` per event loop, gone with its loop.
+_loop_replies: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopReplies] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class Lifecycle:
@@ -157,6 +194,52 @@ class KeyActor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> None:
         execute(message, self._server, self._lifecycle, self._start_error)
+
+    def _actor_loop_running(self) -> None:
+        """pykka's loop, with our calls (put in the inbox as they are, see `post`) run
+        straight away: no pykka envelope, no look-up of pykka's own message types."""
+        get = self.actor_inbox.get
+        server, lifecycle, start_error = self._server, self._lifecycle, self._start_error
+        stopped = self.actor_stopped
+        while not stopped.is_set():
+            message = get()
+            if type(message) is Envelope:
+                execute(message, server, lifecycle, start_error)
+            else:
+                self._pykka_message(message)
+
+    def _pykka_message(self, envelope: Any) -> None:
+        """One of pykka's own envelopes (a stop, say), as pykka's loop handles it."""
+        reply_to = envelope.reply_to
+        try:
+            response = self._handle_receive(envelope.message)
+            if reply_to is not None:
+                reply_to.set(response)
+        except Exception:
+            if reply_to is not None:
+                reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+        except BaseException:  # noqa: BLE001 - as pykka: stop this actor, not the process's
+            self._stop()
+
+    def _actor_loop_teardown(self) -> None:
+        # The registry sends no call after the stop; should one be there all the same, its
+        # caller gets an answer rather than a wait until its timeout.
+        while not self.actor_inbox.empty():
+            message = self.actor_inbox.get()
+            if type(message) is Envelope:
+                if message.reply is not None:
+                    message.reply.set(ToolResult.error("the key's actor stopped before the call"))
+            elif message.reply_to is not None:
+                message.reply_to.set(None)
+
+    def post(self, envelope: Envelope) -> None:
+        """Send a call: into the inbox as it is (`_actor_loop_running` runs it)."""
+        if self.actor_stopped.is_set():
+            raise pykka.ActorDeadError(f"{self.actor_ref} not found")
+        inbox: Any = self.actor_inbox  # a SimpleQueue that takes ours as well as pykka's
+        inbox.put(envelope)
 
     def on_stop(self) -> None:
         try:

@@ -20,12 +20,14 @@ looked-up tool, the runtime's hooks), built once per call from plain references.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import msgspec
+import structlog
 
 from ctxactors.batch.compensation import as_compensation
 from ctxactors.context import ToolContext
@@ -100,7 +102,7 @@ class CallHost:
     One per runtime; the lists are the runtime's own, so observers added later apply.
     """
 
-    __slots__ = ("log", "durable", "observers", "early_observers", "wrappers")
+    __slots__ = ("log", "log_calls", "durable", "observers", "early_observers", "wrappers")
 
     def __init__(
         self,
@@ -110,6 +112,10 @@ class CallHost:
         early_observers: list[Observer],
     ) -> None:
         self.log = log
+        # Whether a call's log line can be written at all: a level filtered out in
+        # structlog's filtering logger is a no-op method, fixed when the logger was bound, so
+        # a call skips building the line's fields too.
+        self.log_calls = getattr(getattr(log, "info", None), "__func__", None) is not _nop
         self.durable = durable  # a `ctxactors.durable.Durability`, or None
         self.observers = observers
         self.early_observers = early_observers
@@ -147,6 +153,8 @@ class Envelope:
         self.body = body
 
 
+# What structlog's filtering logger has for a level it filters out.
+_nop = structlog.make_filtering_bound_logger(logging.CRITICAL).debug
 _running = threading.local()
 # For a failing log line: the runtime's own logger may be what fails.
 _log = lazy_logger("ctxactors.call")
@@ -187,21 +195,26 @@ def execute(
     if envelope.reply is not None:
         envelope.reply.set(result)
     try:
-        ctx = call.ctx
-        host.log.info(
-            "tool_call",
-            principal=ctx.principal,
-            session_id=ctx.session_id,
-            assistant_id=ctx.assistant_id,
-            thread_id=ctx.thread_id,
-            tool=call.tool,
-            duration_ms=round((time.perf_counter() - envelope.started) * 1000, 3),
-            outcome="error" if result.is_error else "ok",
-        )
+        if host.log_calls:
+            _log_call(host.log, envelope, call, result)
         if call.observe:
             _notify(host.observers, envelope, result)
     except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
         _log.error("after_call_failed", exc_info=exc)
+
+
+def _log_call(log: Any, envelope: Envelope, call: ToolCall, result: ToolResult) -> None:
+    ctx = call.ctx
+    log.info(
+        "tool_call",
+        principal=ctx.principal,
+        session_id=ctx.session_id,
+        assistant_id=ctx.assistant_id,
+        thread_id=ctx.thread_id,
+        tool=call.tool,
+        duration_ms=round((time.perf_counter() - envelope.started) * 1000, 3),
+        outcome="error" if result.is_error else "ok",
+    )
 
 
 def _run(envelope: Envelope, server: Any) -> ToolResult:

@@ -218,10 +218,15 @@ class Runtime:
         )
         self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
+        future = reply.future
+        # A timer on the reply's own future (`asyncio.wait_for` adds a task and a waiter).
+        timer = future.get_loop().call_later(wait, _expire, future)
         try:
-            result: ToolResult = await asyncio.wait_for(reply.future, wait)
-        except TimeoutError:
+            result: ToolResult = await future
+        except _Expired:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
+        finally:
+            timer.cancel()
         if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
             raise result
         return result
@@ -424,3 +429,12 @@ def _trace_if_enabled(runtime: Runtime) -> None:
     except ImportError:  # opentelemetry-api is not installed: nothing can be traced
         return
     tracing.instrument_if_enabled(runtime)
+
+
+class _Expired(Exception):
+    """An `acall` whose caller stopped waiting (raised as `CallTimeoutError`)."""
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(_Expired())

@@ -15,6 +15,10 @@ It reads
 - ``CTXACTORS_LOG_FILE``: a path to append to; default standard error. Logs never go to
   standard output, which is the protocol channel of the MCP stdio transport.
 
+Lines are rendered and written by a background writer, many per write, within about 10 ms
+of being logged: a line costs its caller an append (`flush_logs` writes what is pending
+now; a reconfiguration and the process's exit do too).
+
 The level filter is compiled into the logger class (structlog's filtering bound logger), so a
 filtered-out line costs a no-op method call. Code that logs on a hot path binds its logger
 once and keeps it (a logger is bound to the configuration of its time: configure first);
@@ -23,16 +27,21 @@ a module-level logger is a `lazy_logger`, which binds on each use.
 
 from __future__ import annotations
 
+import atexit
+import datetime
 import json
 import logging
 import os
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import MutableMapping
 from typing import Any, TextIO
 
 import msgspec
 import structlog
+import structlog.contextvars as _structlog_contextvars
 
 _LEVELS = {"debug": 10, "info": 20, "warning": 30, "warn": 30, "error": 40, "critical": 50}
 _METHOD_LEVELS = {**_LEVELS, "exception": 40, "fatal": 50}
@@ -82,7 +91,7 @@ def configure_logging(
         if target is None or target == "":
             stream = None  # whatever sys.stderr is at the time of each line
         elif isinstance(target, str):
-            stream = open(target, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            stream = open(target, "a", encoding="utf-8")  # noqa: SIM115 - flushed per batch
         else:
             stream = target
         renderer: Any
@@ -92,16 +101,18 @@ def configure_logging(
             renderer = structlog.processors.JSONRenderer(serializer=_serialize)
         else:
             raise ValueError(f"CTXACTORS_LOG_FORMAT: unknown format {fmt!r}")
+        global _writer
+        if _writer is not None:
+            _writer.close()  # its lines are written before the new configuration's
+        _writer = _Writer(stream, renderer)
         structlog.configure(
             processors=[
                 structlog.contextvars.merge_contextvars,
                 structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
-                structlog.processors.format_exc_info,
-                renderer,
+                _stamp,
             ],
-            wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[lvl_name]),
-            logger_factory=_Sink(stream).factory,
+            wrapper_class=_direct_logger(_LEVELS[lvl_name]),
+            logger_factory=_writer.factory,
             cache_logger_on_first_use=False,
         )
         _configured_by_us = True
@@ -109,31 +120,185 @@ def configure_logging(
         logging.getLogger("pykka").setLevel(max(_LEVELS[lvl_name], logging.WARNING))
 
 
-class _Sink:
-    """Where rendered lines go: a stream, or standard error looked up per line.
+def flush_logs() -> None:
+    """Write every line logged so far (through `configure_logging`'s writer) now."""
+    if _writer is not None:
+        _writer.flush()
 
-    Looking ``sys.stderr`` up per line follows hosts and test runners that swap it; a write
-    that fails (a closed stream, a full disk) is dropped, because a log line must never
-    fail the call that wrote it.
+
+def _stamp(_: Any, __: str, event: MutableMapping[str, Any]) -> tuple[Any, ...]:
+    """The last processor in the logging thread: what only it knows (the time, its
+    exception, its standard error), then the event itself goes to the writer unrendered."""
+    event["timestamp"] = time.time()
+    if event.get("exc_info") is True:
+        event["exc_info"] = sys.exc_info()
+    return (event, sys.stderr), {}
+
+
+def _direct_logger(level: int) -> type[Any]:
+    """structlog's filtering logger, with the processor chain above done inline (a third
+    of its generic cost: the per-call line is on every call's path). A chain changed since
+    (structlog's `capture_logs`, say) takes the generic path."""
+    base: type[Any] = structlog.make_filtering_bound_logger(level)
+
+    def _proxy_to_logger(
+        self: Any, method_name: str, event: str | None = None, **event_kw: Any
+    ) -> Any:
+        processors = self._processors
+        if len(processors) != 3 or processors[2] is not _stamp:
+            return base._proxy_to_logger(self, method_name, event, **event_kw)
+        event_dict = self._context.copy()
+        event_dict.update(event_kw)
+        if event is not None:
+            event_dict["event"] = event
+        if _structlog_contextvars._CONTEXT_VARS:  # only once someone bound one
+            structlog.contextvars.merge_contextvars(None, method_name, event_dict)
+        event_dict["level"] = _LEVEL_NAMES.get(method_name, method_name)
+        (line, stderr), _ = _stamp(None, method_name, event_dict)
+        return self._logger.msg(line, stderr)
+
+    return type(base.__name__, (base,), {"_proxy_to_logger": _proxy_to_logger})
+
+
+# What `add_log_level` writes for each method name.
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}
+_writer: _Writer | None = None
+# Lines waiting beyond this make the loggers wait for the writer (a stalled stream): no
+# line is dropped, and memory stays bounded.
+_MAX_PENDING = 100_000
+
+
+class _Writer:
+    """Renders and writes log lines in a thread of its own, many per write.
+
+    A line costs its caller an append to a deque; the writer wakes when lines arrive, lets
+    them gather for `interval` seconds, renders the batch and writes it with one write and
+    one flush, so a line reaches the OS within about `interval` of being logged. `flush`
+    writes what is pending from the calling thread (configure_logging and exit call it).
+    A stream of None is standard error as it was when the line was logged (hosts and test
+    runners swap it). A write that fails (a closed stream, a full disk) is dropped: a log
+    line must never fail the call that logged it.
     """
 
-    def __init__(self, stream: TextIO | None) -> None:
-        self._stream = stream
-        self._lock = threading.Lock()
+    interval = 0.01
+    linger = 0.5  # an idle writer's thread ends after this; the next line starts another
 
-    def factory(self, *_: Any) -> _Sink:
+    def __init__(self, stream: TextIO | None, renderer: Any) -> None:
+        self._stream = stream
+        self._renderer = renderer
+        self._json = isinstance(renderer, structlog.processors.JSONRenderer)
+        self._lines: deque[tuple[dict[str, Any], TextIO]] = deque()
+        self._idle = True
+        self._wake = threading.Event()
+        self._write_lock = threading.Lock()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def factory(self, *_: Any) -> _Writer:
         return self
 
-    def msg(self, message: str) -> None:
-        stream = self._stream if self._stream is not None else sys.stderr
-        try:
-            with self._lock:
-                stream.write(message + "\n")
-                stream.flush()
-        except (ValueError, OSError):
-            pass
+    def msg(self, event: dict[str, Any], stderr: TextIO) -> None:
+        lines = self._lines
+        lines.append((event, stderr))
+        if self._idle:
+            self._idle = False
+            self._start()
+        if self._closed or len(lines) > _MAX_PENDING:
+            self._backlog()
 
-    log = debug = info = warning = warn = error = err = critical = exception = msg
+    log = debug = info = warning = warn = error = err = critical = exception = fatal = msg
+
+    def _start(self) -> None:
+        """Wake the writer, starting its thread if it ended (idle) or never ran. Under the
+        lock `_run` decides to end under, so a line is never left with no thread to write
+        it."""
+        with self._start_lock:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="ctxactors-log-writer", daemon=True
+                )
+                self._thread.start()
+            self._wake.set()
+
+    def _backlog(self) -> None:
+        thread = self._thread
+        if thread is None or not thread.is_alive() or self._closed:
+            self.flush()  # no writer (a logger bound before a reconfiguration): write here
+            return
+        while len(self._lines) > _MAX_PENDING // 2 and thread.is_alive():
+            self._wake.set()
+            time.sleep(self.interval)
+
+    def _run(self) -> None:
+        while not self._closed:
+            if not self._wake.wait(self.linger):
+                with self._start_lock:  # idle for a while: end the thread (no idle threads)
+                    if not (self._wake.is_set() or self._lines):
+                        self._thread = None
+                        return
+                continue
+            self._wake.clear()
+            while self._lines and not self._closed:
+                time.sleep(self.interval)  # let lines gather: one write for many
+                self.flush()
+            self._idle = True
+            if self._lines:  # appended after the last flush, before `_idle` was set
+                self._idle = False
+                self._wake.set()
+
+    def flush(self) -> None:
+        with self._write_lock:  # one drainer at a time keeps the lines in order
+            lines = self._lines
+            while lines:
+                batch = []
+                target = lines[0][1] if self._stream is None else self._stream
+                while lines and (self._stream is not None or lines[0][1] is target):
+                    event, _ = lines.popleft()
+                    batch.append(self._render(event))
+                    if len(batch) >= 4096:
+                        break
+                try:
+                    target.write("".join(batch))
+                    target.flush()
+                except (ValueError, OSError):
+                    pass
+
+    def _render(self, event: dict[str, Any]) -> str:
+        try:
+            event["timestamp"] = _iso(event["timestamp"])
+            if "exc_info" in event:
+                structlog.processors.format_exc_info(None, "", event)
+            if self._json:
+                return f"{_serialize(event)}\n"
+            return f"{self._renderer(None, event.get('level', 'info'), event)}\n"
+        except Exception as exc:  # noqa: BLE001 - one bad line must not stop the writer
+            return f"{_serialize({'event': 'log_line_failed', 'error': repr(exc)})}\n"
+
+    def close(self) -> None:
+        """Write what is pending and stop the thread (a reconfiguration, or exit)."""
+        self._closed = True
+        self._wake.set()  # the thread ends on its own; the write lock keeps the order
+        self.flush()
+
+
+_second: list[Any] = [None, ""]  # the last whole second formatted, and its text
+
+
+def _iso(stamp: float) -> str:
+    """`stamp` as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it (microseconds
+    always shown); the date and time are formatted once per second."""
+    second = int(stamp)
+    if _second[0] != second:
+        moment = datetime.datetime.fromtimestamp(second, datetime.UTC)
+        _second[:] = [second, moment.strftime("%Y-%m-%dT%H:%M:%S")]
+    return f"{_second[1]}.{int((stamp - second) * 1e6):06d}Z"
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    if _writer is not None:
+        _writer.close()
 
 
 def get_logger(name: str = "ctxactors", **context: Any) -> Any:

@@ -194,3 +194,34 @@ def test_acall_keys_by_the_principal_and_falls_back_to_the_given_session() -> No
 
     with Runtime([*BUILTIN, Clocked]) as rt:
         asyncio.run(main(rt))
+
+
+class Tick(Server):
+    name = "tick"
+    scope = Scope.SESSION
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    @tool
+    def tick(self, ctx: ToolContext) -> dict[str, Any]:
+        """Count one."""
+        self.n += 1
+        return {"n": self.n}
+
+
+def test_replies_batched_into_one_loop_wake_up_all_reach_their_callers() -> None:
+    # 100 sessions' actors answer at once: replies arriving while the loop drains a batch
+    # must start the next one, and each must reach its own caller.
+    async def session(rt: Runtime, s: int) -> list[int]:
+        results = [await rt.acall("tick", ctx_args(f"s{s}"), timeout=WAIT) for _ in range(30)]
+        return [r.structured["n"] for r in results if r.structured is not None]
+
+    async def main(rt: Runtime) -> list[list[int]]:
+        return await asyncio.gather(*(session(rt, s) for s in range(100)))
+
+    with Runtime([Tick]) as rt:
+        counts = asyncio.run(main(rt))
+        assert counts == [list(range(1, 31))] * 100
+        # A second loop in the same process gets replies of its own.
+        assert asyncio.run(main(rt)) == [list(range(31, 61))] * 100

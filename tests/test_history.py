@@ -548,3 +548,33 @@ def test_a_rolled_back_batch_shows_what_ran_but_never_the_undo(rt: Runtime) -> N
         ("mark_todo", True),
         ("create_goal", False),
     ]
+
+
+class Tally(Server):
+    """Returns its own dict, which its next call changes (a server that shares its state)."""
+
+    name = "tally"
+    scope = Scope.SESSION
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {"selected_ids": [], "count": 0}
+
+    @tool
+    def bump(self, ctx: ToolContext, item_id: str) -> dict[str, Any]:
+        """Select one more item."""
+        self.state["selected_ids"].append(item_id)
+        self.state["count"] += 1
+        return self.state
+
+
+def test_a_record_keeps_what_the_call_returned_then_not_the_servers_dict_now() -> None:
+    with Runtime([Tally]) as rt:
+        for item in ("i1", "i2", "i3"):
+            assert not rt.call("bump", ctx_args("s1", item_id=item)).is_error
+        ops = rt.call("get_recent_context", ctx_args("s1", limit=3)).structured
+    assert ops is not None
+    assert [(op["arguments"], op["metadata"]) for op in ops["operations"]] == [
+        ({"item_id": "i3"}, {"selected_ids": ["i1", "i2", "i3"], "count": 3}),
+        ({"item_id": "i2"}, {"selected_ids": ["i1", "i2"], "count": 2}),
+        ({"item_id": "i1"}, {"selected_ids": ["i1"], "count": 1}),
+    ]

@@ -10,9 +10,11 @@ A session's history is a `SessionHistory` kept by the registry as session state
 (`Registry.session_state`, keyed by principal and session id): it lives exactly as long as
 the session has a live actor, so it goes when the session's actors are reaped, evicted or
 ended, and one session (of one principal) can never reach another's. An observer adds each call to it in the calling key's actor, just before
-the reply: it snapshots the arguments (compacted, so a 4 MiB upload does not stay in memory
-50 times), extracts the metadata and appends the record under a small lock. That costs the
-call a few microseconds and no message, no thread and no actor: a message per call to a
+the reply: a common call is appended as references (its own clean arguments, its result's
+text) and made into its record (compacted arguments, metadata) when the history is read;
+a call with large arguments or result, or a tool with its own extractor, is made into its
+record at once, so a 4 MiB upload does not stay in memory 50 times. That costs the call
+about a microsecond and no message, no thread and no actor: a message per call to a
 history actor cost a cheap call 1.6x on a busy CPU and an extra actor per session (see
 ``scripts/bench_history.py``). Because the record is added before the reply, a caller that
 got its result and then asks for the history always finds that call in it. The `History`
@@ -40,7 +42,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import msgspec
 
@@ -147,7 +149,10 @@ class SessionHistory:
     def __init__(self, config: HistoryConfig, saver: HistorySaver | None = None) -> None:
         self.config = config
         self._lock = threading.Lock()
-        self._ops: deque[_Record] = deque(maxlen=config.max_operations)
+        # Records, or calls still to be made into their records (`record`).
+        self._ops: deque[tuple[float, float, Scope, OperationRecord | _Pending]] = deque(
+            maxlen=config.max_operations
+        )
         self._saver = saver  # with a state store: the history is kept there too
 
     def add(self, record: _Record) -> None:
@@ -158,11 +163,51 @@ class SessionHistory:
             if self._saver is not None:
                 self._saver.save(self._stored)
 
+    def record(self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: Any) -> None:
+        """Add one call. The common call (no extractor of its own, flat and small arguments,
+        a short result, no store) is kept as references and made into its record when the
+        history is read (`_Pending`): most records are never read. The references are safe
+        to keep: the arguments are the call's own dict of immutable values and the result's
+        text is the snapshot of what it returned; their size is bounded here."""
+        now, wall = self.config.clock(), time.time()
+        content = result.content
+        text = content[0].get("text") if len(content) == 1 else None
+        if (
+            self._saver is None
+            and spec.extract is None
+            and type(text) is str
+            and len(text) <= _LAZY_TEXT
+            and _flat_and_small(args)
+        ):
+            pending = _Pending(spec.name, args, text, result, ctx.assistant_id, ctx.thread_id)
+            with self._lock:
+                self._ops.append((now, wall, spec.server.scope, pending))
+            return
+        arguments = compact(args)
+        op = OperationRecord(
+            timestamp="",
+            tool=spec.name,
+            arguments=arguments,
+            is_error=result.is_error,
+            metadata=extract_metadata(spec, arguments, result),
+            assistant_id=ctx.assistant_id,
+            thread_id=ctx.thread_id,
+        )
+        self.add((now, wall, spec.server.scope, op))
+
+    def _finished(self) -> list[_Record]:
+        """The records, each pending one made into its record once (lock held)."""
+        ops = self._ops
+        for i, (clock, wall, scope, op) in enumerate(ops):
+            if type(op) is _Pending:
+                ops[i] = (clock, wall, scope, op.finish())
+        return cast(list[_Record], list(ops))
+
     def _stored(self) -> list[tuple[float, Any]]:
         """The records as the store keeps them: the scope beside the operation, since it
         decides who may read it."""
         with self._lock:
-            return [(wall, [scope.value, op]) for _, wall, scope, op in self._ops]
+            return [(wall, [scope.value, op]) for _, wall, scope, op in self._finished()]
 
     def _merge_stored(self, saver: HistorySaver) -> None:
         """Take in what the store holds (once, or again after a failed write); records
@@ -187,7 +232,7 @@ class SessionHistory:
             cutoff = self.config.clock() - self.config.ttl
             while self._ops and self._ops[0][0] <= cutoff:
                 self._ops.popleft()
-            return list(self._ops)
+            return self._finished()
 
 
 class History(Server):
@@ -252,17 +297,66 @@ class _Recorder:
         history = self._histories(ctx.session_key)
         if history is None:
             return  # the session was ended meanwhile: nothing to add to
-        arguments = compact(args)
-        op = OperationRecord(
+        history.record(ctx, spec, args, result)
+
+
+# A result text longer than this is made into its record at once (metadata, clipping), so a
+# session's pending records stay small.
+_LAZY_TEXT = 4096
+
+
+class _Pending:
+    """A call recorded as references, made into its `OperationRecord` when first read.
+
+    `text` is the result's text: for a structured result, the JSON the call returned then
+    (`ToolResult.ok` encodes it), so the metadata reads that snapshot, not a dict the
+    server may have changed since.
+    """
+
+    __slots__ = ("tool", "args", "text", "result", "assistant_id", "thread_id")
+
+    def __init__(
+        self,
+        tool: str,
+        args: dict[str, Any],
+        text: str,
+        result: ToolResult,
+        assistant_id: str | None,
+        thread_id: str | None,
+    ) -> None:
+        self.tool = tool
+        self.args = args
+        self.text = text
+        self.result = result
+        self.assistant_id = assistant_id
+        self.thread_id = thread_id
+
+    def finish(self) -> OperationRecord:
+        result = self.result
+        if result.is_error:
+            metadata = {"error": _clip(self.text, MAX_ERROR)}
+        elif result.structured is None:
+            metadata = {}
+        else:
+            metadata = generic_metadata(_snapshot(self.text, result.structured))
+        return OperationRecord(
             timestamp="",
-            tool=spec.name,
-            arguments=arguments,
+            tool=self.tool,
+            arguments=dict(self.args),
             is_error=result.is_error,
-            metadata=extract_metadata(spec, arguments, result),
-            assistant_id=ctx.assistant_id,
-            thread_id=ctx.thread_id,
+            metadata=metadata,
+            assistant_id=self.assistant_id,
+            thread_id=self.thread_id,
         )
-        history.add((history.config.clock(), time.time(), spec.server.scope, op))
+
+
+def _snapshot(text: str, structured: dict[str, Any]) -> dict[str, Any]:
+    """The structured result as it was returned: its JSON text, when the text is that."""
+    try:
+        decoded = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return structured  # a handler's own ToolResult, with other text
+    return decoded if isinstance(decoded, dict) else structured
 
 
 def visible(scope: Scope, op: OperationRecord, ctx: ToolContext) -> bool:
