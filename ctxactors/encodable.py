@@ -112,11 +112,13 @@ def may_hold_untyped(args_type: Any) -> bool:
 
 
 def _plain(arguments: dict[str, Any]) -> bool:
-    """True when every value is a number, None or an ASCII string.
-
-    Top-level keys are left to msgspec: converting to the args type refuses a non-string one.
+    """True when every value is a number, None or an ASCII string, and no string key holds
+    more than ASCII. A non-string top-level key is left to msgspec, which refuses it; but a
+    key with a lone surrogate would fail msgspec's own error message (a UnicodeEncodeError).
     """
-    for value in arguments.values():
+    for key, value in arguments.items():
+        if type(key) is str and not key.isascii():
+            return False
         kind = type(value)
         if kind is str:
             if not value.isascii():

@@ -196,6 +196,15 @@ def test_non_string_keys_are_refused_at_any_depth(rt: Runtime) -> None:
     assert kept.structured == {"data": {"a": [{"b": {"c": 1}}], "é": "ü"}}
 
 
+def test_a_top_level_key_with_a_lone_surrogate_is_refused_saying_where(rt: Runtime) -> None:
+    """Found by the fuzz test: msgspec's message about an unknown key failed to encode it."""
+    message = refused(rt, "create_goal", ctx_args("s1", goal="g", **{"\ud800": None}))
+    assert message.startswith("invalid arguments for 'create_goal': ") and "surrogate" in message
+    mixed = refused(rt, "add_content", {"\ud800": None, "__sessionId": "f1", 0: "non-string key"})
+    assert mixed.startswith("invalid arguments for 'add_content': ")
+    assert session_still_answers(rt)["get_planning_state"] == {"goals": [], "todos": []}
+
+
 def test_values_the_encoder_does_not_know_are_refused(rt: Runtime) -> None:
     assert refused(rt, "keep", ctx_args("s1", data={"x": [object()]})) == (
         "invalid arguments for 'keep': a value of type object cannot be encoded as JSON"
