@@ -12,7 +12,9 @@ from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import Lifecycle
+from ctxactors._registry import SessionState
 from ctxactors.servers import BUILTIN
+from ctxactors.servers.planning import Planning
 from ctxactors.state import MemoryStore
 
 
@@ -441,3 +443,224 @@ def test_a_principal_over_its_cap_with_every_key_busy_keeps_them_and_the_newcome
 def test_stores_are_given_the_call_timeout_to_save() -> None:
     with Runtime(store=MemoryStore(), call_timeout=7.0) as rt:
         assert rt.durability is not None and rt.durability.save_timeout == 7.0
+
+
+# -- a call sent as its key is retired; the session's shared state after it ----------------
+
+
+class PausingLock:
+    """The registry's lock, pausing one thread right after that thread releases it."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.pause: threading.Thread | None = None
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def __enter__(self) -> PausingLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        if threading.current_thread() is self.pause:
+            self.pause = None
+            self.paused.set()
+            assert self.resume.wait(10)
+
+
+class Sharer(Server):
+    """Reads its session's shared state from its own actor (as the history does)."""
+
+    name = "sharer"
+    scope = Scope.SESSION
+    made: list[object] = []
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @classmethod
+    def create(cls, runtime: Any) -> Sharer:
+        return cls(runtime)
+
+    @tool
+    def share(self, ctx: ToolContext, gate: str) -> dict[str, Any]:
+        """Wait for the gate, then look up the session's shared object."""
+        Gate.entered.setdefault(gate, threading.Event()).set()
+        assert Gate.gates[gate].wait(10)
+
+        def new() -> object:
+            Sharer.made.append(object())
+            return Sharer.made[-1]
+
+        found = self.runtime._registry.session_state(ctx.session_key, "x", new)
+        return {"shared": found is not None}
+
+
+def test_a_call_counted_as_sent_before_its_key_is_retired_still_runs(clock: ManualClock) -> None:
+    """`submit` counts a call as sent under the lock and sends it after: a session ended in
+    between must wait for that call (the actor drains it), not stop the actor before it
+    arrives, which would lose the call."""
+    with make(clock, ttl=60) as rt:
+        assert rt.call("count", ctx_args("s1")).structured == {"n": 1}
+        registry = rt._registry
+        lock = PausingLock(registry._lock)
+        registry._lock = lock  # type: ignore[assignment]
+        results: list[Any] = []
+
+        def caller() -> None:
+            lock.pause = threading.current_thread()
+            try:
+                results.append(rt.call("count", ctx_args("s1"), timeout=5).structured)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                results.append(exc)
+
+        t = threading.Thread(target=caller)
+        t.start()
+        assert lock.paused.wait(10)  # counted as sent, not sent yet
+        assert registry.end_session((None, "s1")) == 1
+        entry = next(iter(registry._draining))
+        assert (entry.sent, entry.done) == (2, 1)
+        assert rt.stats()["inflight"] == 1  # the retired actor's call still counts
+        lock.resume.set()
+        t.join(10)
+        assert results == [{"n": 2}]
+        assert entry.closed.wait(10)  # it stopped itself after that call
+        assert registry._draining == set()  # and is no longer kept
+        assert rt.stats()["inflight"] == 0
+
+
+def test_a_call_that_outlives_its_ended_session_adds_nothing_to_its_state(
+    clock: ManualClock,
+) -> None:
+    Gate.gates["outlive"] = threading.Event()
+    Gate.entered["outlive"] = threading.Event()
+    Sharer.made.clear()
+    with Runtime([*BUILTIN, Sharer], clock=clock, call_timeout=10) as rt:
+        results: list[Any] = []
+        t = threading.Thread(
+            target=lambda: results.append(rt.call("share", ctx_args("s1", gate="outlive")))
+        )
+        t.start()
+        assert Gate.entered["outlive"].wait(10)
+        assert rt._registry.end_session((None, "s1")) == 1  # its only actor, busy
+        Gate.gates["outlive"].set()
+        t.join(10)
+        assert results[0].structured == {"shared": False}
+        assert Sharer.made == []  # nothing made for a session that is gone
+        Gate.gates["live"] = threading.Event()
+        Gate.gates["live"].set()
+        assert rt.call("share", ctx_args("s1", gate="live")).structured == {"shared": True}
+        assert len(Sharer.made) == 1
+
+
+class CountingStore(MemoryStore):
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.purges = 0
+
+    def purge(self) -> int:
+        self.purges += 1
+        return super().purge()
+
+
+@pytest.mark.parametrize(
+    ("retention", "below", "every"), [(5.0, 0.46875, 0.5), (1000.0, 59.5, 60.0)]
+)
+def test_the_reapers_store_pass_runs_every_tenth_of_the_retention_at_most_a_minute(
+    clock: ManualClock, retention: float, below: float, every: float
+) -> None:
+    store = CountingStore(retention=retention)
+    with Runtime(clock=clock, store=store) as rt:
+        on_pass = rt._registry.on_pass  # what the background reaper runs after each pass
+        assert on_pass is not None
+        for n in (1, 2):
+            clock.advance(below)
+            on_pass()
+            assert store.purges == n - 1
+            clock.advance(every - below)
+            on_pass()
+            assert store.purges == n
+
+
+class CountingPlanning(Planning):
+    """The planning server, counting how often its state is encoded for a save."""
+
+    snapshots = 0
+
+    def snapshot(self) -> Any:
+        CountingPlanning.snapshots += 1
+        return super().snapshot()
+
+
+def test_with_a_store_a_read_only_call_never_encodes_the_state(clock: ManualClock) -> None:
+    with Runtime([CountingPlanning], clock=clock, store=MemoryStore()) as rt:
+        assert rt.call("create_goal", ctx_args("s1", goal="a")).structured == {
+            "id": "g1",
+            "goal": "a",
+        }
+        before = CountingPlanning.snapshots
+        state = rt.call("get_planning_state", ctx_args("s1")).structured
+        assert state is not None and [g["id"] for g in state["goals"]] == ["g1"]
+        assert CountingPlanning.snapshots == before
+        rt.call("create_goal", ctx_args("s1", goal="b"))
+        assert CountingPlanning.snapshots == before + 1
+
+
+def test_with_a_store_a_server_that_is_not_durable_keeps_its_state_in_its_actor(
+    clock: ManualClock,
+) -> None:
+    store = MemoryStore()
+    with make(clock, store=store) as rt:
+        assert [rt.call("count", ctx_args("s1")).structured for _ in range(2)] == [
+            {"n": 1},
+            {"n": 2},
+        ]
+        assert store.load((None, "s1"), ("gate", None, None)) is None
+
+
+class WatchedValues(dict[str, Any]):
+    """A session state's values, counting its lookups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookups = threading.Semaphore(0)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        found = super().get(name, default)
+        self.lookups.release()
+        return found
+
+
+def test_two_actors_making_a_session_object_at_once_share_the_one_made_first() -> None:
+    """The second looks again under the lock, so it never replaces the first one's object."""
+    state = SessionState()
+    values = WatchedValues()
+    state._values = values
+    making = threading.Event()
+    release = threading.Event()
+    made: list[object] = []
+
+    def first() -> object:
+        making.set()
+        assert release.wait(10)
+        made.append(object())
+        return made[-1]
+
+    def second() -> object:
+        made.append(object())
+        return made[-1]
+
+    got: list[object] = []
+    a = threading.Thread(target=lambda: got.append(state.get("x", first)))
+    a.start()
+    assert making.wait(10)  # a holds the lock, making it
+    for _ in range(2):
+        assert values.lookups.acquire(timeout=10)  # a's lookups: before and under the lock
+    b = threading.Thread(target=lambda: got.append(state.get("x", second)))
+    b.start()
+    assert values.lookups.acquire(timeout=10)  # b found nothing, and waits for the lock
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert len(made) == 1 and got == [made[0], made[0]]
