@@ -499,35 +499,47 @@ class Sharer(Server):
 
 def test_a_call_counted_as_sent_before_its_key_is_retired_still_runs(clock: ManualClock) -> None:
     """`submit` counts a call as sent under the lock and sends it after: a session ended in
-    between must wait for that call (the actor drains it), not stop the actor before it
-    arrives, which would lose the call."""
+    between must wait for that call too (the actor drains it), not stop the actor when the
+    call running then ends, before the other arrives, which would lose it."""
+    Gate.gates["sent"] = threading.Event()
+    Gate.entered["sent"] = threading.Event()
     with make(clock, ttl=60) as rt:
         assert rt.call("count", ctx_args("s1")).structured == {"n": 1}
         registry = rt._registry
-        lock = PausingLock(registry._lock)
-        registry._lock = lock  # type: ignore[assignment]
         results: list[Any] = []
 
-        def caller() -> None:
-            lock.pause = threading.current_thread()
+        def call(tool: str, **args: Any) -> None:
             try:
-                results.append(rt.call("count", ctx_args("s1"), timeout=5).structured)
+                results.append(rt.call(tool, ctx_args("s1", **args), timeout=5).structured)
             except Exception as exc:  # noqa: BLE001 - reported below
                 results.append(exc)
 
-        t = threading.Thread(target=caller)
-        t.start()
-        assert lock.paused.wait(10)  # counted as sent, not sent yet
-        assert registry.end_session((None, "s1")) == 1
-        entry = next(iter(registry._draining))
-        assert (entry.sent, entry.done) == (2, 1)
-        assert rt.stats()["inflight"] == 1  # the retired actor's call still counts
-        lock.resume.set()
-        t.join(10)
-        assert results == [{"n": 2}]
-        assert entry.closed.wait(10)  # it stopped itself after that call
-        assert registry._draining == set()  # and is no longer kept
-        assert rt.stats()["inflight"] == 0
+        lock = PausingLock(registry._lock)
+        try:
+            running = threading.Thread(target=call, args=("wait_gate",), kwargs={"gate": "sent"})
+            running.start()
+            assert Gate.entered["sent"].wait(10)
+            registry._lock = lock  # type: ignore[assignment]
+            sending = threading.Thread(target=call, args=("count",))
+            lock.pause = sending
+            sending.start()
+            assert lock.paused.wait(10)  # counted as sent, not sent yet
+            assert registry.end_session((None, "s1")) == 1
+            entry = next(iter(registry._draining))
+            assert (entry.sent, entry.done) == (3, 1)
+            assert rt.stats()["inflight"] == 2  # the retired actor's calls still count
+            Gate.gates["sent"].set()
+            running.join(10)
+            assert results == [{"n": 2}]
+            lock.resume.set()
+            sending.join(10)
+            assert results == [{"n": 2}, {"n": 3}]
+            assert entry.closed.wait(10)  # it stopped itself after its last call
+            assert registry._draining == set()  # and is no longer kept
+            assert rt.stats()["inflight"] == 0
+        finally:  # a failed check must not leave the call blocked
+            Gate.gates["sent"].set()
+            lock.resume.set()
 
 
 def test_a_call_that_outlives_its_ended_session_adds_nothing_to_its_state(
