@@ -440,6 +440,39 @@ def test_a_principal_over_its_cap_with_every_key_busy_keeps_them_and_the_newcome
             held.join(10)
 
 
+def test_both_caps_evicting_at_once_still_stop_the_principals_own_victim(
+    clock: ManualClock,
+) -> None:
+    """The global cap is already exceeded (every other key busy) when a principal over its
+    own cap gives up its least recently used key: that key is stopped all the same."""
+    gates = ("both1", "both2")
+    for gate in gates:
+        Gate.gates[gate] = threading.Event()
+        Gate.entered[gate] = threading.Event()
+    with make(clock, max_actors=2, max_actors_per_principal=1) as rt:
+        held = [
+            threading.Thread(
+                target=lambda s=s, g=g: rt.call("wait_gate", ctx_args(s, gate=g), principal="q")
+            )
+            for s, g in zip(("s1", "s2"), gates, strict=True)
+        ]
+        try:
+            for t, gate in zip(held, gates, strict=True):
+                t.start()
+                assert Gate.entered[gate].wait(10)
+            assert rt.call("count", ctx_args("s3"), principal="p").structured == {"n": 1}
+            (victim,) = [e for k, e in rt._registry._entries.items() if k.session[1] == "s3"]
+            assert rt.call("count", ctx_args("s4"), principal="p").structured == {"n": 1}
+            stats = rt.stats()
+            assert (stats["actors"], stats["evicted"]) == (3, 1)
+            assert victim.closed.wait(5)  # its actor was stopped, not left running
+        finally:
+            for gate in gates:
+                Gate.gates[gate].set()
+            for t in held:
+                t.join(10)
+
+
 def test_stores_are_given_the_call_timeout_to_save() -> None:
     with Runtime(store=MemoryStore(), call_timeout=7.0) as rt:
         assert rt.durability is not None and rt.durability.save_timeout == 7.0
