@@ -13,9 +13,11 @@ from typing import Any
 import msgspec
 from conftest import ManualClock, ctx_args
 
-from ctxactors import Runtime, ToolContext
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import SyncReply
 from ctxactors._call import Body, CallWrapper, Envelope, ToolCall, Undo
+from ctxactors.compensation import Compensation
+from ctxactors.errors import ToolError
 from ctxactors.results import ToolResult
 from ctxactors.tools import ToolSpec
 
@@ -208,3 +210,52 @@ def test_a_rolled_back_batch_wraps_its_operations_but_not_their_undo(
         assert state is not None
         assert [(t["id"], t["done"]) for t in state["todos"]] == [("t1", False)]
         assert wrapped == ["batch", "mark_todo", "mark_todo", "get_planning_state"]
+
+
+class Ledger(Server):
+    """A tool whose undo needs the call's context and what ``before`` recorded."""
+
+    name = "ledger"
+    scope = Scope.SESSION
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+        self.undone: list[Any] = []
+
+    def _before(self, ctx: ToolContext, args: Any) -> tuple[str | None, int]:
+        return ctx.assistant_id, len(self.entries)
+
+    def _undo(self, ctx: ToolContext, args: Any, result: Any, before: Any) -> None:
+        self.undone.append([ctx.thread_id, args.item, result, before])
+        del self.entries[before[1]]
+
+    @tool(compensate=Compensation(_undo, before=_before))
+    def put(self, ctx: ToolContext, item: str) -> dict[str, Any]:
+        """Add an entry (not "boom")."""
+        if item == "boom":
+            raise ToolError("refused")
+        self.entries.append(item)
+        return {"at": len(self.entries)}
+
+    @tool(read_only=True)
+    def show(self, ctx: ToolContext) -> dict[str, Any]:
+        """What is kept and what was undone."""
+        return {"entries": self.entries, "undone": self.undone}
+
+
+def test_an_undo_gets_the_calls_context_arguments_result_and_what_before_recorded(
+    clock: ManualClock,
+) -> None:
+    with Runtime([Ledger], clock=clock) as rt:
+        assert rt.call("put", ctx_args("s1", "a1", "t1", item="kept")).structured == {"at": 1}
+        ops = [
+            {"id": "p", "tool": "put", "arguments": {"item": "x"}},
+            {"id": "b", "tool": "put", "arguments": {"item": "boom"}, "dependsOn": ["p"]},
+        ]
+        options = {"transactional": True}
+        result = rt.call("batch", ctx_args("s1", "a1", "t1", operations=ops, options=options))
+        assert result.is_error, result.text
+        assert rt.call("show", ctx_args("s1", "a1", "t1")).structured == {
+            "entries": ["kept"],
+            "undone": [["t1", "x", {"at": 2}, ("a1", 1)]],
+        }

@@ -527,7 +527,8 @@ class Sharer(Server):
             return Sharer.made[-1]
 
         found = self.runtime._registry.session_state(ctx.session_key, "x", new)
-        return {"shared": found is not None}
+        other = self.runtime._registry.session_state(ctx.session_key, "y", new)
+        return {"shared": found is not None, "by_name": found is not other}
 
 
 def test_a_call_counted_as_sent_before_its_key_is_retired_still_runs(clock: ManualClock) -> None:
@@ -560,6 +561,7 @@ def test_a_call_counted_as_sent_before_its_key_is_retired_still_runs(clock: Manu
             assert registry.end_session((None, "s1")) == 1
             entry = next(iter(registry._draining))
             assert (entry.sent, entry.done) == (3, 1)
+            assert entry.thread is Gate.threads["sent"]  # the actor's, for wait_closed
             assert rt.stats()["inflight"] == 2  # the retired actor's calls still count
             Gate.gates["sent"].set()
             running.join(10)
@@ -591,12 +593,15 @@ def test_a_call_that_outlives_its_ended_session_adds_nothing_to_its_state(
         assert rt._registry.end_session((None, "s1")) == 1  # its only actor, busy
         Gate.gates["outlive"].set()
         t.join(10)
-        assert results[0].structured == {"shared": False}
+        assert results[0].structured == {"shared": False, "by_name": False}
         assert Sharer.made == []  # nothing made for a session that is gone
         Gate.gates["live"] = threading.Event()
         Gate.gates["live"].set()
-        assert rt.call("share", ctx_args("s1", gate="live")).structured == {"shared": True}
-        assert len(Sharer.made) == 1
+        live = rt.call("share", ctx_args("s1", gate="live")).structured
+        assert live == {"shared": True, "by_name": True}
+        assert len(Sharer.made) == 2  # one object per name
+        # Off the session's actors (under the registry's lock): the same objects, by name.
+        assert [rt._registry.session_state((None, "s1"), n, object) for n in "xy"] == Sharer.made
 
 
 class CountingStore(MemoryStore):
