@@ -10,7 +10,7 @@ import pytest
 from conftest import ManualClock, ctx_args
 from structlog.testing import capture_logs
 
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import CallTimeoutError, Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import Lifecycle
 from ctxactors._registry import SessionState
 from ctxactors.servers import BUILTIN
@@ -471,6 +471,38 @@ def test_both_caps_evicting_at_once_still_stop_the_principals_own_victim(
                 Gate.gates[gate].set()
             for t in held:
                 t.join(10)
+
+
+def test_an_operation_its_batch_gave_up_on_before_it_started_never_runs(
+    clock: ManualClock,
+) -> None:
+    """The batch's caller stops waiting while the operation is queued behind a busy call
+    on its key: when the operation's turn comes, its actor refuses it instead of running
+    it for nobody."""
+    Gate.gates["queued"] = threading.Event()
+    Gate.entered["queued"] = threading.Event()
+    with make(clock) as rt:
+        held = threading.Thread(target=lambda: rt.call("wait_gate", ctx_args("s1", gate="queued")))
+        held.start()
+        try:
+            assert Gate.entered["queued"].wait(10)
+            ops = [{"id": "c", "tool": "count", "arguments": {}}]
+            try:
+                rt.call("batch", ctx_args("s1", operations=ops), timeout=0.5)
+            except CallTimeoutError:
+                pass  # either way the batch has given up on the operation
+        finally:
+            Gate.gates["queued"].set()
+            held.join(10)
+        # wait_gate counted 1; the refused operation nothing.
+        assert rt.call("count", ctx_args("s1")).structured == {"n": 2}
+        recent = rt.call("get_recent_context", ctx_args("s1", limit=10)).structured
+        assert recent is not None
+        counts = [
+            (op["is_error"], op["metadata"]) for op in recent["operations"] if op["tool"] == "count"
+        ]
+        refused = {"error": "not run: the batch gave up on it before it started"}
+        assert counts == [(False, {}), (True, refused)]  # newest first
 
 
 def test_stores_are_given_the_call_timeout_to_save() -> None:
