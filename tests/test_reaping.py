@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from ctxactors import CallTimeoutError, Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import Lifecycle
-from ctxactors._registry import SessionState
+from ctxactors._registry import Registry, SessionState
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.planning import Planning
 from ctxactors.state import MemoryStore
@@ -503,6 +503,64 @@ def test_an_operation_its_batch_gave_up_on_before_it_started_never_runs(
         ]
         refused = {"error": "not run: the batch gave up on it before it started"}
         assert counts == [(False, {}), (True, refused)]  # newest first
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"ttl": 0, "max_actors": 1}, "ttl must be positive"),
+        ({"ttl": 1, "max_actors": 0}, "max_actors must be at least 1"),
+        (
+            {"ttl": 1, "max_actors": 1, "max_actors_per_principal": 0},
+            "max_actors_per_principal must be at least 1 (or None)",
+        ),
+    ],
+)
+def test_a_registry_refuses_bad_limits_itself(limits: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        Registry(**limits)
+    assert str(caught.value) == message
+    Registry(ttl=1e-9, max_actors=1, max_actors_per_principal=1).close()  # the least allowed
+
+
+def test_the_background_reaper_without_a_store_passes_cleanly(clock: ManualClock) -> None:
+    with capture_logs() as logs, make(clock, ttl=10, scan_interval=0.01) as rt:
+        for n in (1, 2):  # the second pass begins after the first one's end
+            rt.call("count", ctx_args(f"s{n}"))
+            clock.advance(11)
+            deadline = time.monotonic() + 10
+            while rt.stats()["reaped"] < n and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert rt.stats()["reaped"] == n
+    assert [e for e in logs if e["event"] == "reap_failed"] == []
+
+
+@pytest.mark.parametrize("evicted", [False, True])
+def test_a_sessions_stored_state_lives_while_it_has_a_live_actor_or_was_used_lately(
+    clock: ManualClock, evicted: bool
+) -> None:
+    """Retention counts from a session's last use, a read included, and never ends while
+    the session has a live actor."""
+    now = [0.0]
+    store = MemoryStore(retention=60, clock=lambda: now[0])
+    with Runtime(clock=clock, store=store, ttl=3600, max_actors=1) as rt:
+        durable = rt.durability
+        assert durable is not None
+        rt.call("create_goal", ctx_args("s1", goal="g"))
+        durable.flush()
+        now[0] = 50.0
+        clock.advance(50)  # (uses are noted at most once per a hundredth of the retention)
+        rt.call("get_planning_state", ctx_args("s1"))  # a read: no write, still a use
+        if evicted:
+            rt.call("get_planning_state", ctx_args("other"))  # s1's actor makes room
+            assert not rt.has_session("s1")
+        now[0] = 100.0  # 100 s since the write, 50 s since the read
+        assert rt.reap() == 0
+        assert store.load((None, "s1"), PLANNING) is not None
+        if not evicted:
+            now[0] = 200.0  # past retention from the read, but the actor is live
+            assert rt.reap() == 0
+            assert store.load((None, "s1"), PLANNING) is not None
 
 
 def test_stores_are_given_the_call_timeout_to_save() -> None:

@@ -370,12 +370,29 @@ class LocalBackend:
         self.closed = True
 
 
+class Attached(Server):
+    """Records the runtimes it is attached to."""
+
+    runtimes: list[Runtime] = []
+
+    @classmethod
+    def attach(cls, runtime: Any) -> None:
+        cls.runtimes.append(runtime)
+
+    @tool
+    def noop(self, ctx: ToolContext) -> dict[str, Any]:
+        """Nothing."""
+        return {}
+
+
 def test_a_backend_runs_the_calls_and_answers_for_the_sessions(clock: ManualClock) -> None:
     with pytest.raises(ValueError, match="a backend keeps key state in its own store"):
         Runtime(backend=LocalBackend(clock), store=MemoryStore())
     backend = LocalBackend(clock)
-    with Runtime([Flaky], backend=backend, clock=clock) as rt:
-        assert backend.started == ["flaky", "history", "batch", "presets"]
+    Attached.runtimes.clear()
+    with Runtime([Flaky, Attached], backend=backend, clock=clock) as rt:
+        assert backend.started == ["flaky", "attached", "history", "batch", "presets"]
+        assert Attached.runtimes == [backend.inner]  # the servers run there, not here
         assert rt.call("bump", ctx_args("s1"), principal="p").structured == {"count": 1}
         assert rt.call("bump", ctx_args("s1"), principal="p").structured == {"count": 2}
         assert rt.has_session("s1", principal="p") is True
