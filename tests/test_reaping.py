@@ -488,7 +488,7 @@ def test_an_operation_its_batch_gave_up_on_before_it_started_never_runs(
             assert Gate.entered["queued"].wait(10)
             ops = [{"id": "c", "tool": "count", "arguments": {}}]
             try:
-                rt.call("batch", ctx_args("s1", operations=ops), timeout=0.5)
+                rt.call("batch", ctx_args("s1", operations=ops), timeout=2.0)
             except CallTimeoutError:
                 pass  # either way the batch has given up on the operation
         finally:
