@@ -12,11 +12,15 @@ from typing import Any
 
 import msgspec
 
-from ctxactors import Runtime, ToolContext
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import SyncReply
-from ctxactors._call import Envelope, ToolCall, Undo
+from ctxactors._call import Body, CallWrapper, Envelope, ToolCall, Undo
+from ctxactors.batch.compensation import Compensation
+from ctxactors.errors import ToolError
+from ctxactors.results import ToolResult
 from ctxactors.testing import ManualClock
 from ctxactors.testing import context_args as ctx_args
+from ctxactors.tools import ToolSpec
 
 WAIT = 20.0
 
@@ -139,3 +143,120 @@ def test_calls_from_many_threads_leave_nothing_in_flight() -> None:
             for a in range(2)
         )
         assert goals == 400
+
+
+def test_call_wrappers_wrap_the_body_the_actor_runs_the_last_added_outermost(
+    clock: ManualClock,
+) -> None:
+    seen: list[tuple[Any, ...]] = []
+    caller = threading.current_thread()
+
+    def wrapper(label: str) -> CallWrapper:
+        def wrap(body: Body, spec: ToolSpec, ctx: ToolContext) -> Body:
+            assert threading.current_thread() is caller  # wrapped in the caller's thread
+            seen.append((label, "wrap", spec.name, ctx.session_id, ctx.assistant_id))
+
+            def run(server: Any) -> ToolResult:
+                in_actor = threading.current_thread() is not caller
+                seen.append((label, "run", type(server).__name__, in_actor))
+                result = body(server)
+                seen.append((label, "ran", result.structured))
+                return ToolResult.ok({**(result.structured or {}), label: True})
+
+            return run
+
+        return wrap
+
+    with Runtime(clock=clock) as rt:
+        rt.add_call_wrapper(wrapper("inner"))
+        rt.add_call_wrapper(wrapper("outer"))
+        result = rt.call("create_goal", ctx_args("s1", "a1", goal="ship"))
+        assert result.structured == {"id": "g1", "goal": "ship", "inner": True, "outer": True}
+        assert seen == [
+            ("inner", "wrap", "create_goal", "s1", "a1"),
+            ("outer", "wrap", "create_goal", "s1", "a1"),
+            ("outer", "run", "Planning", True),
+            ("inner", "run", "Planning", True),
+            ("inner", "ran", {"id": "g1", "goal": "ship"}),
+            ("outer", "ran", {"id": "g1", "goal": "ship", "inner": True}),
+        ]
+
+
+def test_a_rolled_back_batch_wraps_its_operations_but_not_their_undo(
+    clock: ManualClock,
+) -> None:
+    """The undo of a transactional batch restores what the operation's ``before`` recorded
+    (a mark undone goes back to not done), and no call wrapper sees it: an undo is not a
+    call of the tool it undoes."""
+    wrapped: list[str] = []
+    lock = threading.Lock()
+
+    def wrap(body: Body, spec: ToolSpec, ctx: ToolContext) -> Body:
+        with lock:
+            wrapped.append(spec.name)
+        return body
+
+    with Runtime(clock=clock) as rt:
+        todo = rt.call("add_todo", ctx_args("s1", name="ship")).structured
+        assert todo is not None and todo["id"] == "t1"
+        rt.add_call_wrapper(wrap)
+        ops = [
+            {"id": "m", "tool": "mark_todo", "arguments": {"todo_id": "t1"}},
+            {"id": "bad", "tool": "mark_todo", "arguments": {"todo_id": "no"}, "dependsOn": ["m"]},
+        ]
+        options = {"transactional": True}
+        result = rt.call("batch", ctx_args("s1", operations=ops, options=options))
+        assert result.is_error
+        state = rt.call("get_planning_state", ctx_args("s1")).structured
+        assert state is not None
+        assert [(t["id"], t["done"]) for t in state["todos"]] == [("t1", False)]
+        assert wrapped == ["batch", "mark_todo", "mark_todo", "get_planning_state"]
+
+
+class Ledger(Server):
+    """A tool whose undo needs the call's context and what ``before`` recorded."""
+
+    name = "ledger"
+    scope = Scope.SESSION
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+        self.undone: list[Any] = []
+
+    def _before(self, ctx: ToolContext, args: Any) -> tuple[str | None, int]:
+        return ctx.assistant_id, len(self.entries)
+
+    def _undo(self, ctx: ToolContext, args: Any, result: Any, before: Any) -> None:
+        self.undone.append([ctx.thread_id, args.item, result, before])
+        del self.entries[before[1]]
+
+    @tool(compensate=Compensation(_undo, before=_before))
+    def put(self, ctx: ToolContext, item: str) -> dict[str, Any]:
+        """Add an entry (not "boom")."""
+        if item == "boom":
+            raise ToolError("refused")
+        self.entries.append(item)
+        return {"at": len(self.entries)}
+
+    @tool(read_only=True)
+    def show(self, ctx: ToolContext) -> dict[str, Any]:
+        """What is kept and what was undone."""
+        return {"entries": self.entries, "undone": self.undone}
+
+
+def test_an_undo_gets_the_calls_context_arguments_result_and_what_before_recorded(
+    clock: ManualClock,
+) -> None:
+    with Runtime([Ledger], clock=clock) as rt:
+        assert rt.call("put", ctx_args("s1", "a1", "t1", item="kept")).structured == {"at": 1}
+        ops = [
+            {"id": "p", "tool": "put", "arguments": {"item": "x"}},
+            {"id": "b", "tool": "put", "arguments": {"item": "boom"}, "dependsOn": ["p"]},
+        ]
+        options = {"transactional": True}
+        result = rt.call("batch", ctx_args("s1", "a1", "t1", operations=ops, options=options))
+        assert result.is_error, result.text
+        assert rt.call("show", ctx_args("s1", "a1", "t1")).structured == {
+            "entries": ["kept"],
+            "undone": [["t1", "x", {"at": 2}, ("a1", 1)]],
+        }

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import CallTimeoutError, Runtime, Scope, Server, ToolContext, tool
 from ctxactors._actors import Lifecycle
+from ctxactors._registry import Registry, SessionState
 from ctxactors.servers import BUILTIN
+from ctxactors.servers.planning import Planning
 from ctxactors.state import MemoryStore
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
@@ -432,6 +434,365 @@ def test_a_principal_over_its_cap_with_every_key_busy_keeps_them_and_the_newcome
             held.join(10)
 
 
+def test_both_caps_evicting_at_once_still_stop_the_principals_own_victim(
+    clock: ManualClock,
+) -> None:
+    """The global cap is already exceeded (every other key busy) when a principal over its
+    own cap gives up its least recently used key: that key is stopped all the same."""
+    gates = ("both1", "both2")
+    for gate in gates:
+        Gate.gates[gate] = threading.Event()
+        Gate.entered[gate] = threading.Event()
+    with make(clock, max_actors=2, max_actors_per_principal=1) as rt:
+        held = [
+            threading.Thread(
+                target=lambda s=s, g=g: rt.call("wait_gate", ctx_args(s, gate=g), principal="q")
+            )
+            for s, g in zip(("s1", "s2"), gates, strict=True)
+        ]
+        try:
+            for t, gate in zip(held, gates, strict=True):
+                t.start()
+                assert Gate.entered[gate].wait(10)
+            assert rt.call("count", ctx_args("s3"), principal="p").structured == {"n": 1}
+            (victim,) = [e for k, e in rt._registry._entries.items() if k.session[1] == "s3"]
+            assert rt.call("count", ctx_args("s4"), principal="p").structured == {"n": 1}
+            stats = rt.stats()
+            assert (stats["actors"], stats["evicted"]) == (3, 1)
+            assert victim.closed.wait(5)  # its actor was stopped, not left running
+        finally:
+            for gate in gates:
+                Gate.gates[gate].set()
+            for t in held:
+                t.join(10)
+
+
+def test_an_operation_its_batch_gave_up_on_before_it_started_never_runs(
+    clock: ManualClock,
+) -> None:
+    """The batch's caller stops waiting while the operation is queued behind a busy call
+    on its key: when the operation's turn comes, its actor refuses it instead of running
+    it for nobody."""
+    Gate.gates["queued"] = threading.Event()
+    Gate.entered["queued"] = threading.Event()
+    with make(clock) as rt:
+        held = threading.Thread(target=lambda: rt.call("wait_gate", ctx_args("s1", gate="queued")))
+        held.start()
+        try:
+            assert Gate.entered["queued"].wait(10)
+            ops = [{"id": "c", "tool": "count", "arguments": {}}]
+            try:
+                rt.call("batch", ctx_args("s1", operations=ops), timeout=2.0)
+            except CallTimeoutError:
+                pass  # either way the batch has given up on the operation
+        finally:
+            Gate.gates["queued"].set()
+            held.join(10)
+        # wait_gate counted 1; the refused operation nothing.
+        assert rt.call("count", ctx_args("s1")).structured == {"n": 2}
+        recent = rt.call("get_recent_context", ctx_args("s1", limit=10)).structured
+        assert recent is not None
+        counts = [
+            (op["is_error"], op["metadata"]) for op in recent["operations"] if op["tool"] == "count"
+        ]
+        refused = {"error": "not run: the batch gave up on it before it started"}
+        assert counts == [(False, {}), (True, refused)]  # newest first
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"ttl": 0, "max_actors": 1}, "ttl must be positive"),
+        ({"ttl": 1, "max_actors": 0}, "max_actors must be at least 1"),
+        (
+            {"ttl": 1, "max_actors": 1, "max_actors_per_principal": 0},
+            "max_actors_per_principal must be at least 1 (or None)",
+        ),
+    ],
+)
+def test_a_registry_refuses_bad_limits_itself(limits: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        Registry(**limits)
+    assert str(caught.value) == message
+    Registry(ttl=1e-9, max_actors=1, max_actors_per_principal=1).close()  # the least allowed
+
+
+def test_the_background_reaper_without_a_store_passes_cleanly(clock: ManualClock) -> None:
+    with capture_logs() as logs, make(clock, ttl=10, scan_interval=0.01) as rt:
+        for n in (1, 2):  # the second pass begins after the first one's end
+            rt.call("count", ctx_args(f"s{n}"))
+            clock.advance(11)
+            wait_until(lambda: rt.stats()["reaped"] >= n, 10)  # noqa: B023 - n is this pass's
+            assert rt.stats()["reaped"] == n
+    assert [e for e in logs if e["event"] == "reap_failed"] == []
+
+
+@pytest.mark.parametrize("evicted", [False, True])
+def test_a_sessions_stored_state_lives_while_it_has_a_live_actor_or_was_used_lately(
+    clock: ManualClock, evicted: bool
+) -> None:
+    """Retention counts from a session's last use, a read included, and never ends while
+    the session has a live actor."""
+    now = [0.0]
+    store = MemoryStore(retention=60, clock=lambda: now[0])
+    with Runtime(clock=clock, store=store, ttl=3600, max_actors=1) as rt:
+        durable = rt.durability
+        assert durable is not None
+        rt.call("create_goal", ctx_args("s1", goal="g"))
+        durable.flush()
+        now[0] = 50.0
+        clock.advance(50)  # (uses are noted at most once per a hundredth of the retention)
+        rt.call("get_planning_state", ctx_args("s1"))  # a read: no write, still a use
+        if evicted:
+            rt.call("get_planning_state", ctx_args("other"))  # s1's actor makes room
+            assert not rt.has_session("s1")
+        now[0] = 100.0  # 100 s since the write, 50 s since the read
+        assert rt.reap() == 0
+        assert store.load((None, "s1"), PLANNING) is not None
+        if not evicted:
+            now[0] = 200.0  # past retention from the read, but the actor is live
+            assert rt.reap() == 0
+            assert store.load((None, "s1"), PLANNING) is not None
+
+
 def test_stores_are_given_the_call_timeout_to_save() -> None:
     with Runtime(store=MemoryStore(), call_timeout=7.0) as rt:
         assert rt.durability is not None and rt.durability.save_timeout == 7.0
+
+
+# -- a call sent as its key is retired; the session's shared state after it ----------------
+
+
+class PausingLock:
+    """The registry's lock, pausing one thread right after that thread releases it."""
+
+    def __init__(self, lock: Any) -> None:
+        self._lock = lock
+        self.pause: threading.Thread | None = None
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def __enter__(self) -> PausingLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        if threading.current_thread() is self.pause:
+            self.pause = None
+            self.paused.set()
+            assert self.resume.wait(10)
+
+
+class Sharer(Server):
+    """Reads its session's shared state from its own actor (as the history does)."""
+
+    name = "sharer"
+    scope = Scope.SESSION
+    made: list[object] = []
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    @classmethod
+    def create(cls, runtime: Any) -> Sharer:
+        return cls(runtime)
+
+    @tool
+    def share(self, ctx: ToolContext, gate: str) -> dict[str, Any]:
+        """Wait for the gate, then look up the session's shared object."""
+        Gate.entered.setdefault(gate, threading.Event()).set()
+        assert Gate.gates[gate].wait(10)
+
+        def new() -> object:
+            Sharer.made.append(object())
+            return Sharer.made[-1]
+
+        found = self.runtime._registry.session_state(ctx.session_key, "x", new)
+        other = self.runtime._registry.session_state(ctx.session_key, "y", new)
+        return {"shared": found is not None, "by_name": found is not other}
+
+
+def test_a_call_counted_as_sent_before_its_key_is_retired_still_runs(clock: ManualClock) -> None:
+    """`submit` counts a call as sent under the lock and sends it after: a session ended in
+    between must wait for that call too (the actor drains it), not stop the actor when the
+    call running then ends, before the other arrives, which would lose it."""
+    Gate.gates["sent"] = threading.Event()
+    Gate.entered["sent"] = threading.Event()
+    with make(clock, ttl=60) as rt:
+        assert rt.call("count", ctx_args("s1")).structured == {"n": 1}
+        registry = rt._registry
+        results: list[Any] = []
+
+        def call(tool: str, **args: Any) -> None:
+            try:
+                results.append(rt.call(tool, ctx_args("s1", **args), timeout=5).structured)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                results.append(exc)
+
+        lock = PausingLock(registry._lock)
+        try:
+            running = threading.Thread(target=call, args=("wait_gate",), kwargs={"gate": "sent"})
+            running.start()
+            assert Gate.entered["sent"].wait(10)
+            registry._lock = lock  # type: ignore[assignment]
+            sending = threading.Thread(target=call, args=("count",))
+            lock.pause = sending
+            sending.start()
+            assert lock.paused.wait(10)  # counted as sent, not sent yet
+            assert registry.end_session((None, "s1")) == 1
+            entry = next(iter(registry._draining))
+            assert (entry.sent, entry.done) == (3, 1)
+            assert entry.thread is Gate.threads["sent"]  # the actor's, for wait_closed
+            assert rt.stats()["inflight"] == 2  # the retired actor's calls still count
+            Gate.gates["sent"].set()
+            running.join(10)
+            assert results == [{"n": 2}]
+            lock.resume.set()
+            sending.join(10)
+            assert results == [{"n": 2}, {"n": 3}]
+            assert entry.closed.wait(10)  # it stopped itself after its last call
+            assert registry._draining == set()  # and is no longer kept
+            assert rt.stats()["inflight"] == 0
+        finally:  # a failed check must not leave the call blocked
+            Gate.gates["sent"].set()
+            lock.resume.set()
+
+
+def test_a_call_that_outlives_its_ended_session_adds_nothing_to_its_state(
+    clock: ManualClock,
+) -> None:
+    Gate.gates["outlive"] = threading.Event()
+    Gate.entered["outlive"] = threading.Event()
+    Sharer.made.clear()
+    with Runtime([*BUILTIN, Sharer], clock=clock, call_timeout=10) as rt:
+        results: list[Any] = []
+        t = threading.Thread(
+            target=lambda: results.append(rt.call("share", ctx_args("s1", gate="outlive")))
+        )
+        t.start()
+        assert Gate.entered["outlive"].wait(10)
+        assert rt._registry.end_session((None, "s1")) == 1  # its only actor, busy
+        Gate.gates["outlive"].set()
+        t.join(10)
+        assert results[0].structured == {"shared": False, "by_name": False}
+        assert Sharer.made == []  # nothing made for a session that is gone
+        Gate.gates["live"] = threading.Event()
+        Gate.gates["live"].set()
+        live = rt.call("share", ctx_args("s1", gate="live")).structured
+        assert live == {"shared": True, "by_name": True}
+        assert len(Sharer.made) == 2  # one object per name
+        # Off the session's actors (under the registry's lock): the same objects, by name.
+        assert [rt._registry.session_state((None, "s1"), n, object) for n in "xy"] == Sharer.made
+
+
+class CountingStore(MemoryStore):
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.purges = 0
+
+    def purge(self) -> int:
+        self.purges += 1
+        return super().purge()
+
+
+@pytest.mark.parametrize(
+    ("retention", "below", "every"), [(5.0, 0.46875, 0.5), (1000.0, 59.5, 60.0)]
+)
+def test_the_reapers_store_pass_runs_every_tenth_of_the_retention_at_most_a_minute(
+    clock: ManualClock, retention: float, below: float, every: float
+) -> None:
+    store = CountingStore(retention=retention)
+    with Runtime(clock=clock, store=store) as rt:
+        on_pass = rt._registry.on_pass  # what the background reaper runs after each pass
+        assert on_pass is not None
+        for n in (1, 2):
+            clock.advance(below)
+            on_pass()
+            assert store.purges == n - 1
+            clock.advance(every - below)
+            on_pass()
+            assert store.purges == n
+
+
+class CountingPlanning(Planning):
+    """The planning server, counting how often its state is encoded for a save."""
+
+    snapshots = 0
+
+    def snapshot(self) -> Any:
+        CountingPlanning.snapshots += 1
+        return super().snapshot()
+
+
+def test_with_a_store_a_read_only_call_never_encodes_the_state(clock: ManualClock) -> None:
+    with Runtime([CountingPlanning], clock=clock, store=MemoryStore()) as rt:
+        assert rt.call("create_goal", ctx_args("s1", goal="a")).structured == {
+            "id": "g1",
+            "goal": "a",
+        }
+        before = CountingPlanning.snapshots
+        state = rt.call("get_planning_state", ctx_args("s1")).structured
+        assert state is not None and [g["id"] for g in state["goals"]] == ["g1"]
+        assert CountingPlanning.snapshots == before
+        rt.call("create_goal", ctx_args("s1", goal="b"))
+        assert CountingPlanning.snapshots == before + 1
+
+
+def test_with_a_store_a_server_that_is_not_durable_keeps_its_state_in_its_actor(
+    clock: ManualClock,
+) -> None:
+    store = MemoryStore()
+    with make(clock, store=store) as rt:
+        assert [rt.call("count", ctx_args("s1")).structured for _ in range(2)] == [
+            {"n": 1},
+            {"n": 2},
+        ]
+        assert store.load((None, "s1"), ("gate", None, None)) is None
+
+
+class WatchedValues(dict[str, Any]):
+    """A session state's values, counting its lookups."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lookups = threading.Semaphore(0)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        found = super().get(name, default)
+        self.lookups.release()
+        return found
+
+
+def test_two_actors_making_a_session_object_at_once_share_the_one_made_first() -> None:
+    """The second looks again under the lock, so it never replaces the first one's object."""
+    state = SessionState()
+    values = WatchedValues()
+    state._values = values
+    making = threading.Event()
+    release = threading.Event()
+    made: list[object] = []
+
+    def first() -> object:
+        making.set()
+        assert release.wait(10)
+        made.append(object())
+        return made[-1]
+
+    def second() -> object:
+        made.append(object())
+        return made[-1]
+
+    got: list[object] = []
+    a = threading.Thread(target=lambda: got.append(state.get("x", first)))
+    a.start()
+    assert making.wait(10)  # a holds the lock, making it
+    for _ in range(2):
+        assert values.lookups.acquire(timeout=10)  # a's lookups: before and under the lock
+    b = threading.Thread(target=lambda: got.append(state.get("x", second)))
+    b.start()
+    assert values.lookups.acquire(timeout=10)  # b found nothing, and waits for the lock
+    release.set()
+    a.join(10)
+    b.join(10)
+    assert len(made) == 1 and got == [made[0], made[0]]

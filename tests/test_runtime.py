@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -21,9 +22,12 @@ from ctxactors import (
     inject_context,
     tool,
 )
+from ctxactors.errors import ShardUnavailableError
 from ctxactors.servers import BUILTIN
+from ctxactors.state import MemoryStore
+from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
-from ctxactors.testing import wait_until
+from ctxactors.tools import ToolSpec
 
 
 class Flaky(Server):
@@ -318,3 +322,95 @@ def test_list_tools_returns_copies_the_caller_may_change(rt: Runtime) -> None:
     again = rt.list_tools()[0]
     assert "__sessionId" not in again["inputSchema"]["properties"]
     assert isinstance(again["annotations"]["readOnlyHint"], bool)
+
+
+# -- the backend seam (what `serve --backend ray` plugs in), without Ray -----------------
+
+
+class LocalBackend:
+    """Runs the key actors in a second runtime of this process, as a Ray shard would."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+        self.inner: Runtime | None = None
+        self.started: list[str] = []
+        self.failure: Exception | None = None  # what every call gets instead, when set
+        self.closed = False
+
+    def start(self, servers: list[type[Server]]) -> None:
+        self.started = [s.name for s in servers]
+        self.inner = Runtime(servers, clock=self.clock, ttl=60)
+
+    def runtime(self) -> Runtime:
+        assert self.inner is not None
+        return self.inner
+
+    def submit(self, spec: ToolSpec, ctx: ToolContext, args: dict[str, Any], reply: Any) -> None:
+        if self.failure is not None:
+            reply.set(self.failure)
+            return
+        mine = self.runtime().tool_spec(spec.name)
+        self.runtime()._submit(mine, ctx, mine.validate(args), args, reply, deadline=None)
+
+    def end_session(self, session_id: str, principal: str | None) -> int:
+        return self.runtime().end_session(session_id, principal=principal)
+
+    def has_session(self, session_id: str, principal: str | None) -> bool:
+        return self.runtime().has_session(session_id, principal=principal)
+
+    def reap(self) -> int:
+        return self.runtime().reap()
+
+    def stats(self) -> dict[str, int]:
+        return self.runtime().stats()
+
+    def close(self) -> None:
+        self.runtime().close()
+        self.closed = True
+
+
+class Attached(Server):
+    """Records the runtimes it is attached to."""
+
+    runtimes: list[Runtime] = []
+
+    @classmethod
+    def attach(cls, runtime: Any) -> None:
+        cls.runtimes.append(runtime)
+
+    @tool
+    def noop(self, ctx: ToolContext) -> dict[str, Any]:
+        """Nothing."""
+        return {}
+
+
+def test_a_backend_runs_the_calls_and_answers_for_the_sessions(clock: ManualClock) -> None:
+    with pytest.raises(ValueError) as refused:
+        Runtime(backend=LocalBackend(clock), store=MemoryStore())
+    assert str(refused.value) == (
+        "a backend keeps key state in its own store: give the store to it"
+    )
+    backend = LocalBackend(clock)
+    Attached.runtimes.clear()
+    with Runtime([Flaky, Attached], backend=backend, clock=clock) as rt:
+        assert backend.started == ["flaky", "attached", "history", "batch", "presets"]
+        assert Attached.runtimes == [backend.inner]  # the servers run there, not here
+        assert rt.call("bump", ctx_args("s1"), principal="p").structured == {"count": 1}
+        assert rt.call("bump", ctx_args("s1"), principal="p").structured == {"count": 2}
+        assert rt.has_session("s1", principal="p") is True
+        assert rt.has_session("s1", principal="q") is False
+        stats = rt.stats()
+        assert (stats["actors"], stats["calls"]) == (1, 2)
+        clock.advance(61)
+        assert rt.reap() == 1
+        assert rt.call("bump", ctx_args("s1"), principal="p").structured == {"count": 1}
+        assert rt.end_session("s1", principal="q") == 0
+        assert rt.end_session("s1", principal="p") == 1
+        assert rt.has_session("s1", principal="p") is False
+        backend.failure = ShardUnavailableError("shard 0 went away")
+        with pytest.raises(ShardUnavailableError, match="shard 0 went away"):
+            rt.call("bump", ctx_args("s1"))
+        with pytest.raises(ShardUnavailableError, match="shard 0 went away"):
+            asyncio.run(rt.acall("bump", ctx_args("s1")))
+        assert not backend.closed
+    assert backend.closed and backend.runtime().closed
