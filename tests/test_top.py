@@ -14,8 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 from mcp_support import http_server, serve_env, wait_until
+from rich.console import Console
 
-from ctxactors.cli.top import quantile
+from ctxactors.cli.top import View, quantile
+from ctxactors.transports.observe import ErrorLine, SessionCalls, TopStats
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -162,3 +164,30 @@ def test_top_shows_a_non_operator_only_their_own_sessions(tmp_path: Path) -> Non
         alices = top(ALICE)
         assert "own-bob" in alices and "own-ali" in alices and "scope all" in alices
         assert "refused (401): set CTXACTORS_TOKEN to a bearer token" in top(None)
+
+
+def test_what_tenants_chose_is_drawn_as_text_never_as_markup_or_escapes() -> None:
+    """A session id or an error message is any tenant's text: as rich markup a bad tag ended
+    the operator's view and a link tag drew a link; an escape sequence reached the terminal."""
+    hostile = [
+        "[/x]",
+        "[link=http://evil.example]x[/link]",
+        "\x1b]8;;http://evil.example\x1b\\x",
+    ]
+    sample = TopStats(
+        time=1000.0,
+        scope="all",
+        runtime={},
+        calls=3,
+        errors=3,
+        latency_bounds=[0.1],
+        latency_counts=[3, 0],
+        top_sessions=[SessionCalls(None, text, 1) for text in hostile],
+        recent_errors=[ErrorLine(1000.0, "read_content", None, "s", t) for t in hostile],
+    )
+    console = Console(record=True, width=200, color_system=None, force_terminal=False)
+    console.print(View("http://127.0.0.1:1/mcp").render(sample))
+    screen = console.export_text()
+    assert "\x1b" not in screen and "evil.example]x[/link]" in screen
+    assert screen.count("[/x]") == 2
+    assert screen.count("\\x1b]8;;http://evil.example\\x1b\\x") == 2

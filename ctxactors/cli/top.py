@@ -120,7 +120,7 @@ class View:
         table.add_column("session")
         table.add_column("calls", justify="right")
         for s in sample.top_sessions:
-            table.add_row(s.principal or "-", s.session_id, str(s.calls))
+            table.add_row(shown(s.principal or "-"), shown(s.session_id), str(s.calls))
         return table
 
     def _errors(self, sample: TopStats) -> Table:
@@ -131,8 +131,17 @@ class View:
         table.add_column("error", ratio=1, overflow="ellipsis", no_wrap=True)
         for e in reversed(sample.recent_errors[-10:]):
             at = datetime.fromtimestamp(e.time).strftime("%H:%M:%S")
-            table.add_row(at, e.tool, e.session_id, e.message)
+            table.add_row(at, shown(e.tool), shown(e.session_id), shown(e.message))
         return table
+
+
+def shown(text: str) -> Text:
+    """A value any tenant chose (a session id, an error's message), drawn as the characters
+    it is: never read as rich markup (a link, or a bad tag that ends the view), and with
+    escape sequences and other unprintable characters written out, not sent to the terminal."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return Text(text)
 
 
 def fetch(client: httpx.Client) -> tuple[TopStats | None, str | None]:
