@@ -35,6 +35,7 @@ from ctxactors.context import (
     DEFAULT_SESSION,
     ToolContext,
     clean_args,
+    logged_fields,
     parse_arguments,
     read_context,
 )
@@ -253,7 +254,7 @@ class Runtime:
             self._log.warning(
                 "spoofed_context_dropped",
                 tool=tool,
-                fields=sorted(spoofed),
+                fields=logged_fields(spoofed),
                 principal=ctx.principal,
                 session_id=ctx.session_id,
                 assistant_id=ctx.assistant_id,

@@ -20,7 +20,7 @@ Precedence (`read_context`), strongest first:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -110,6 +110,12 @@ def parse_arguments(arguments: Mapping[str, Any] | str | bytes | None) -> dict[s
         return dict(arguments)
     kind = "null" if arguments is None else type(arguments).__name__
     raise InvalidArgumentsError(f"arguments must be a JSON object, got {kind}")
+
+
+def logged_fields(names: Iterable[str]) -> list[str]:
+    """Spoofed field names as a log line shows them: a model chose them, so at most 16, each
+    cut to 64 characters (a body of megabytes must not become a line of megabytes)."""
+    return [name[:64] for name in sorted(names)[:16]]
 
 
 def read_context(
@@ -224,7 +230,7 @@ def inject_context(
     if len(injected) != len(args):
         get_logger("ctxactors.context").warning(
             "spoofed_context_dropped",
-            fields=sorted(k for k in args if _reserved(k)),
+            fields=logged_fields(k for k in args if _reserved(k)),
             session_id=ctx.session_id,
             assistant_id=ctx.assistant_id,
             thread_id=ctx.thread_id,

@@ -26,7 +26,8 @@ from ctxactors.results import ToolResult
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-_SCALARS = frozenset({int, float, bool, type(None)})
+_SCALARS = frozenset({float, bool, type(None)})
+_INT_BOUND = 1 << 64  # JSON numbers msgspec writes and reads back exactly
 _ENCODE_ERRORS = (TypeError, ValueError, OverflowError)  # UnicodeEncodeError is a ValueError
 _MAX_SHOWN = 80  # characters of a key shown in a path
 _CONTAINERS = (dict, list, tuple)  # a tuple: ``dict | list`` would build a union per check
@@ -122,6 +123,9 @@ def _plain(arguments: dict[str, Any]) -> bool:
         kind = type(value)
         if kind is str:
             if not value.isascii():
+                return False
+        elif kind is int:
+            if not -_INT_BOUND < value < _INT_BOUND:  # the encoder refuses a bigger one
                 return False
         elif kind not in _SCALARS:
             return False

@@ -165,7 +165,7 @@ _LEVEL_NAMES = {"warn": "warning", "exception": "error"}
 _writer: _Writer | None = None
 # Lines waiting beyond this make the loggers wait for the writer (a stalled stream): no
 # line is dropped, and memory stays bounded.
-_MAX_PENDING = 100_000
+_MAX_PENDING = 10_000
 
 
 class _Writer:

@@ -16,12 +16,13 @@ from typing import Any
 
 import msgspec
 import pytest
+from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.encodable import argument_problem, may_hold_untyped
 from ctxactors.errors import InvalidArgumentsError, ToolError
 from ctxactors.results import ToolResult
-from ctxactors.servers import BUILTIN
+from ctxactors.servers import BUILTIN, Content, Planning
 from ctxactors.testing import context_args as ctx_args
 
 SURROGATE = json.loads('"\\ud800"')  # what a host's json.loads gives for "\ud800"
@@ -331,3 +332,23 @@ class Tree(msgspec.Struct):
 )
 def test_may_hold_untyped_finds_what_msgspec_does_not_check(args_type: Any, untyped: bool) -> None:
     assert may_hold_untyped(args_type) is untyped
+
+
+def test_an_int_the_encoder_cant_write_is_refused_and_the_history_keeps_answering() -> None:
+    """An embedded host's int of 5,000 digits once ran, was recorded, and broke every later
+    history answer of its session."""
+    with Runtime(servers=[Content]) as runtime:
+        with pytest.raises(InvalidArgumentsError) as caught:
+            runtime.call("search_content", ctx_args("s1", query="a", limit=10**5000))
+        assert str(caught.value).endswith("- at `$.limit`")
+        history = runtime.call("get_recent_context", ctx_args("s1"))
+        assert not history.is_error and history.structured == {"operations": [], "count": 0}
+
+
+def test_spoofed_field_names_are_logged_cut_short() -> None:
+    """A model chooses the names: a megabyte name must not become a megabyte log line."""
+    names = {f"__{i:02d}" + "x" * 100_000: 1 for i in range(40)}
+    with capture_logs() as logs, Runtime(servers=[Planning]) as runtime:
+        runtime.call("get_planning_state", names, meta={"ctxactors/sessionId": "s1"})
+    [line] = [e for e in logs if e["event"] == "spoofed_context_dropped"]
+    assert line["fields"] == [f"__{i:02d}" + "x" * 60 for i in range(16)]
