@@ -567,6 +567,35 @@ class Tally(Server):
         return self.state
 
 
+class OwnResult(Server):
+    """Returns its own ToolResult: plain text beside a dict its next call changes."""
+
+    name = "own"
+    scope = Scope.SESSION
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {"selected": []}
+
+    @tool
+    def pick(self, ctx: ToolContext, item: str) -> ToolResult:
+        """Select one more item."""
+        self.state["selected"].append(item)
+        return ToolResult(content=[{"type": "text", "text": "ok"}], structured=self.state)
+
+
+def test_a_record_of_a_handlers_own_result_shows_what_it_returned_then() -> None:
+    with Runtime([OwnResult]) as rt:
+        for item in ("a", "b", "c"):
+            assert not rt.call("pick", ctx_args("s1", item=item)).is_error
+        ops = rt.call("get_recent_context", ctx_args("s1", limit=3)).structured
+    assert ops is not None
+    assert [op["metadata"] for op in ops["operations"]] == [
+        {"selected": ["a", "b", "c"]},
+        {"selected": ["a", "b"]},
+        {"selected": ["a"]},
+    ]
+
+
 def test_a_record_keeps_what_the_call_returned_then_not_the_servers_dict_now() -> None:
     with Runtime([Tally]) as rt:
         for item in ("i1", "i2", "i3"):

@@ -178,8 +178,20 @@ class SessionHistory:
             and type(text) is str
             and len(text) <= _LAZY_TEXT
             and _flat_and_small(args)
+            # A structured result only when its text is its JSON (`ToolResult.ok`): then the
+            # text is the snapshot. A handler's own ToolResult pairs other text with a dict
+            # it may change later, so it is recorded now.
+            and (result.structured is None or text.startswith("{"))
         ):
-            pending = _Pending(spec.name, args, text, result, ctx.assistant_id, ctx.thread_id)
+            pending = _Pending(
+                spec.name,
+                args,
+                text,
+                result.is_error,
+                result.structured is not None,
+                ctx.assistant_id,
+                ctx.thread_id,
+            )
             with self._lock:
                 self._ops.append((now, wall, spec.server.scope, pending))
             return
@@ -313,50 +325,51 @@ class _Pending:
     server may have changed since.
     """
 
-    __slots__ = ("tool", "args", "text", "result", "assistant_id", "thread_id")
+    __slots__ = ("tool", "args", "text", "is_error", "structured", "assistant_id", "thread_id")
 
     def __init__(
         self,
         tool: str,
         args: dict[str, Any],
         text: str,
-        result: ToolResult,
+        is_error: bool,
+        structured: bool,
         assistant_id: str | None,
         thread_id: str | None,
     ) -> None:
         self.tool = tool
         self.args = args
         self.text = text
-        self.result = result
+        self.is_error = is_error
+        self.structured = structured  # the result had a structured part (its text is it)
         self.assistant_id = assistant_id
         self.thread_id = thread_id
 
     def finish(self) -> OperationRecord:
-        result = self.result
-        if result.is_error:
+        if self.is_error:
             metadata = {"error": _clip(self.text, MAX_ERROR)}
-        elif result.structured is None:
+        elif not self.structured:
             metadata = {}
         else:
-            metadata = generic_metadata(_snapshot(self.text, result.structured))
+            metadata = generic_metadata(_snapshot(self.text))
         return OperationRecord(
             timestamp="",
             tool=self.tool,
             arguments=dict(self.args),
-            is_error=result.is_error,
+            is_error=self.is_error,
             metadata=metadata,
             assistant_id=self.assistant_id,
             thread_id=self.thread_id,
         )
 
 
-def _snapshot(text: str, structured: dict[str, Any]) -> dict[str, Any]:
-    """The structured result as it was returned: its JSON text, when the text is that."""
+def _snapshot(text: str) -> dict[str, Any]:
+    """The structured result as it was returned: its JSON text (nothing if it is not)."""
     try:
         decoded = msgspec.json.decode(text)
     except msgspec.DecodeError:
-        return structured  # a handler's own ToolResult, with other text
-    return decoded if isinstance(decoded, dict) else structured
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
 
 
 def visible(scope: Scope, op: OperationRecord, ctx: ToolContext) -> bool:
