@@ -28,6 +28,24 @@ _KEY_FILE = ".ctxactors-session-key"
 _NAME = re.compile(r"ws-[0-9a-f]{48}")  # an ephemeral directory's random name never matches
 
 
+_KEY_BYTES = 32
+
+
+def _read_key(path: str) -> bytes:
+    """The secret, only from a file that is ours, private and whole: a key another user
+    planted (or an empty one) would make every session's directory name guessable."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        status = os.fstat(f.fileno())
+        key = f.read(_KEY_BYTES + 1)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o077 or len(key) != _KEY_BYTES:
+        raise RuntimeError(
+            f"{path}: the workspace key must be this user's, mode 0600 and "
+            f"{_KEY_BYTES} bytes; remove it to make a new one (kept directories are lost)"
+        )
+    return key
+
+
 class SessionDirs:
     """The kept directories under `root`; a `SessionListener` of the runtime's durability."""
 
@@ -46,15 +64,16 @@ class SessionDirs:
                 temporary = f"{path}.{secrets.token_hex(8)}"
                 fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "wb") as f:
-                    f.write(secrets.token_bytes(32))
+                    f.write(secrets.token_bytes(_KEY_BYTES))
+                    f.flush()
+                    os.fsync(f.fileno())  # a crash must not leave an empty key behind
                 try:
                     os.link(temporary, path)
                 except FileExistsError:
                     pass
                 finally:
                     os.unlink(temporary)
-            with open(path, "rb") as f:
-                self._key = f.read()
+            self._key = _read_key(path)
         return self._key
 
     def path(self, session: SessionRef) -> str:
