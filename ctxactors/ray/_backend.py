@@ -335,24 +335,8 @@ class RayBackend:
 
     def shard_stats(self) -> list[dict[str, Any]]:
         """Each shard's runtime stats, with its index, node and shard count. A shard Ray is
-        restarting (its node died, say) is asked again until it answers or the call timeout
-        passes: stats are safe to repeat."""
-        import ray
-        import ray.exceptions as rex
-
-        deadline = time.monotonic() + self._limits["call_timeout"]
-        found: list[dict[str, Any]] = []
-        for index in range(self.count):
-            delays = iter(_RETRY_DELAYS)
-            while True:
-                try:
-                    found.append(ray.get(self._shard(index).stats.remote()))
-                    break
-                except (rex.RayActorError, rex.ActorUnavailableError):
-                    if time.monotonic() >= deadline:
-                        raise
-                    time.sleep(next(delays, _RETRY_DELAYS[-1]))
-        return found
+        restarting (its node died, say) is asked again until it answers (`_until`)."""
+        return [self._until(lambda i=i: self._shard(i).stats.remote()) for i in range(self.count)]
 
     def stats(self) -> dict[str, int]:
         """The shards' runtime stats summed, plus ``shards`` and this front end's retries."""
