@@ -17,12 +17,16 @@ by a later leader.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
 from ctxactors.state._base import Outcome, StateStore, StoreError, StoreUnavailableError, Write
+
+# Gives the CPU to the other runnable threads (and the GIL with it).
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 # Called in the writing thread with the save's revision, or the error that refused it.
 Done = Callable[[Outcome | StoreError], None]
@@ -57,6 +61,7 @@ class GroupCommit:
         self.max_batch = max_batch
         self.batches = 0  # transactions written: saves / batches is the grouping factor
         self.saves = 0
+        self._last = 0
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._writing = False
@@ -118,7 +123,15 @@ class GroupCommit:
         """Write `batch`, then hand what queued meanwhile to a waiting caller (or write it
         here when only callbacks wait), until nothing waits."""
         while True:
+            if self._queue or self._last > 1:
+                # Let the calls finishing now (on one CPU: every runnable thread) queue their
+                # saves first, and write them in this transaction instead of the next.
+                _yield()
+                with self._lock:
+                    take = min(len(self._queue), self.max_batch - len(batch))
+                    batch.extend([self._queue.popleft() for _ in range(take)])
             self._write(batch)
+            self._last = len(batch)
             with self._lock:
                 if not self._queue:
                     self._writing = False
