@@ -163,6 +163,37 @@ def content_cost(directory: Path, sizes: tuple[int, ...] = (100, 1000)) -> list[
     return rows
 
 
+def content_restart(directory: Path, documents: int = 1000) -> dict[str, Any]:
+    """A session holding `documents` documents of 4 KiB, after a restart: the time to its
+    first call (which loads the documents) and to its first search (which needs the index)."""
+    text = ("lorem ipsum dolor sit amet " * 160)[:4096]
+    path = directory / "content-restart.db"
+    session = {"__sessionId": "content-restart"}
+    store = SQLiteStore(path)
+    with Runtime([Content], store=store) as rt:
+        for i in range(documents):
+            rt.call("add_content", {"filename": f"f{i}", "content": f"doc{i} {text}", **session})
+    store.close()
+    store = SQLiteStore(path)
+    with Runtime([Content], store=store) as rt:
+        started = time.perf_counter()
+        listed = rt.call("list_content", session)
+        first = time.perf_counter() - started
+        found = rt.call("search_content", {"query": f"doc{documents - 1}", **session})
+        search = time.perf_counter() - started - first
+        assert (listed.structured or {})["count"] > 0 and (found.structured or {})["count"] == 1
+        started = time.perf_counter()
+        rt.call("search_content", {"query": "doc7", **session})
+        again = time.perf_counter() - started
+    store.close()
+    return {
+        "documents": documents,
+        "first_call_ms": round(first * 1000, 1),
+        "first_search_ms": round(search * 1000, 1),
+        "next_search_ms": round(again * 1000, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="measured calls per run")
@@ -189,6 +220,7 @@ def main() -> int:
                     store.close()
         restart = restart_time(Path(tmp), args.stored)
         content = content_cost(Path(tmp))
+        reload = content_restart(Path(tmp))
     sink.close()
     base = {r["sessions"]: r["calls_per_s"] for r in results if r["store"] == "none"}
     base_cpu = {r["sessions"]: r["cpu_us"] for r in results if r["store"] == "none"}
@@ -216,10 +248,15 @@ def main() -> int:
             f"add_content of 4 KiB beside {row['documents']} documents, store "
             f"{row['store']}: {row['add_us']} µs"
         )
+    print(
+        f"content after a restart, {reload['documents']} documents of 4 KiB: first call "
+        f"{reload['first_call_ms']} ms, then first search {reload['first_search_ms']} ms, "
+        f"next search {reload['next_search_ms']} ms"
+    )
     if args.json:
         report = {"benchmark": "store", "results": results, "restart": restart}
         with open(args.json, "w") as f:
-            json.dump({**report, "content": content}, f, indent=2)
+            json.dump({**report, "content": content, "content_restart": reload}, f, indent=2)
     return 0
 
 
