@@ -437,6 +437,8 @@ class Durability:
 
     def defer(self, session: SessionRef, follower: _Follower) -> None:
         with self._deferred_lock:
+            if self._deferred.get(session) is follower:
+                return  # the flusher's next pass writes it (a busy session: every call)
             self._deferred[session] = follower
         self._wake.set()
 
