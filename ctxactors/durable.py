@@ -173,7 +173,7 @@ class _Saving:
         self.write = write
         self.result = result
         self.then = then
-        self.outcome: Outcome | StoreError | None = None
+        self.outcome: Outcome | StoreError | TimeoutError | None = None
         self.settled = threading.Lock()
         self.settled.acquire()
 
@@ -190,7 +190,7 @@ class _Saving:
         saving = slot.saving = cls(durability, write, result, then)
         return saving.done
 
-    def done(self, outcome: Outcome | StoreError) -> None:
+    def done(self, outcome: Outcome | StoreError | TimeoutError) -> None:
         self.outcome = outcome
         try:
             self.then(self.durability.answer(self.write, outcome, self.result))
@@ -355,12 +355,12 @@ class Durability:
         """Before the next call of a key whose last save went on without it: wait for that
         save's outcome and settle it, so no call ever runs on state the store refused."""
         slot.saving = None
-        outcome: Outcome | StoreError | TimeoutError | None = None
-        if saving.settled.acquire(timeout=self.save_timeout):
-            outcome = saving.outcome
-        if outcome is None:  # the store never answered: its caller hears when it does
-            outcome = TimeoutError("the state store did not confirm the save in time")
-        self._settle(server, slot, saving.write, outcome)
+        if not saving.settled.acquire(timeout=self.save_timeout):
+            if self.commit.withdraw(saving.write):  # never to be written: say so here
+                saving.done(TimeoutError("the state store did not confirm the save in time"))
+            saving.settled.acquire()  # being written: the store's own timeouts bound it
+        assert saving.outcome is not None
+        self._settle(server, slot, saving.write, saving.outcome)
 
     @staticmethod
     def _roll_back(server: Server, slot: _Slot) -> None:

@@ -116,6 +116,47 @@ def test_a_call_behind_a_save_in_flight_runs_only_once_that_save_is_settled(
     store.close()
 
 
+def test_a_save_still_queued_when_the_next_call_stops_waiting_is_never_written(
+    tmp_path: Path,
+) -> None:
+    store = HeldStore(tmp_path / "state.db")
+    results: dict[str, Any] = {}
+
+    def send(name: str, rt: Runtime, session: str, goal: str) -> threading.Thread:
+        def run() -> None:
+            results[name] = rt.call("create_goal", ctx_args(session, A, goal=goal), timeout=30)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    # call_timeout is also how long a key's next call waits for a save it went on without.
+    with Runtime([Planning], store=store, call_timeout=0.2) as rt:
+        assert rt.call("create_goal", ctx_args(S, A, goal="kept"), timeout=30).structured
+        store.held = True
+        busy = send("other", rt, "s2", "other")
+        assert store.inside.wait(30)
+        second = send("second", rt, S, "second")
+        queue = rt.durability.commit._queue  # type: ignore[union-attr]  # noqa: SLF001
+        wait_until(lambda: any(p.write.key == KEY for p in list(queue)), 30, interval=0.001)
+        # The store is still busy when this call's wait for second's save runs out: the
+        # save is taken out of the queue, refused, and the key reads its stored state.
+        behind = rt.call("get_planning_state", ctx_args(S, A), timeout=30)
+        assert goals(behind) == ["kept"]
+        second.join(30)
+        assert results["second"].is_error
+        assert "did not confirm the save in time" in results["second"].text
+        store.gate.set()
+        busy.join(30)
+        record = store.load((None, S), KEY)
+        assert record is not None and record.revision == 1  # second was never written
+        assert rt.call("create_goal", ctx_args(S, A, goal="later"), timeout=30).structured == {
+            "id": "g2",
+            "goal": "later",
+        }
+    store.close()
+
+
 # A runtime in its own process, no call wrappers (so saves go on without their actors),
 # 16 sessions of load; each call is printed before it is sent and once it is answered.
 _CHILD = """

@@ -109,6 +109,16 @@ class GroupCommit:
         self._lead([pending])
         return pending.outcome
 
+    def withdraw(self, write: Write) -> bool:
+        """Take a save that still waits its turn back out of the queue (it is then never
+        written, nor answered); False when it is being written or was."""
+        with self._lock:
+            for pending in self._queue:
+                if pending.write is write:
+                    self._queue.remove(pending)
+                    return True
+        return False
+
     def save(self, write: Write, timeout: float | None = None) -> int:
         """Save and wait until the store has it; returns the new revision.
 
