@@ -145,9 +145,13 @@ class SessionListener(Protocol):
 class _Slot:
     """What one incarnation of a key knows about its stored state."""
 
-    __slots__ = ("revision", "data", "empty", "loaded", "saving")
+    __slots__ = ("revision", "data", "empty", "loaded", "saving", "session", "key", "parted")
 
-    def __init__(self, empty: bytes) -> None:
+    def __init__(self, empty: bytes, key: Key, parted: Parted | None) -> None:
+        # Where it is stored, and the server as `Parted` (or None): looked up once, not
+        # on every call.
+        self.session, self.key = state_key(key)
+        self.parted = parted
         self.revision = 0  # the stored revision `data` was loaded or saved as (0: none)
         self.data = empty  # the snapshot the store holds, as bytes
         self.empty = empty  # a fresh instance's snapshot: what "nothing stored" restores
@@ -246,14 +250,13 @@ class Durability:
         a failed one). None when ready, else the error result the call gets instead."""
         slot: _Slot | None = getattr(server, _SLOT, None)
         if slot is None:
-            slot = _Slot(encode_state(server))
+            slot = _Slot(encode_state(server), key, as_parted(server))
             setattr(server, _SLOT, slot)
         elif slot.saving is not None:
             self._settle_saving(server, slot, slot.saving)
         if not slot.loaded:
-            session, skey = state_key(key)
             try:
-                self._load(server, slot, session, skey)
+                self._load(server, slot)
             except StoreError as exc:
                 return _unavailable(exc)
         return None
@@ -274,12 +277,10 @@ class Durability:
         """
         slot: _Slot = getattr(server, _SLOT)
         data = encode_state(server)
-        parted = as_parted(server)
-        parts = {} if parted is None else parted.changed_parts()
+        parts = {} if slot.parted is None else slot.parted.changed_parts()
         if data == slot.data and not parts:
             return result
-        session, skey = state_key(key)
-        write = Write(session, skey, data, slot.revision, tuple(parts.items()))
+        write = Write(slot.session, slot.key, data, slot.revision, tuple(parts.items()))
         outcome: Outcome | StoreError | TimeoutError | None
         if then is not None:
             outcome = self.commit.save_or_submit(
@@ -295,8 +296,8 @@ class Durability:
         self._settle(server, slot, write, outcome)
         return self.answer(write, outcome, result)
 
-    def _load(self, server: Server, slot: _Slot, session: SessionRef, skey: StateKey) -> None:
-        record = self.store.load(session, skey)
+    def _load(self, server: Server, slot: _Slot) -> None:
+        record = self.store.load(slot.session, slot.key)
         if record is None:
             if slot.data != slot.empty:  # forgotten by the store (retention): start afresh
                 server.restore(decode_state(type(server), slot.empty))
@@ -304,9 +305,8 @@ class Durability:
         else:
             server.restore(decode_state(type(server), record.data))
             slot.revision, slot.data = record.revision, record.data
-        parted = as_parted(server)
-        if parted is not None:
-            parted.restore_parts({} if record is None else record.parts)
+        if slot.parted is not None:
+            slot.parted.restore_parts({} if record is None else record.parts)
         slot.loaded = True
 
     def answer(
@@ -334,16 +334,15 @@ class Durability:
     ) -> None:
         """In the actor's thread, once a save's outcome is known: the key's memory follows
         the store (the save's revision, or the newer state, or the last saved one)."""
-        parted = as_parted(server)
         if isinstance(outcome, int):
-            if parted is not None:
-                parted.settle_parts(saved=True)
+            if slot.parted is not None:
+                slot.parted.settle_parts(saved=True)
             assert write.data is not None
             slot.revision, slot.data = outcome, write.data
         elif isinstance(outcome, StaleStateError):
             slot.loaded = False
             try:
-                self._load(server, slot, write.session, write.key)
+                self._load(server, slot)
             except StoreError:
                 self._roll_back(server, slot)  # and reload on the next call
         else:
@@ -366,9 +365,8 @@ class Durability:
     def _roll_back(server: Server, slot: _Slot) -> None:
         """The state as last saved: the snapshot, and the parts changed since put back."""
         server.restore(decode_state(type(server), slot.data))
-        parted = as_parted(server)
-        if parted is not None:
-            parted.settle_parts(saved=False)
+        if slot.parted is not None:
+            slot.parted.settle_parts(saved=False)
 
     def follow(self, session: SessionRef, follower: _Follower) -> _Follower | None:
         """Close `follower` when the session is deleted (it writes behind the calls);
