@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from workspace_support import Leaks, closed_runtime, start, temporary_root
 
 from ctxactors import InvalidArgumentsError, Runtime, UnknownToolError, metrics
+from ctxactors.settings import MetricsSettings, Settings
 from ctxactors.state import MemoryStore
 from ctxactors.testing import context_args as ctx_args
 
@@ -105,6 +106,41 @@ def test_principals_are_labels_only_when_asked() -> None:
                 assert value(registry, calls, tool="create_goal", outcome="ok", principal="") == 1
             else:
                 assert value(registry, calls, tool="create_goal", outcome="ok") == 2
+
+
+def principal_labels(registry: CollectorRegistry) -> dict[str, float]:
+    """Calls per principal label value, from the scraped text."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name == "ctxactors_tool_calls_total":
+                label = sample.labels["principal"]
+                out[label] = out.get(label, 0) + sample.value
+    return out
+
+
+def test_principal_label_values_are_capped_and_the_rest_counted_as_other() -> None:
+    registry = CollectorRegistry()
+    small = Settings(metrics=MetricsSettings(max_principals=3))
+    with Runtime(ttl=600, settings=small) as rt:
+        call_metrics = metrics.register(rt, registry, principal_label=True)
+        for i in range(500):  # a tenant minting a token per call
+            rt.call("create_goal", ctx_args("s", goal="g"), principal=f"minted-{i}")
+        rt.call("create_goal", ctx_args("s", goal="g"), principal="minted-1")  # keeps its own
+        rt.call("read_content", ctx_args("s", id="nope"), principal="minted-499")
+        rt.call("create_goal", ctx_args("s", goal="g"))  # no principal: "" is never capped
+        assert principal_labels(registry) == {
+            "minted-0": 1,
+            "minted-1": 2,
+            "minted-2": 1,
+            "other": 498,
+            "": 1,
+        }
+        calls = "ctxactors_tool_calls_total"
+        error = {"tool": "read_content", "outcome": "error", "principal": "other"}
+        assert value(registry, calls, **error) == 1
+        # The series kept: 2 tools x 2 outcomes at most per label value, whatever the callers.
+        assert len(call_metrics.series()) == 6
 
 
 def test_top_sessions_and_recent_errors_keep_only_live_sessions_and_the_last_errors(
@@ -269,3 +305,29 @@ def test_refused_calls_make_no_label_value(measured: Any) -> None:
     text = generate_latest(registry).decode()
     assert "tool-x" not in text
     assert "ctxactors_tool_calls_total{" not in text
+
+
+def test_a_served_process_caps_principal_labels_by_its_setting(tmp_path: Path) -> None:
+    tokens = {f"p{i}": f"p{i}-" + secrets.token_urlsafe(24) for i in range(8)}
+    path = tmp_path / "tokens"
+    path.write_text("".join(f"{token} {name}\n" for name, token in tokens.items()))
+    flags = ("--auth-tokens", str(path), "--operator", "p0", "--metrics-principal-label")
+    env = {"CTXACTORS_METRICS_MAX_PRINCIPALS": "2"}
+    with http_server(*flags, env=env) as (url, _proc):
+        base = url.removesuffix("/mcp")
+        for name, token in tokens.items():
+            response = httpx.post(
+                base + "/api/v1/tools/create_goal",
+                json={"goal": name},
+                headers={"Authorization": f"Bearer {token}", "X-Session-Id": "s"},
+            )
+            assert response.status_code == 200, response.text
+        scraped = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {tokens['p0']}"})
+        assert scraped.status_code == 200
+        labels = {
+            sample.labels["principal"]: sample.value
+            for family in text_string_to_metric_families(scraped.text)
+            for sample in family.samples
+            if sample.name == "ctxactors_tool_calls_total"
+        }
+        assert labels == {"p0": 1, "p1": 1, "other": 6}

@@ -82,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--metrics-principal-label",
         action="store_true",
-        help="label the call metrics with the principal (one series per caller)",
+        help="label the call metrics with the principal (one per caller, for the first "
+        "metrics.max_principals callers; later ones as 'other')",
     )
 
 
