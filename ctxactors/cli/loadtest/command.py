@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--url", help="a running server instead of the embedded runtime")
     parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="with --url: a file holding the bearer token for a server with authentication "
+        "(default: the CTXACTORS_TOKEN variable; never the command line, which others can read)",
+    )
+    parser.add_argument(
         "--transport",
         choices=("auto", "rest", "mcp"),
         default="auto",
