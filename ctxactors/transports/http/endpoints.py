@@ -95,12 +95,13 @@ async def session_context(request: Request) -> Response:
 
 
 async def end_session(request: Request) -> Response:
+    """Idempotent: 200 whether or not the caller's session had live actors, so a retry (or
+    a session whose actors were reaped, its state kept in the store) is not a 404. Only
+    the caller's principal's session is ended: the principal is part of its key."""
     api = api_state(request)
     session_id = path_id(request, "session_id")
     principal = principal_of(request.scope)
     stopped = await run_in_threadpool(api.runtime.end_session, session_id, principal=principal)
-    if stopped == 0:
-        raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
     api.log.info("session_ended_over_http", session_id=session_id, actors=stopped)
     return json_response(SessionEnded(session_id, stopped))
 

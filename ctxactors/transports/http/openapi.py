@@ -92,8 +92,11 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
             "delete": {
                 "operationId": "end_session",
                 "summary": "End a session: stop its actors and drop its state",
+                "description": "Idempotent: 200 whether the session had live actors, only "
+                "stored state, or nothing (again); `actors_stopped` counts the live ones. "
+                "With authentication, only the caller's own session of that id is ended.",
                 "parameters": [_SESSION_PATH],
-                "responses": answers(ref["SessionEnded"], 400, 404),
+                "responses": answers(ref["SessionEnded"], 400, 503),
             }
         },
         "/api/v1/query": {
@@ -135,7 +138,8 @@ _STATUS_TEXT = {
     413: "Request body over the size limit",
     415: "A POST without Content-Type: application/json",
     502: "The chat model failed",
-    503: "The runtime is closed, the server is shutting down or no model is configured",
+    503: "The runtime is closed, the server is shutting down, no model is configured or "
+    "the state store is unavailable",
     504: "The tool did not answer in time",
 }
 
