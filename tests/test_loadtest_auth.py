@@ -85,6 +85,7 @@ def test_the_token_may_come_from_a_file(base: str, tmp_path: Path) -> None:
         (None, "asks for a bearer token"),
         ("wrong-" + secrets.token_urlsafe(16), "refused the bearer token"),
     ],
+    ids=["none", "wrong"],
 )
 def test_a_missing_or_wrong_token_is_one_clear_line(
     base: str,

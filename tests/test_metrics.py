@@ -12,7 +12,7 @@ import pytest
 from mcp_support import http_server, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from workspace_support import Leaks, closed_runtime, start, temporary_root
+from workspace_support import start
 
 from ctxactors import InvalidArgumentsError, Runtime, UnknownToolError, metrics
 from ctxactors.settings import MetricsSettings, Settings
@@ -201,14 +201,6 @@ def test_a_runtime_without_store_has_no_store_metrics(measured: Any) -> None:
 
 
 class TestSandboxProcesses:
-    @pytest.fixture(autouse=True)
-    def _root(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-        yield from temporary_root(monkeypatch)
-
-    @pytest.fixture
-    def rt(self) -> Iterator[Runtime]:
-        yield from closed_runtime(Leaks())
-
     def test_running_sandboxed_processes_are_a_gauge(self, rt: Runtime) -> None:
         registry = CollectorRegistry()
         metrics.register(rt, registry)
