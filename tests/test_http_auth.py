@@ -385,7 +385,8 @@ def test_max_actors_per_principal_passivates_that_principals_own_keys(tokens: st
     Passivation only frees memory (the store keeps the state), so it shows in the counts:
     a live key answers without a spawn, a passivated one is spawned again.
     """
-    with http_server("--auth-tokens", tokens, "--max-actors-per-principal", "2") as (url, _p):
+    flags = ("--auth-tokens", tokens, "--operator", "alice", "--max-actors-per-principal", "2")
+    with http_server(*flags) as (url, _p):
         rest = base(url)
 
         def counts() -> tuple[int, int, int]:

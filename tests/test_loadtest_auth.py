@@ -20,13 +20,15 @@ from ctxactors.cli.loadtest.options import LoadOptions
 pytestmark = pytest.mark.timeout(120)
 
 TOKEN = "loader-" + secrets.token_urlsafe(24)
+TENANT = "tenant-" + secrets.token_urlsafe(24)  # no operator: /api/v1/stats is not theirs
 
 
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tokens = tmp_path_factory.mktemp("auth") / "tokens"
-    tokens.write_text(f"{TOKEN} loader\n")
-    with http_server("--auth-tokens", str(tokens), "--store", "memory") as (url, _proc):
+    tokens.write_text(f"{TOKEN} loader\n{TENANT} tenant\n")
+    flags = ("--auth-tokens", str(tokens), "--operator", "loader", "--store", "memory")
+    with http_server(*flags) as (url, _proc):
         yield url.removesuffix("/mcp")
 
 
@@ -68,6 +70,16 @@ def test_a_run_with_the_token_from_the_environment_passes(
     assert server_calls(base) == before + done
     printed = capsys.readouterr()
     assert TOKEN not in printed.out + printed.err + out.read_text()
+
+
+def test_a_tenant_that_is_no_operator_runs_without_the_servers_counters(
+    base: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("CTXACTORS_TOKEN", TENANT)
+    assert loadtest.run(parse("--url", base, "--sessions", "3", "--calls", "4")) == 0
+    out = capsys.readouterr().out
+    assert "actors       n/a (no /api/v1/stats for this caller: none served, or not an " in out
+    assert "verdict      PASS: 0 violations" in out
 
 
 def test_the_token_may_come_from_a_file(base: str, tmp_path: Path) -> None:

@@ -275,9 +275,19 @@ def test_with_auth_only_operators_read_metrics_and_others_see_only_their_session
         assert bob["scope"] == "principal"
         assert bob["top_sessions"] == [{"principal": "bob", "session_id": "bobs", "calls": 2}]
         assert [e["session_id"] for e in bob["recent_errors"]] == ["bobs", "bobs"]
-        assert bob["calls"] == 3 and bob["errors"] == 3  # server-wide, as /api/v1/stats
+        # Every tenant's activity is withheld from a tenant, here and at /api/v1/stats.
+        assert (bob["calls"], bob["errors"], bob["runtime"]) == (0, 0, {})
+        assert set(bob["latency_counts"]) == {0}
+        stats = get("/api/v1/stats", BOB)
+        assert (stats.status_code, stats.json()) == (
+            403,
+            {"error": {"code": "forbidden", "message": "'bob' is no operator"}},
+        )
+        assert get("/api/v1/stats", None).status_code == 401
+        assert get("/api/v1/stats", ALICE).json()["calls"] == 3
         alice = get("/api/v1/stats/top", ALICE).json()
         assert alice["scope"] == "all"
+        assert (alice["calls"], alice["errors"], alice["runtime"]["sessions"]) == (3, 3, 2)
         assert alice["top_sessions"] == [
             {"principal": "bob", "session_id": "bobs", "calls": 2},
             {"principal": "alice", "session_id": "alices", "calls": 1},

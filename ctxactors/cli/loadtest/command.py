@@ -376,7 +376,7 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         f"peak live {actors['peak_live']}, spawned {actors['spawned']},"
         f" reaped {actors['reaped']}, evicted {actors['evicted']}"
         if actors["spawned"] is not None
-        else "n/a (the server publishes no /api/v1/stats)"
+        else "n/a (no /api/v1/stats for this caller: none served, or not an operator)"
     )
     out(
         f"ctxactors loadtest: {report['target']}, {report['mode']}\n"

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from ctxactors.context import ToolContext, inject_context
 from ctxactors.results import ToolResult
 from ctxactors.servers.history import OperationRecord
-from ctxactors.transports.auth import principal_of
+from ctxactors.transports.auth import is_operator, principal_of
 from ctxactors.transports.http.reading import (
     as_header,
     header_id,
@@ -130,7 +130,12 @@ async def query(request: Request) -> Response:
 
 
 async def stats(request: Request) -> Response:
-    return json_response(api_state(request).runtime.stats())
+    """The server-wide counters: every tenant's calls and sessions, so with authentication
+    only an operator's (`is_operator`)."""
+    api = api_state(request)
+    if not is_operator(request.scope, api.operators):
+        raise ApiError(403, "forbidden", f"{principal_of(request.scope)!r} is no operator")
+    return json_response(api.runtime.stats())
 
 
 async def healthz(request: Request) -> Response:

@@ -108,7 +108,13 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
                 "responses": answers(ref["QueryResponse"], 400, 413, 415, 502, 503, headers=True),
             }
         },
-        "/api/v1/stats": {"get": {"operationId": "stats", "responses": answers(stats_schema)}},
+        "/api/v1/stats": {
+            "get": {
+                "operationId": "stats",
+                "summary": "Server-wide counters; with authentication, for operators only",
+                "responses": answers(stats_schema, 403),
+            }
+        },
     }
     for spec in runtime.tools.values():
         schema = _hoist_defs(spec.input_schema, spec.name, components)
@@ -134,6 +140,7 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
 
 _STATUS_TEXT = {
     400: "Malformed JSON or invalid arguments (the message names the field)",
+    403: "With authentication: the caller is no operator (serve --operator)",
     404: "Unknown tool or session",
     413: "Request body over the size limit",
     415: "A POST without Content-Type: application/json",

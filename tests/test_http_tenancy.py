@@ -1,5 +1,7 @@
-"""``DELETE /api/v1/sessions/{id}`` with a state store: idempotent, the stored state gone
-whether or not the session's actors were still live, and only the caller's own session.
+"""What one principal may do to, and see of, the others over REST: ``DELETE
+/api/v1/sessions/{id}`` with a state store (idempotent, the stored state gone whether or
+not the session's actors were still live, only the caller's own session) and ``GET
+/api/v1/stats`` (every tenant's figures: operators only).
 
 A real uvicorn, a real SQLite (or Redis) store, bearer tokens checked by the app.
 """
@@ -48,9 +50,9 @@ class Api:
         return self.http.delete(f"/api/v1/sessions/{session}", headers=self.auth)
 
 
-def served(rt: Runtime) -> Any:
-    security = HttpSecurity(verifier=StaticTokens([(ALICE, "alice"), (BOB, "bob")]))
-    return serve_app(create_app(rt, security=security))
+def served(rt: Runtime, operators: frozenset[str] = frozenset()) -> Any:
+    verifier = StaticTokens([(ALICE, "alice"), (BOB, "bob")])
+    return serve_app(create_app(rt, security=HttpSecurity(verifier=verifier, operators=operators)))
 
 
 @pytest.fixture
@@ -123,3 +125,21 @@ def test_a_store_that_is_down_makes_delete_503_and_a_retry_deletes(tmp_path: Pat
                 assert alice.delete().status_code == 200
                 assert alice.goals() == []
         store.close()
+
+
+@pytest.mark.parametrize("operators", [frozenset(), frozenset({"alice"})], ids=["none", "alice"])
+def test_the_server_wide_stats_are_for_operators_only(operators: frozenset[str]) -> None:
+    with Runtime() as rt, served(rt, operators) as url, httpx.Client(base_url=url) as http:
+        alice, bob = Api(http, ALICE), Api(http, BOB)
+        bob.call("create_goal", {"goal": "bob's"}, session="bobs-secret-session")
+        refused = http.get("/api/v1/stats", headers=bob.auth)
+        assert (refused.status_code, refused.json()) == (
+            403,
+            {"error": {"code": "forbidden", "message": "'bob' is no operator"}},
+        )
+        answered = http.get("/api/v1/stats", headers=alice.auth)
+        if operators:
+            assert answered.status_code == 200
+            assert (answered.json()["calls"], answered.json()["sessions"]) == (1, 1)
+        else:  # an app made without operators shows them to no one
+            assert answered.status_code == 403
