@@ -1,6 +1,7 @@
-"""What one principal may do to, and see of, the others over REST: ``DELETE
-/api/v1/sessions/{id}`` with a state store (idempotent, the stored state gone whether or
-not the session's actors were still live, only the caller's own session) and ``GET
+"""What one principal may do to, and see of, the others over REST, with a state store:
+``DELETE /api/v1/sessions/{id}`` (idempotent, the stored state gone whether or not the
+session's actors were still live, only the caller's own session), ``GET
+/api/v1/sessions/{id}/context`` (a reaped session's stored history) and ``GET
 /api/v1/stats`` (every tenant's figures: operators only).
 
 A real uvicorn, a real SQLite (or Redis) store, bearer tokens checked by the app.
@@ -100,6 +101,32 @@ def test_delete_after_a_reap_drops_the_stored_state_and_answers_200(store: State
                 200,
                 {"session_id": "s1", "actors_stopped": 0},
             )
+
+
+def test_a_reaped_sessions_history_is_read_from_the_store(store: StateStore) -> None:
+    clock = ManualClock()
+    with Runtime(store=store, ttl=TTL, clock=clock) as rt, served(rt) as url:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            alice, bob = Api(http, ALICE), Api(http, BOB)
+            alice.call("create_goal", {"goal": "kept"})
+
+            def context(api: Api, session: str = "s1") -> httpx.Response:
+                return http.get(f"/api/v1/sessions/{session}/context", headers=api.auth)
+
+            live = context(alice).json()
+            clock.advance(TTL + 1)
+            assert rt.reap() == 2 and rt.stats()["actors"] == 0
+            reaped = context(alice)
+            assert reaped.status_code == 200, reaped.text
+            assert reaped.json() == live
+            assert [op["tool"] for op in live["operations"]] == ["create_goal"]
+            spawned = rt.stats()["spawned"]
+            for unknown in (context(bob), context(alice, "nobody")):  # bob's s1 has nothing
+                assert unknown.status_code == 404
+                assert unknown.json()["error"]["code"] == "unknown_session"
+            assert rt.stats()["spawned"] == spawned  # asking spawned no actor
+            alice.delete()
+            assert context(alice).status_code == 404
 
 
 def test_a_store_that_is_down_makes_delete_503_and_a_retry_deletes(tmp_path: Path) -> None:

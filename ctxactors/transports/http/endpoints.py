@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxactors.context import ToolContext, inject_context
+from ctxactors.history_store import KEY as HISTORY_KEY
 from ctxactors.results import ToolResult
 from ctxactors.servers.history import OperationRecord
 from ctxactors.transports.auth import is_operator, principal_of
@@ -86,12 +87,21 @@ async def session_context(request: Request) -> Response:
     if "get_recent_context" not in runtime.tools:
         raise ApiError(404, "not_found", "this runtime keeps no operation history")
     principal = principal_of(request.scope)
-    if not runtime.has_session(session_id, principal=principal):
-        raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
+    if not await run_in_threadpool(_known, runtime, session_id, principal):
+        raise ApiError(404, "unknown_session", f"session {session_id!r} has no state")
     result: ToolResult = await runtime.acall("get_recent_context", arguments, principal=principal)
     if result.is_error or result.structured is None:
         raise ApiError(500, "history_failed", result.text)
     return json_response(SessionContext(session_id, **_operations(result.structured)))
+
+
+def _known(runtime: Any, session_id: str, principal: str | None) -> bool:
+    """A live actor, or a history in the store: a reaped session's history is still there
+    (peeked at in the store, so asking about an unknown session spawns nothing)."""
+    if runtime.has_session(session_id, principal=principal):
+        return True
+    store = runtime.store
+    return store is not None and store.load((principal, session_id), HISTORY_KEY) is not None
 
 
 async def end_session(request: Request) -> Response:
