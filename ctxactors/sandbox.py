@@ -223,11 +223,12 @@ def make_root(settings: SandboxSettings, root: str) -> None:
 
     Its mode becomes 700, or 711 with another user running bwrap (that user must traverse
     it, bwrap resolving the directory's path, but not list it; 711 is kept without one too):
-    a root that others could list is tightened. A root that is a symlink, not ours, or writable by its group
-    or others is refused (`SandboxUnavailableError`): whoever owns it or may write in it
-    could have swapped, planted or removed entries already (the default root is under the
-    shared ``/tmp``, where another user can make it first). Checked through one descriptor
-    opened without following a link, so the path can't change between check and chmod.
+    a root that others could list is tightened. A root that is a symlink, not ours, or
+    writable by its group or others is refused (`SandboxUnavailableError`): whoever owns it
+    or may write in it could have swapped, planted or removed entries already (the default
+    root is under the shared ``/tmp``, where another user can make it first). Checked
+    through one descriptor opened without following a link, so the path can't change
+    between check and chmod.
     """
     path = os.path.normpath(root)  # a trailing slash would follow a link
     try:

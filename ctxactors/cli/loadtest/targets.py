@@ -241,8 +241,8 @@ def reachable(url: str, timeout: float = 5.0) -> None:
 
 def authorized(url: str, token: Bearer | None, timeout: float = 5.0) -> None:
     """Raise ValueError when the server at `url` refuses `token` (or the lack of one): one
-    clear line, not a run of thousands of 401s. Asked of ``/api/v1/stats``, which every
-    principal may read; a server that doesn't publish it is asked nothing more."""
+    clear line, not a run of thousands of 401s. Asked of ``/api/v1/stats``: only a 401 is
+    a refusal (a 403 says the token is good but no operator's, a 404 that none is served)."""
     base = url.rstrip("/").removesuffix("/mcp")
     try:
         response = httpx.get(
