@@ -8,8 +8,8 @@ here). Saves that arrive while a write is under way queue up, and are written to
 one transaction (SQLite) or one pipeline (Redis), each answered with its own outcome:
 
 - under load a leader first yields the CPU once (`_gather`), so the calls finishing right
-  now queue their saves and join its transaction (on one CPU, batches of about 20 instead
-  of 2: half the store's cost per call);
+  now queue their saves and join its transaction (on one CPU, batches of 20-30 instead
+  of 2-3);
 - after its batch, the leader hands what queued to a caller that waits (`save`: it writes
   the next batch itself) or, when only callbacks wait (`submit`, `save_or_submit`: saves
   whose callers went on), to the writer thread, which writes until nothing waits;
