@@ -21,6 +21,7 @@ import queue
 import sys
 import threading
 import weakref
+from _thread import allocate_lock as _allocate_lock
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -45,12 +46,16 @@ def current_actor() -> Lifecycle | None:
 
 
 class SyncReply:
-    """A one-shot slot a blocking caller waits on (a lock handoff: no Condition, no queue)."""
+    """A one-shot slot a blocking caller waits on (a lock handoff: no Condition, no queue).
+
+    `Runtime.call` reuses one per thread (`take_sync_reply`, `recycle`): a slot whose
+    caller gave up is never reused, so a late reply can only land where nobody looks.
+    """
 
     __slots__ = ("_lock", "value", "deadline")
 
     def __init__(self, deadline: float | None = None) -> None:
-        self._lock = threading.Lock()
+        self._lock = _allocate_lock()
         self._lock.acquire()
         self.value: Any = None
         self.deadline = deadline  # see `caller_deadline`
@@ -63,7 +68,30 @@ class SyncReply:
         self._lock.release()
 
     def wait(self, timeout: float | None) -> bool:
-        return self._lock.acquire(timeout=-1 if timeout is None else max(timeout, 0.0))
+        # Positional: a keyword to a C method costs as much as the acquire itself.
+        return self._lock.acquire(True, -1 if timeout is None else max(timeout, 0.0))
+
+    def recycle(self) -> Any:
+        """After a `wait` that got the reply: its value; the slot (its lock held again by
+        that `wait`) becomes this thread's spare."""
+        value, self.value = self.value, None
+        _spares.reply = self
+        return value
+
+
+# Each thread's spare `SyncReply` (taken while a call of that thread is under way, so a
+# call nested in it, from a signal handler say, gets a slot of its own).
+_spares = threading.local()
+
+
+def take_sync_reply(deadline: float) -> SyncReply:
+    """This thread's spare reply slot, or a new one."""
+    reply: SyncReply | None = getattr(_spares, "reply", None)
+    if reply is None:
+        return SyncReply(deadline)
+    _spares.reply = None
+    reply.deadline = deadline
+    return reply
 
 
 class AsyncReply:
@@ -197,16 +225,17 @@ class KeyActor(pykka.ThreadingActor):
 
     def _actor_loop_running(self) -> None:
         """pykka's loop, with our calls (put in the inbox as they are, see `post`) run
-        straight away: no pykka envelope, no look-up of pykka's own message types."""
+        straight away: no pykka envelope, no look-up of pykka's own message types. Only a
+        pykka message (a stop) can stop the actor, so only after one is that checked."""
         get = self.actor_inbox.get
         server, lifecycle, start_error = self._server, self._lifecycle, self._start_error
         stopped = self.actor_stopped
         while not stopped.is_set():
             message = get()
-            if type(message) is Envelope:
+            while type(message) is Envelope:
                 execute(message, server, lifecycle, start_error)
-            else:
-                self._pykka_message(message)
+                message = get()
+            self._pykka_message(message)
 
     def _pykka_message(self, envelope: Any) -> None:
         """One of pykka's own envelopes (a stop, say), as pykka's loop handles it."""

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 import msgspec
@@ -157,7 +157,90 @@ def _direct_logger(level: int) -> type[Any]:
         (line, stderr), _ = _stamp(None, method_name, event_dict)
         return self._logger.msg(line, stderr)
 
-    return type(base.__name__, (base,), {"_proxy_to_logger": _proxy_to_logger})
+    return type(
+        base.__name__, (base,), {"_proxy_to_logger": _proxy_to_logger, "_direct_to": _Writer}
+    )
+
+
+# What structlog's filtering logger has for a level it filters out.
+_nop = structlog.make_filtering_bound_logger(logging.CRITICAL).debug
+# `call_logger`'s function: (the call's context, tool, its `time.perf_counter` start, whether
+# it failed).
+CallLog = Callable[[Any, str, float, bool], None]
+
+
+def call_logger(log: Any) -> CallLog | None:
+    """What writes each call's ``tool_call`` line to `log` (a logger bound once, by the
+    runtime), or None when its level filters that line out (a call then builds nothing).
+
+    With `configure_logging`'s own chain the call hands the writer a tuple, an append, and
+    the writer makes the line and renders it with many others in its thread. Any other
+    configuration (a host's structlog, `structlog.testing.capture_logs`, bound context
+    variables) gets the same line through its own processors.
+    """
+    if getattr(getattr(log, "info", None), "__func__", None) is _nop:
+        return None
+    perf_counter = time.perf_counter
+
+    def generic(ctx: Any, tool: str, started: float, is_error: bool) -> None:
+        log.info(
+            "tool_call",
+            principal=ctx.principal,
+            session_id=ctx.session_id,
+            assistant_id=ctx.assistant_id,
+            thread_id=ctx.thread_id,
+            tool=tool,
+            duration_ms=round((perf_counter() - started) * 1000, 3),
+            outcome="error" if is_error else "ok",
+        )
+
+    writer = getattr(log, "_logger", None)
+    if getattr(log, "_direct_to", None) is not _Writer or not isinstance(writer, _Writer):
+        return generic
+    processors, context, append, now = log._processors, log._context, writer.msg, time.time
+    contextvars = _structlog_contextvars
+
+    def direct(ctx: Any, tool: str, started: float, is_error: bool) -> None:
+        if len(processors) != 3 or processors[2] is not _stamp or contextvars._CONTEXT_VARS:
+            generic(ctx, tool, started, is_error)
+        else:
+            append((context, ctx, tool, perf_counter() - started, is_error, now()), sys.stderr)
+
+    return direct
+
+
+class _CallLine(msgspec.Struct):
+    """A ``tool_call`` line, its fields in the order the generic chain writes them."""
+
+    logger: str
+    principal: str | None
+    session_id: str
+    assistant_id: str | None
+    thread_id: str | None
+    tool: str
+    duration_ms: float
+    outcome: str
+    event: str
+    level: str
+    timestamp: str
+
+
+def _call_event(item: tuple[Any, ...]) -> dict[str, Any]:
+    """A `call_logger` tuple as the event dict the generic chain makes."""
+    context, ctx, tool, seconds, is_error, stamp = item
+    return {
+        **context,
+        "principal": ctx.principal,
+        "session_id": ctx.session_id,
+        "assistant_id": ctx.assistant_id,
+        "thread_id": ctx.thread_id,
+        "tool": tool,
+        "duration_ms": round(seconds * 1000, 3),
+        "outcome": "error" if is_error else "ok",
+        "event": "tool_call",
+        "level": "info",
+        "timestamp": stamp,
+    }
 
 
 # What `add_log_level` writes for each method name.
@@ -187,7 +270,8 @@ class _Writer:
         self._stream = stream
         self._renderer = renderer
         self._json = isinstance(renderer, structlog.processors.JSONRenderer)
-        self._lines: deque[tuple[dict[str, Any], TextIO]] = deque()
+        # Event dicts, or `call_logger` tuples, with the standard error of their moment.
+        self._lines: deque[tuple[dict[str, Any] | tuple[Any, ...], TextIO]] = deque()
         self._idle = True
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
@@ -198,7 +282,7 @@ class _Writer:
     def factory(self, *_: Any) -> _Writer:
         return self
 
-    def msg(self, event: dict[str, Any], stderr: TextIO) -> None:
+    def msg(self, event: dict[str, Any] | tuple[Any, ...], stderr: TextIO) -> None:
         lines = self._lines
         lines.append((event, stderr))
         if self._idle:
@@ -264,8 +348,11 @@ class _Writer:
                 except (ValueError, OSError):
                     pass
 
-    def _render(self, event: dict[str, Any]) -> str:
+    def _render(self, event: dict[str, Any] | tuple[Any, ...]) -> str:
         try:
+            if type(event) is tuple:
+                return self._render_call(event)
+            assert isinstance(event, dict)
             event["timestamp"] = _iso(event["timestamp"])
             if "exc_info" in event:
                 structlog.processors.format_exc_info(None, "", event)
@@ -274,6 +361,29 @@ class _Writer:
             return f"{self._renderer(None, event.get('level', 'info'), event)}\n"
         except Exception as exc:  # noqa: BLE001 - one bad line must not stop the writer
             return f"{_serialize({'event': 'log_line_failed', 'error': repr(exc)})}\n"
+
+    def _render_call(self, item: tuple[Any, ...]) -> str:
+        context, ctx, tool, seconds, is_error, stamp = item
+        logger = context.get("logger") if len(context) == 1 else None
+        if self._json and type(logger) is str:
+            line = _CallLine(
+                logger,
+                ctx.principal,
+                ctx.session_id,
+                ctx.assistant_id,
+                ctx.thread_id,
+                tool,
+                round(seconds * 1000, 3),
+                "error" if is_error else "ok",
+                "tool_call",
+                "info",
+                _iso(stamp),
+            )
+            try:
+                return f"{_json_encode(line).decode()}\n"
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: escaped as `_serialize` does
+        return self._render(_call_event(item))
 
     def close(self) -> None:
         """Write what is pending and stop the thread (a reconfiguration, or exit)."""

@@ -50,7 +50,7 @@ from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.history_store import HistorySaver, wall_to_clock
 from ctxactors.logs import get_logger
-from ctxactors.results import ToolResult
+from ctxactors.results import JSONText, ToolResult
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
 __all__ = [
@@ -164,37 +164,39 @@ class SessionHistory:
                 self._saver.save(self._stored)
 
     def record(self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: Any) -> None:
-        """Add one call. The common call (no extractor of its own, flat and small arguments,
-        a short result, no store) is kept as references and made into its record when the
-        history is read (`_Pending`): most records are never read. The references are safe
-        to keep: the arguments are the call's own dict of immutable values and the result's
-        text is the snapshot of what it returned; their size is bounded here."""
-        now, wall = self.config.clock(), time.time()
+        """Add one call. The common call (flat and small arguments, a short result, no
+        store) is kept as references (`_Pending`) and made into its record, metadata and
+        all, when the history is read: most records are never read. The references are
+        safe to keep: the arguments are the call's own dict of immutable values and the
+        result's text is the snapshot of what it returned; their size is bounded here."""
         content = result.content
-        text = content[0].get("text") if len(content) == 1 else None
-        if (
-            self._saver is None
-            and spec.extract is None
-            and type(text) is str
-            and len(text) <= _LAZY_TEXT
-            and _flat_and_small(args)
-            # A structured result only when its text is its JSON (`ToolResult.ok`): then the
-            # text is the snapshot. A handler's own ToolResult pairs other text with a dict
-            # it may change later, so it is recorded now.
-            and (result.structured is None or text.startswith("{"))
-        ):
-            pending = _Pending(
-                spec.name,
-                args,
-                text,
-                result.is_error,
-                result.structured is not None,
-                ctx.assistant_id,
-                ctx.thread_id,
-            )
-            with self._lock:
-                self._ops.append((now, wall, spec.server.scope, pending))
-            return
+        if self._saver is None and len(content) == 1:
+            block = content[0]
+            text = block.get("text")
+            if (
+                type(text) is str
+                and len(text) <= _LAZY_TEXT
+                # A structured result only when its text is its JSON (`ToolResult.ok`):
+                # then the text is the snapshot. A handler's own ToolResult pairs other
+                # text with a dict it may change later, so it is recorded now; and so is a
+                # text result that a tool's own extractor would read.
+                and (
+                    type(block) is JSONText
+                    if result.structured is not None
+                    else spec.extract is None or result.is_error
+                )
+                and _flat_and_small(args)
+            ):
+                pending = (spec, ctx, args, text, result.is_error, result.structured is not None)
+                record = (self.config.clock(), time.time(), spec.server.scope, pending)
+                lock = self._lock
+                lock.acquire()  # not `with`: on every call's path, and twice as costly
+                try:
+                    self._ops.append(record)
+                finally:
+                    lock.release()
+                return
+        now, wall = self.config.clock(), time.time()
         arguments = compact(args)
         op = OperationRecord(
             timestamp="",
@@ -211,8 +213,8 @@ class SessionHistory:
         """The records, each pending one made into its record once (lock held)."""
         ops = self._ops
         for i, (clock, wall, scope, op) in enumerate(ops):
-            if type(op) is _Pending:
-                ops[i] = (clock, wall, scope, op.finish())
+            if type(op) is tuple:
+                ops[i] = (clock, wall, scope, _finish(op))
         return cast(list[_Record], list(ops))
 
     def _stored(self) -> list[tuple[float, Any]]:
@@ -317,50 +319,28 @@ class _Recorder:
 _LAZY_TEXT = 4096
 
 
-class _Pending:
-    """A call recorded as references, made into its `OperationRecord` when first read.
+# A call recorded as references (`SessionHistory.record`), made into its `OperationRecord`
+# when first read: (spec, ctx, clean arguments, result text, is_error, structured). For a
+# structured result the text is the JSON the call returned then, so the metadata reads that
+# snapshot, not a dict the server may have changed since.
+_Pending = tuple[ToolSpec, ToolContext, dict[str, Any], str, bool, bool]
 
-    `text` is the result's text: for a structured result, the JSON the call returned then
-    (`ToolResult.ok` encodes it), so the metadata reads that snapshot, not a dict the
-    server may have changed since.
-    """
 
-    __slots__ = ("tool", "args", "text", "is_error", "structured", "assistant_id", "thread_id")
-
-    def __init__(
-        self,
-        tool: str,
-        args: dict[str, Any],
-        text: str,
-        is_error: bool,
-        structured: bool,
-        assistant_id: str | None,
-        thread_id: str | None,
-    ) -> None:
-        self.tool = tool
-        self.args = args
-        self.text = text
-        self.is_error = is_error
-        self.structured = structured  # the result had a structured part (its text is it)
-        self.assistant_id = assistant_id
-        self.thread_id = thread_id
-
-    def finish(self) -> OperationRecord:
-        if self.is_error:
-            metadata = {"error": _clip(self.text, MAX_ERROR)}
-        elif not self.structured:
-            metadata = {}
-        else:
-            metadata = generic_metadata(_snapshot(self.text))
-        return OperationRecord(
-            timestamp="",
-            tool=self.tool,
-            arguments=dict(self.args),
-            is_error=self.is_error,
-            metadata=metadata,
-            assistant_id=self.assistant_id,
-            thread_id=self.thread_id,
-        )
+def _finish(pending: _Pending) -> OperationRecord:
+    spec, ctx, args, text, is_error, structured = pending
+    arguments = dict(args)  # what `compact` makes of flat and small arguments
+    if is_error:
+        metadata = {"error": _clip(text, MAX_ERROR)}
+    elif not structured:
+        metadata = {}  # no extractor of its own (`record` made that one at once)
+    elif spec.extract is None:
+        metadata = generic_metadata(_snapshot(text))
+    else:  # the tool's extractor, on the result as it was returned
+        block = JSONText(type="text", text=text)
+        metadata = extract_metadata(spec, arguments, ToolResult([block], _snapshot(text)))
+    return OperationRecord(
+        "", spec.name, arguments, is_error, metadata, ctx.assistant_id, ctx.thread_id
+    )
 
 
 def _snapshot(text: str) -> dict[str, Any]:
