@@ -274,7 +274,7 @@ class Runtime:
         if self._backend is not None:
             self._backend.submit(spec, ctx, args, reply)
             return
-        self._submit(spec, ctx, validated, args, reply, deadline=reply.deadline)
+        self._submit(spec, ctx, validated, args, reply, reply.deadline)
 
     def _submit(
         self,
@@ -283,8 +283,8 @@ class Runtime:
         validated: Any,
         args: dict[str, Any],
         reply: Reply | None,
-        *,
         deadline: float | None,
+        *,
         prepare: bool = False,
         undo: Undo | None = None,
     ) -> None:

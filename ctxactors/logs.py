@@ -48,6 +48,7 @@ _METHOD_LEVELS = {**_LEVELS, "exception": 40, "fatal": 50}
 _lock = threading.Lock()
 _configured_by_us = False
 _json_encode = msgspec.json.Encoder().encode
+_json_encode_lines = msgspec.json.Encoder().encode_lines
 
 
 def _serialize(event: dict[str, Any], **_: Any) -> str:
@@ -190,21 +191,26 @@ def call_logger(log: Any) -> CallLog | None:
             assistant_id=ctx.assistant_id,
             thread_id=ctx.thread_id,
             tool=tool,
-            duration_ms=round((perf_counter() - started) * 1000, 3),
+            duration_ms=_milliseconds(perf_counter() - started),
             outcome="error" if is_error else "ok",
         )
 
     writer = getattr(log, "_logger", None)
     if getattr(log, "_direct_to", None) is not _Writer or not isinstance(writer, _Writer):
         return generic
-    processors, context, append, now = log._processors, log._context, writer.msg, time.time
+    processors, context, append = log._processors, log._context, writer.msg
     contextvars = _structlog_contextvars
+    # The logger's name when it is all the bound context (the runtime's): the writer
+    # then renders the line from a struct, without an event dict.
+    name = context.get("logger") if len(context) == 1 else None
+    name = name if type(name) is str else None
 
     def direct(ctx: Any, tool: str, started: float, is_error: bool) -> None:
         if len(processors) != 3 or processors[2] is not _stamp or contextvars._CONTEXT_VARS:
             generic(ctx, tool, started, is_error)
         else:
-            append((context, ctx, tool, perf_counter() - started, is_error, now()), sys.stderr)
+            ended = perf_counter()
+            append((name, context, ctx, tool, started, ended, is_error), sys.stderr)
 
     return direct
 
@@ -225,9 +231,10 @@ class _CallLine(msgspec.Struct):
     timestamp: str
 
 
-def _call_event(item: tuple[Any, ...]) -> dict[str, Any]:
-    """A `call_logger` tuple as the event dict the generic chain makes."""
-    context, ctx, tool, seconds, is_error, stamp = item
+def _call_event(item: tuple[Any, ...], offset: float) -> dict[str, Any]:
+    """A `call_logger` tuple as the event dict the generic chain makes (`offset` turns
+    its `time.perf_counter` instants into `time.time` ones)."""
+    _, context, ctx, tool, started, ended, is_error = item
     return {
         **context,
         "principal": ctx.principal,
@@ -235,12 +242,17 @@ def _call_event(item: tuple[Any, ...]) -> dict[str, Any]:
         "assistant_id": ctx.assistant_id,
         "thread_id": ctx.thread_id,
         "tool": tool,
-        "duration_ms": round(seconds * 1000, 3),
+        "duration_ms": _milliseconds(ended - started),
         "outcome": "error" if is_error else "ok",
         "event": "tool_call",
         "level": "info",
-        "timestamp": stamp,
+        "timestamp": ended + offset,
     }
+
+
+def _milliseconds(seconds: float) -> float:
+    """`seconds` in milliseconds to the microsecond (`round(x, 3)` costs three times this)."""
+    return int(seconds * 1e6 + 0.5) / 1000
 
 
 # What `add_log_level` writes for each method name.
@@ -335,13 +347,24 @@ class _Writer:
         with self._write_lock:  # one drainer at a time keeps the lines in order
             lines = self._lines
             while lines:
-                batch = []
+                batch: list[str] = []
+                calls: list[tuple[Any, ...]] = []  # JSON call lines, rendered as one run
                 target = lines[0][1] if self._stream is None else self._stream
+                taken = 0
                 while lines and (self._stream is not None or lines[0][1] is target):
                     event, _ = lines.popleft()
-                    batch.append(self._render(event))
-                    if len(batch) >= 4096:
+                    if type(event) is tuple and event[0] is not None and self._json:
+                        calls.append(event)
+                    else:
+                        if calls:
+                            batch.append(self._render_calls(calls))
+                            calls = []
+                        batch.append(self._render(event))
+                    taken += 1
+                    if taken >= 4096:
                         break
+                if calls:
+                    batch.append(self._render_calls(calls))
                 try:
                     target.write("".join(batch))
                     target.flush()
@@ -350,8 +373,8 @@ class _Writer:
 
     def _render(self, event: dict[str, Any] | tuple[Any, ...]) -> str:
         try:
-            if type(event) is tuple:
-                return self._render_call(event)
+            if type(event) is tuple:  # a call line the JSON run does not take
+                event = _call_event(event, time.time() - time.perf_counter())
             assert isinstance(event, dict)
             event["timestamp"] = _iso(event["timestamp"])
             if "exc_info" in event:
@@ -362,28 +385,36 @@ class _Writer:
         except Exception as exc:  # noqa: BLE001 - one bad line must not stop the writer
             return f"{_serialize({'event': 'log_line_failed', 'error': repr(exc)})}\n"
 
-    def _render_call(self, item: tuple[Any, ...]) -> str:
-        context, ctx, tool, seconds, is_error, stamp = item
-        logger = context.get("logger") if len(context) == 1 else None
-        if self._json and type(logger) is str:
-            line = _CallLine(
-                logger,
-                ctx.principal,
-                ctx.session_id,
-                ctx.assistant_id,
-                ctx.thread_id,
-                tool,
-                round(seconds * 1000, 3),
-                "error" if is_error else "ok",
-                "tool_call",
-                "info",
-                _iso(stamp),
+    def _render_calls(self, items: list[tuple[Any, ...]]) -> str:
+        """JSON ``tool_call`` lines of the runtime's logger, the run in one encode; the
+        date and time of their timestamps formatted once a second."""
+        offset = time.time() - time.perf_counter()  # the lines' instants as wall-clock time
+        made = []
+        second, text = -1, ""
+        for name, _, ctx, tool, started, ended, is_error in items:
+            stamp = ended + offset
+            whole = int(stamp)
+            if whole != second:
+                second, text = whole, _iso(whole)[:-8]
+            made.append(
+                _CallLine(
+                    name,
+                    ctx.principal,
+                    ctx.session_id,
+                    ctx.assistant_id,
+                    ctx.thread_id,
+                    tool,
+                    int((ended - started) * 1e6 + 0.5) / 1000,  # `_milliseconds`, inline
+                    "error" if is_error else "ok",
+                    "tool_call",
+                    "info",
+                    f"{text}.{int((stamp - whole) * 1e6):06d}Z",  # as `_iso` writes it
+                )
             )
-            try:
-                return f"{_json_encode(line).decode()}\n"
-            except UnicodeEncodeError:
-                pass  # a lone surrogate: escaped as `_serialize` does
-        return self._render(_call_event(item))
+        try:
+            return _json_encode_lines(made).decode()
+        except UnicodeEncodeError:  # a lone surrogate: each line escaped as `_serialize` does
+            return "".join(self._render(item) for item in items)
 
     def close(self) -> None:
         """Write what is pending and stop the thread (a reconfiguration, or exit)."""

@@ -150,9 +150,7 @@ class SessionHistory:
         self.config = config
         self._lock = threading.Lock()
         # Records, or calls still to be made into their records (`record`).
-        self._ops: deque[tuple[float, float, Scope, OperationRecord | _Pending]] = deque(
-            maxlen=config.max_operations
-        )
+        self._ops: deque[_Record | _Pending] = deque(maxlen=config.max_operations)
         self._saver = saver  # with a state store: the history is kept there too
 
     def add(self, record: _Record) -> None:
@@ -187,8 +185,18 @@ class SessionHistory:
                 )
                 and _flat_and_small(args)
             ):
-                pending = (spec, ctx, args, text, result.is_error, result.structured is not None)
-                record = (self.config.clock(), time.time(), spec.server.scope, pending)
+                record = (  # one flat tuple: what it holds stays alive for 50 calls
+                    self.config.clock(),
+                    time.time(),
+                    spec.server.scope,
+                    spec,
+                    args,
+                    text,
+                    result.is_error,
+                    result.structured is not None,
+                    ctx.assistant_id,
+                    ctx.thread_id,
+                )
                 lock = self._lock
                 lock.acquire()  # not `with`: on every call's path, and twice as costly
                 try:
@@ -212,9 +220,9 @@ class SessionHistory:
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
         ops = self._ops
-        for i, (clock, wall, scope, op) in enumerate(ops):
-            if type(op) is tuple:
-                ops[i] = (clock, wall, scope, _finish(op))
+        for i, record in enumerate(ops):
+            if len(record) != 4:
+                ops[i] = (record[0], record[1], record[2], _finish(cast(_Pending, record)))
         return cast(list[_Record], list(ops))
 
     def _stored(self) -> list[tuple[float, Any]]:
@@ -320,14 +328,17 @@ _LAZY_TEXT = 4096
 
 
 # A call recorded as references (`SessionHistory.record`), made into its `OperationRecord`
-# when first read: (spec, ctx, clean arguments, result text, is_error, structured). For a
+# when first read: a `_Record`'s clocks and scope, then the spec, the clean arguments, the
+# result's text, is_error, whether it was structured, the assistant and the thread. For a
 # structured result the text is the JSON the call returned then, so the metadata reads that
 # snapshot, not a dict the server may have changed since.
-_Pending = tuple[ToolSpec, ToolContext, dict[str, Any], str, bool, bool]
+_Pending = tuple[
+    float, float, Scope, ToolSpec, dict[str, Any], str, bool, bool, str | None, str | None
+]
 
 
 def _finish(pending: _Pending) -> OperationRecord:
-    spec, ctx, args, text, is_error, structured = pending
+    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id = pending
     arguments = dict(args)  # what `compact` makes of flat and small arguments
     if is_error:
         metadata = {"error": _clip(text, MAX_ERROR)}
@@ -338,9 +349,7 @@ def _finish(pending: _Pending) -> OperationRecord:
     else:  # the tool's extractor, on the result as it was returned
         block = JSONText(type="text", text=text)
         metadata = extract_metadata(spec, arguments, ToolResult([block], _snapshot(text)))
-    return OperationRecord(
-        "", spec.name, arguments, is_error, metadata, ctx.assistant_id, ctx.thread_id
-    )
+    return OperationRecord("", spec.name, arguments, is_error, metadata, assistant_id, thread_id)
 
 
 def _snapshot(text: str) -> dict[str, Any]:
