@@ -10,8 +10,9 @@ futures, for two reasons:
 - asyncio: an `AsyncReply` resolves an asyncio future with ``call_soon_threadsafe``, so an
   awaiting caller never blocks its event loop (``await`` on a pykka future would).
 
-Each call gets a fresh reply slot, so a reply that arrives after its caller timed out lands
-in an abandoned slot and can never be taken for the reply to a later call.
+A reply that arrives after its caller timed out lands in an abandoned slot and can never be
+taken for the reply to a later call: a thread reuses its slot only after a reply arrived.
+Actor threads ask the OS to schedule them as batch work (`KeyActor.batch_scheduling`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ the options) and sends it, in an `Envelope` with its reply slot, to the key's ac
 4. tell the early observers (the operation history: the caller's next call must see it);
 5. count the call as done, so a caller holding its result sees the key idle;
 6. hand the result to the reply slot;
-7. write the call's log line and tell the other observers, off the caller's clock.
+7. hand the call's log line to the log writer (`ctxactors.logs.call_logger`) and tell the
+   other observers, off the caller's clock.
 
 The `ToolCall` has no closures and no locks, so it can be encoded and run elsewhere; the
 `Envelope` adds what only this process has (the reply slot, the validated arguments, the

@@ -17,7 +17,8 @@ It reads
 
 Lines are rendered and written by a background writer, many per write, within about 10 ms
 of being logged: a line costs its caller an append (`flush_logs` writes what is pending
-now; a reconfiguration and the process's exit do too).
+now; a reconfiguration and the process's exit do too). The runtime's line per call
+(`call_logger`) is handed over as a tuple; the writer makes it into its line.
 
 The level filter is compiled into the logger class (structlog's filtering bound logger), so a
 filtered-out line costs a no-op method call. Code that logs on a hot path binds its logger

@@ -10,11 +10,12 @@ A session's history is a `SessionHistory` kept by the registry as session state
 (`Registry.session_state`, keyed by principal and session id): it lives exactly as long as
 the session has a live actor, so it goes when the session's actors are reaped, evicted or
 ended, and one session (of one principal) can never reach another's. An observer adds each call to it in the calling key's actor, just before
-the reply: a common call is appended as references (its own clean arguments, its result's
-text) and made into its record (compacted arguments, metadata) when the history is read;
-a call with large arguments or result, or a tool with its own extractor, is made into its
-record at once, so a 4 MiB upload does not stay in memory 50 times. That costs the call
-about a microsecond and no message, no thread and no actor: a message per call to a
+the reply: a common call is appended as one tuple of references (its own clean arguments,
+its result's text) and made into its record (compacted arguments, metadata, the tool's own
+extractor too) when the history is read, since most records never are; a call with large
+arguments or result is made into its record at once, so a 4 MiB upload does not stay in
+memory 50 times, and so is a handler's own result whose text is not its structured part.
+That costs the call about a microsecond and no message, no thread and no actor: a message per call to a
 history actor cost a cheap call 1.6x on a busy CPU and an extra actor per session (see
 ``scripts/bench_history.py``). Because the record is added before the reply, a caller that
 got its result and then asks for the history always finds that call in it. The `History`
@@ -24,9 +25,10 @@ Metadata: a tool may declare ``@tool(extract=fn)`` with ``fn(args: dict, result:
 ToolResult) -> dict | None`` (`pick` builds the common one); it replaces the generic
 extractor for that tool's successful calls. The generic one keeps ids (``id``, ``*_id``,
 ``*Id``), counts, and anything under a ``selected*``/``deselected*``/``created*``/
-``affected*`` key. An error result's metadata is its message. Extractors run in the
-calling actor's thread before the reply: keep them quick, and let them only read their
-arguments.
+``affected*`` key. An error result's metadata is its message. An extractor runs when the
+history is read (in the history's actor, once per record), on the result as the call
+returned it (decoded from the JSON text `ToolResult.ok` made then, `JSONText`): let it only
+read its arguments.
 
 Bounds: the newest ``CTXACTORS_HISTORY_MAX_OPERATIONS`` (50) operations per session, each
 kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600): the runtime's ``settings.history``, aged
