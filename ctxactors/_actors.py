@@ -17,9 +17,13 @@ in an abandoned slot and can never be taken for the reply to a later call.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -67,14 +71,20 @@ class SyncReply:
 
 
 class AsyncReply:
-    """A one-shot slot that resolves an asyncio future on its own loop's thread."""
+    """A one-shot slot that resolves an asyncio future on its own loop's thread.
+
+    Made on that loop's thread (`Runtime.acall`), where `expire` and `settle` are called too.
+    """
 
     __slots__ = ("_replies", "future", "deadline")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None = None) -> None:
-        replies = _loop_replies.get(loop)
-        if replies is None:
-            replies = _loop_replies.setdefault(loop, _LoopReplies(loop))
+        replies: _LoopReplies | None = getattr(_this_loop, "replies", None)
+        if replies is None or replies.loop() is not loop:  # one loop per thread, as a rule
+            replies = _loop_replies.get(loop)
+            if replies is None:
+                replies = _loop_replies.setdefault(loop, _LoopReplies(loop))
+            _this_loop.replies = replies
         self._replies = replies
         self.future: asyncio.Future[Any] = loop.create_future()
         self.deadline = deadline  # see `caller_deadline`
@@ -85,27 +95,67 @@ class AsyncReply:
     def set(self, value: Any) -> None:
         self._replies.put(self.future, value)
 
+    def expire(self) -> None:
+        """Fail the future with `ReplyExpired` at `deadline`, unless it is done by then."""
+        if self.deadline is not None:
+            self._replies.expire_at(self.deadline, self.future)
+
+    def settle(self) -> None:
+        """The caller is done with the future (answered, expired or cancelled); after
+        `expire`, once."""
+        if self.deadline is not None:
+            self._replies.settle()
+
+
+class ReplyExpired(Exception):
+    """An `AsyncReply` whose deadline passed first (`Runtime.acall` raises
+    `CallTimeoutError`)."""
+
 
 class _LoopReplies:
-    """The replies on their way to one event loop: one wake-up of the loop resolves every
-    reply that arrived meanwhile (``call_soon_threadsafe`` writes to the loop's wake-up pipe
-    and schedules a callback: once per batch, not once per reply)."""
+    """The replies on their way to one event loop, and the deadlines of their callers.
 
-    __slots__ = ("_loop", "_pending", "_scheduled", "__weakref__")
+    One wake-up of the loop resolves every reply that arrived meanwhile
+    (``call_soon_threadsafe`` writes to the loop's wake-up pipe and schedules a callback:
+    once per batch, not once per reply). The callers' deadlines share one timer, armed for
+    the earliest: a heap push per call instead of a `TimerHandle` (and its context copy)
+    made and cancelled per call, which is what most of an `acall`'s own cost on the loop
+    was. Holds its loop weakly, so a loop that is gone takes this with it.
+    """
+
+    __slots__ = (
+        "loop",
+        "_pending",
+        "_scheduled",
+        "_deadlines",
+        "_timer",
+        "_timer_at",
+        "_waiting",
+        "__weakref__",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = weakref.ref(loop)
         self._pending: deque[tuple[asyncio.Future[Any], Any]] = deque()
         self._scheduled = False
+        # (deadline, order, future): a min-heap on the loop's thread only.
+        self._deadlines: list[tuple[float, int, asyncio.Future[Any]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._waiting = 0  # callers between `expire_at` and `settle`
 
     def put(self, future: asyncio.Future[Any], value: Any) -> None:
+        """From any thread: hand `value` to `future` on the loop's thread."""
         self._pending.append((future, value))
         if not self._scheduled:
             # Set before the drain can run, and cleared by the drain before it takes the
             # replies: a reply appended after the drain took its last sees it cleared.
             self._scheduled = True
+            loop = self.loop()
             try:
-                self._loop.call_soon_threadsafe(self._drain)
+                if loop is None:
+                    raise RuntimeError("the loop is gone")
+                loop.call_soon_threadsafe(self._drain)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 self._pending.clear()
 
@@ -117,11 +167,57 @@ class _LoopReplies:
             if not future.done():  # cancelled or timed out: drop the late reply
                 future.set_result(value)
 
+    def expire_at(self, deadline: float, future: asyncio.Future[Any]) -> None:
+        """On the loop's thread: fail `future` at `deadline` (`time.monotonic`) unless done."""
+        self._waiting += 1
+        heapq.heappush(self._deadlines, (deadline, next(_order), future))
+        if deadline < self._timer_at:
+            self._arm(deadline)
 
-# One `_LoopReplies` per event loop, gone with its loop.
+    def settle(self) -> None:
+        """A caller of `expire_at` is done with its future.
+
+        Done futures stay in the heap until their deadline passes: the heap is emptied when
+        no caller waits (so a loop that is gone is not kept alive by its futures), and
+        rid of its done futures when they outnumber the waiting callers (so it holds at
+        most about twice the calls in flight: amortised O(1) a call).
+        """
+        self._waiting -= 1
+        heap = self._deadlines
+        if not self._waiting:
+            heap.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer, self._timer_at = None, math.inf
+        elif len(heap) > 2 * self._waiting + 64:
+            heap[:] = [entry for entry in heap if not entry[2].done()]
+            heapq.heapify(heap)
+
+    def _arm(self, deadline: float) -> None:
+        loop = self.loop()
+        if self._timer is not None:
+            self._timer.cancel()
+        if loop is not None:
+            self._timer_at = deadline
+            self._timer = loop.call_later(deadline - time.monotonic(), self._expire)
+
+    def _expire(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        heap, now = self._deadlines, time.monotonic()
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_exception(ReplyExpired())
+        if heap:
+            self._arm(heap[0][0])
+
+
+# One `_LoopReplies` per event loop, gone with its loop; and the last one each thread used.
 _loop_replies: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopReplies] = (
     weakref.WeakKeyDictionary()
 )
+_this_loop = threading.local()
+_order = itertools.count()  # ties between equal deadlines, which futures can't break
 
 
 class Lifecycle:

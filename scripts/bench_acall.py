@@ -239,7 +239,8 @@ def main() -> int:
             for name, (worker, pythonpath) in variants.items():
                 rounds[name].append(measure(worker, args, pythonpath))
     results = {name: summary(r) for name, r in rounds.items()}
-    label = {"baseline": f"baseline ({args.baseline}, issue 19 filed)", "floor": "floor"}
+    filed = ", issue 19 filed" if args.baseline == ISSUE_BASELINE else ""
+    label = {"baseline": f"baseline ({args.baseline}{filed})", "floor": "floor (bare threads)"}
     print(
         f"acall, {args.sessions} sessions x {args.calls} calls, "
         f"{'pinned to one CPU' if args.pin else 'unpinned'}, median of {args.rounds} "
