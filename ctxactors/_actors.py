@@ -95,6 +95,10 @@ class AsyncReply:
     def set(self, value: Any) -> None:
         self._replies.put(self.future, value)
 
+    def send_later(self, inbox: Any, envelope: Envelope) -> None:
+        """Put `envelope` into `inbox` at the end of this loop iteration (see `_LoopReplies`)."""
+        self._replies.send_later(inbox, envelope)
+
     def expire(self) -> None:
         """Fail the future with `ReplyExpired` at `deadline`, unless it is done by then."""
         if self.deadline is not None:
@@ -121,6 +125,14 @@ class _LoopReplies:
     the earliest: a heap push per call instead of a `TimerHandle` (and its context copy)
     made and cancelled per call, which is what most of an `acall`'s own cost on the loop
     was. Holds its loop weakly, so a loop that is gone takes this with it.
+
+    The calls go out in bursts too: the loop's calls are put into their actors' inboxes
+    once per loop iteration, all together. A put wakes the actor's thread, which then asks
+    for the GIL the loop is holding; woken one call at a time while the loop still has
+    calls to send, 200 actor threads keep taking the GIL from the loop (the loop lag behind
+    `scripts/bench_acall.py`'s p99). A thread that would block on an actor (a blocking
+    `call`, `end_session` or `close` on the loop's own thread) sends the burst first, see
+    `send_deferred`, which also keeps one thread's calls to a key in the order it made them.
     """
 
     __slots__ = (
@@ -131,6 +143,7 @@ class _LoopReplies:
         "_timer",
         "_timer_at",
         "_waiting",
+        "_outbox",
         "__weakref__",
     )
 
@@ -143,6 +156,7 @@ class _LoopReplies:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._waiting = 0  # callers between `expire_at` and `settle`
+        self._outbox: list[tuple[Any, Envelope]] = []  # (inbox, call): the loop's thread only
 
     def put(self, future: asyncio.Future[Any], value: Any) -> None:
         """From any thread: hand `value` to `future` on the loop's thread."""
@@ -166,6 +180,22 @@ class _LoopReplies:
             future, value = pending.popleft()
             if not future.done():  # cancelled or timed out: drop the late reply
                 future.set_result(value)
+
+    def send_later(self, inbox: Any, envelope: Envelope) -> None:
+        outbox = self._outbox
+        outbox.append((inbox, envelope))
+        if len(outbox) == 1:
+            loop = self.loop()
+            if loop is None:  # not while acall runs on it: can't happen, but never lose it
+                self.send()
+            else:
+                loop.call_soon(self.send)
+
+    def send(self) -> None:
+        """Put every call held back so far into its actor's inbox."""
+        outbox, self._outbox = self._outbox, []
+        for inbox, envelope in outbox:
+            inbox.put(envelope)
 
     def expire_at(self, deadline: float, future: asyncio.Future[Any]) -> None:
         """On the loop's thread: fail `future` at `deadline` (`time.monotonic`) unless done."""
@@ -218,6 +248,28 @@ _loop_replies: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopReplies
 )
 _this_loop = threading.local()
 _order = itertools.count()  # ties between equal deadlines, which futures can't break
+_abandoned = threading.Lock()  # see `send_abandoned`
+
+
+def send_deferred() -> None:
+    """Send the calls this thread's event loop still holds back (see `_LoopReplies`)."""
+    replies: _LoopReplies | None = getattr(_this_loop, "replies", None)
+    if replies is not None and replies._outbox:
+        replies.send()
+
+
+def send_abandoned() -> None:
+    """`send_deferred`, and the calls held back by loops closed before their next
+    iteration (nothing else would send those; a closed loop's thread adds to them no more)."""
+    send_deferred()
+    with _abandoned:  # two threads must not both send the same calls
+        # The underlying dict, copied in one step (iterating the WeakKeyDictionary itself
+        # would fail if another thread's first acall on a new loop added to it meanwhile).
+        every: list[_LoopReplies] = list(_loop_replies.data.values())  # type: ignore[attr-defined]
+        for held in every:
+            loop = held.loop()
+            if held._outbox and loop is not None and loop.is_closed():
+                held.send()
 
 
 class Lifecycle:
@@ -235,6 +287,7 @@ class Lifecycle:
 
     def wait_closed(self, timeout: float | None) -> bool:
         """Wait for cleanup to finish and the actor thread to end."""
+        send_abandoned()  # the calls it waits for may be this thread's, not sent yet
         if not self.closed.wait(timeout):
             return False
         thread = self.thread
@@ -335,6 +388,10 @@ class KeyActor(pykka.ThreadingActor):
         if self.actor_stopped.is_set():
             raise pykka.ActorDeadError(f"{self.actor_ref} not found")
         inbox: Any = self.actor_inbox  # a SimpleQueue that takes ours as well as pykka's
+        if type(envelope.reply) is AsyncReply:
+            envelope.reply.send_later(inbox, envelope)  # one burst a loop iteration
+            return
+        send_deferred()  # this thread's earlier calls first: one key's calls stay in order
         inbox.put(envelope)
 
     def on_stop(self) -> None:

@@ -281,3 +281,53 @@ def test_an_event_loop_that_is_gone_is_not_kept_alive_by_acall() -> None:
         rt.call("tick", ctx_args("s"))  # the actor lets go of the last acall's message
         gc.collect()
         assert [ref() for ref in loops] == [None, None, None]
+
+
+def test_a_blocking_call_on_the_loops_thread_runs_after_the_acalls_it_made_before() -> None:
+    """Calls leave a loop once per iteration, in a burst; a call that blocks the loop's own
+    thread sends them first, so one key's calls from one thread keep their order."""
+
+    async def main(rt: Runtime) -> None:
+        first = asyncio.create_task(rt.acall("tick", ctx_args("s")))
+        await asyncio.sleep(0)  # `first` is sent, in this iteration's burst
+        assert rt.call("tick", ctx_args("s")).structured == {"n": 2}
+        assert (await first).structured == {"n": 1}
+
+    with Runtime([Tick]) as rt:
+        asyncio.run(main(rt))
+
+
+@pytest.mark.timeout(60)
+def test_end_session_and_close_on_the_loops_thread_wait_for_acalls_not_yet_sent() -> None:
+    async def main() -> None:
+        rt = Runtime([Tick], call_timeout=WAIT)
+        ended = asyncio.create_task(rt.acall("tick", ctx_args("ended")))
+        kept = asyncio.create_task(rt.acall("tick", ctx_args("kept")))
+        await asyncio.sleep(0)  # both sent, in this iteration's burst
+        started = time.monotonic()
+        assert rt.end_session("ended") == 1
+        rt.close()
+        # Both waited for the calls, which only happens this soon if they were sent.
+        assert time.monotonic() - started < WAIT / 4
+        assert [(await ended).structured, (await kept).structured] == [{"n": 1}, {"n": 1}]
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_call_held_back_by_a_loop_closed_before_its_next_iteration_is_still_sent() -> None:
+    rt = Runtime([Tick], call_timeout=WAIT)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(rt.acall("tick", ctx_args("s")))
+    loop.call_soon(loop.stop)  # after the task's first step: the loop stops, burst unsent
+    loop.run_forever()
+    loop.close()
+    ended: list[int] = []
+    started = time.monotonic()
+    other = threading.Thread(target=lambda: ended.append(rt.end_session("s")))
+    other.start()
+    other.join(WAIT)
+    # end_session waited for the held-back call, which only ends this soon if it was sent.
+    assert ended == [1] and time.monotonic() - started < WAIT / 4
+    assert not task.done()  # its loop is gone: nobody reads the reply
+    rt.close()
