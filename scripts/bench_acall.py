@@ -259,6 +259,10 @@ def main() -> int:
         ratio = results["ctxactors"]["calls_per_s"] / results["baseline"]["calls_per_s"]
         print(f" throughput vs baseline: {ratio:.2f}x (medians); per round {_fmt(ratios)}")
         print(f"   median of per-round ratios {statistics.median(ratios):.2f}x")
+        cpu = results["baseline"]["cpu_us_per_call"] / results["ctxactors"]["cpu_us_per_call"]
+        print(
+            f" CPU per call vs baseline: {cpu:.2f}x less (the figure load on the machine moves least)"
+        )
     if "floor" in results:
         share = results["ctxactors"]["calls_per_s"] / results["floor"]["calls_per_s"]
         print(f" throughput vs floor: {share:.2f}x")
