@@ -140,7 +140,7 @@ class _LoopReplies:
         "_pending",
         "_scheduled",
         "_deadlines",
-        "_timer",
+        "_armed",
         "_timer_at",
         "_waiting",
         "_outbox",
@@ -153,7 +153,9 @@ class _LoopReplies:
         self._scheduled = False
         # (deadline, order, future): a min-heap on the loop's thread only.
         self._deadlines: list[tuple[float, int, asyncio.Future[Any]]] = []
-        self._timer: asyncio.TimerHandle | None = None
+        # The timer is told which arming it is rather than kept (a `TimerHandle` holds its
+        # loop): arming it again for an earlier deadline leaves the older one to do nothing.
+        self._armed = 0
         self._timer_at = math.inf
         self._waiting = 0  # callers between `expire_at` and `settle`
         self._outbox: list[tuple[Any, Envelope]] = []  # (inbox, call): the loop's thread only
@@ -215,24 +217,22 @@ class _LoopReplies:
         self._waiting -= 1
         heap = self._deadlines
         if not self._waiting:
-            heap.clear()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer, self._timer_at = None, math.inf
+            heap.clear()  # the timer stays: it finds nothing, or the next call's deadline
         elif len(heap) > 2 * self._waiting + 64:
             heap[:] = [entry for entry in heap if not entry[2].done()]
             heapq.heapify(heap)
 
     def _arm(self, deadline: float) -> None:
         loop = self.loop()
-        if self._timer is not None:
-            self._timer.cancel()
         if loop is not None:
+            self._armed += 1
             self._timer_at = deadline
-            self._timer = loop.call_later(deadline - time.monotonic(), self._expire)
+            loop.call_later(deadline - time.monotonic(), self._expire, self._armed)
 
-    def _expire(self) -> None:
-        self._timer, self._timer_at = None, math.inf
+    def _expire(self, armed: int) -> None:
+        if armed != self._armed:  # armed again since, for an earlier deadline
+            return
+        self._timer_at = math.inf
         heap, now = self._deadlines, time.monotonic()
         while heap and (heap[0][0] <= now or heap[0][2].done()):
             future = heapq.heappop(heap)[2]
