@@ -10,7 +10,8 @@ the options) and sends it, in an `Envelope` with its reply slot, to the key's ac
 4. tell the early observers (the operation history: the caller's next call must see it);
 5. count the call as done, so a caller holding its result sees the key idle;
 6. hand the result to the reply slot;
-7. write the call's log line and tell the other observers, off the caller's clock.
+7. hand the call's log line to the log writer (`ctxactors.logs.call_logger`) and tell the
+   other observers, off the caller's clock.
 
 The `ToolCall` has no closures and no locks, so it can be encoded and run elsewhere; the
 `Envelope` adds what only this process has (the reply slot, the validated arguments, the
@@ -20,18 +21,16 @@ looked-up tool, the runtime's hooks), built once per call from plain references.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
 import msgspec
-import structlog
 
 from ctxactors.batch.compensation import as_compensation
 from ctxactors.context import ToolContext
-from ctxactors.logs import lazy_logger
+from ctxactors.logs import call_logger, lazy_logger
 from ctxactors.results import ToolResult
 from ctxactors.tools import Key, ToolSpec
 
@@ -102,7 +101,7 @@ class CallHost:
     One per runtime; the lists are the runtime's own, so observers added later apply.
     """
 
-    __slots__ = ("log", "log_calls", "durable", "observers", "early_observers", "wrappers")
+    __slots__ = ("log", "log_call", "durable", "observers", "early_observers", "wrappers")
 
     def __init__(
         self,
@@ -112,10 +111,8 @@ class CallHost:
         early_observers: list[Observer],
     ) -> None:
         self.log = log
-        # Whether a call's log line can be written at all: a level filtered out in
-        # structlog's filtering logger is a no-op method, fixed when the logger was bound, so
-        # a call skips building the line's fields too.
-        self.log_calls = getattr(getattr(log, "info", None), "__func__", None) is not _nop
+        # Writes a call's log line; None when the logger's level filters it out.
+        self.log_call = call_logger(log)
         self.durable = durable  # a `ctxactors.durable.Durability`, or None
         self.observers = observers
         self.early_observers = early_observers
@@ -153,8 +150,6 @@ class Envelope:
         self.body = body
 
 
-# What structlog's filtering logger has for a level it filters out.
-_nop = structlog.make_filtering_bound_logger(logging.CRITICAL).debug
 _running = threading.local()
 # For a failing log line: the runtime's own logger may be what fails.
 _log = lazy_logger("ctxactors.call")
@@ -179,16 +174,20 @@ def execute(
     Never raises: a failing handler, store or observer gives an error result or a log line,
     and the actor goes on serving its key.
     """
-    _running.deadline = envelope.call.deadline
+    call = envelope.call
+    _running.deadline = call.deadline
     try:
         if start_error is not None:
             raise RuntimeError(f"server failed to start: {start_error}")
-        if envelope.body is None:
-            result = _run(envelope, server, actor)
-            if result is None:
-                return  # being saved: `finish` runs once the store has answered
-        else:
+        if envelope.body is not None:
             result = envelope.body(server)
+        elif call.durable:  # steps 1-3
+            saved = _run(envelope, server, actor)
+            if saved is None:
+                return  # being saved: `finish` runs once the store has answered
+            result = saved
+        else:  # without a store, step 2 only
+            result = _handle(envelope, server)
     except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down
         result = ToolResult.from_exception(exc)
     finally:
@@ -201,7 +200,7 @@ def finish(envelope: Envelope, actor: Finishing, result: ToolResult) -> None:
     that wrote it."""
     call, host = envelope.call, envelope.host
     try:
-        if call.observe:
+        if call.observe and host.early_observers:
             _notify(host.early_observers, envelope, result)
     except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down
         result = ToolResult.from_exception(exc)
@@ -210,26 +209,12 @@ def finish(envelope: Envelope, actor: Finishing, result: ToolResult) -> None:
     if envelope.reply is not None:
         envelope.reply.set(result)
     try:
-        if host.log_calls:
-            _log_call(host.log, envelope, call, result)
-        if call.observe:
+        if host.log_call is not None:
+            host.log_call(call.ctx, call.tool, envelope.started, result.is_error)
+        if call.observe and host.observers:
             _notify(host.observers, envelope, result)
     except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
         _log.error("after_call_failed", exc_info=exc)
-
-
-def _log_call(log: Any, envelope: Envelope, call: ToolCall, result: ToolResult) -> None:
-    ctx = call.ctx
-    log.info(
-        "tool_call",
-        principal=ctx.principal,
-        session_id=ctx.session_id,
-        assistant_id=ctx.assistant_id,
-        thread_id=ctx.thread_id,
-        tool=call.tool,
-        duration_ms=round((time.perf_counter() - envelope.started) * 1000, 3),
-        outcome="error" if result.is_error else "ok",
-    )
 
 
 def _run(envelope: Envelope, server: Any, actor: Finishing | None = None) -> ToolResult | None:

@@ -55,7 +55,7 @@ class SessionState:
     __slots__ = ("_values", "_lock", "live")
 
     def __init__(self) -> None:
-        self._values: dict[str, Any] = {}
+        self._values: dict[str, Any] = {}  # read without the lock; written under it
         self._lock = threading.Lock()
         self.live = True  # False once the session's last actor is retired
 
@@ -146,7 +146,8 @@ class Registry:
         # principal -> its live entries in LRU order (the caps evict a principal's own first).
         self._by_principal: dict[str | None, OrderedDict[Key, Entry]] = {}
         self._closed = False
-        self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0, "calls": 0}
+        self._counts = {"spawned": 0, "reaped": 0, "evicted": 0, "ended": 0}
+        self._calls = 0  # apart from `_counts`: one add on every call's path
         self._peak = 0
         self._stop_reaper = threading.Event()
         # Run after each background reaper pass (the runtime's store retention purge).
@@ -165,33 +166,44 @@ class Registry:
 
     def submit(self, key: Key, factory: Callable[[], Any], call: Envelope) -> None:
         """Send `call` to the actor of `key`, spawning it first if there is none."""
-        victims: list[Entry] = []
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: the only lock a call takes, and `with` costs it twice
+        try:
             if self._closed:
                 raise RuntimeClosedError("the runtime is closed")
             entry = self._entries.get(key)
             if entry is None:
-                entry = self._spawn(key, factory)
-                own = self._by_principal[key.principal]
-                cap = self.max_actors_per_principal
-                if cap is not None and len(own) > cap:
-                    victims = self._evict_lru(own, entry, "max_actors_per_principal")
-                if len(self._entries) > self.max_actors:
-                    # A principal holding more than its fair share of the cap pays with its
-                    # own keys: a flood of sessions from one principal passivates its own,
-                    # not another's. Otherwise the global least recently used key goes.
-                    share = self.max_actors / len(self._by_principal)
-                    mine = self._evict_lru(own, entry, "max_actors") if len(own) > share else []
-                    victims += mine or self._evict_lru(self._entries, entry, "max_actors")
+                entry, victims = self._admit(key, factory)
             else:
+                victims = None
                 self._entries.move_to_end(key)
-                self._by_principal[key.principal].move_to_end(key)
+                self._by_principal[key[1][0]].move_to_end(key)
             entry.sent += 1
             entry.sent_at = entry.last_used = self.clock()
-            self._counts["calls"] += 1
-        self._stop(victims)
+            self._calls += 1
+        finally:
+            lock.release()
+        if victims:
+            self._stop(victims)
         assert entry.actor is not None
         entry.actor.post(call)
+
+    def _admit(self, key: Key, factory: Callable[[], Any]) -> tuple[Entry, list[Entry]]:
+        """Spawn the actor of a new key, and pick who makes room for it (lock held)."""
+        entry = self._spawn(key, factory)
+        victims: list[Entry] = []
+        own = self._by_principal[key.principal]
+        cap = self.max_actors_per_principal
+        if cap is not None and len(own) > cap:
+            victims = self._evict_lru(own, entry, "max_actors_per_principal")
+        if len(self._entries) > self.max_actors:
+            # A principal holding more than its fair share of the cap pays with its own
+            # keys: a flood of sessions from one principal passivates its own, not
+            # another's. Otherwise the global least recently used key goes.
+            share = self.max_actors / len(self._by_principal)
+            mine = self._evict_lru(own, entry, "max_actors") if len(own) > share else []
+            victims += mine or self._evict_lru(self._entries, entry, "max_actors")
+        return entry, victims
 
     def session_state(self, session: SessionKey, name: str, factory: Callable[[], Any]) -> Any:
         """The shared object `name` of `session` (a ``(principal, session_id)`` pair), made
@@ -205,10 +217,14 @@ class Registry:
         registry lock: the actor's entry holds the session's state, until it is retired.
         """
         here = current_actor()
-        if isinstance(here, Entry) and here.key.session == session:
-            # One of the session's own actors: no lock (retired with it: nothing to add to).
+        if type(here) is Entry and here.key[1] == session:
+            # One of the session's own actors (every call's history record): no lock, and
+            # None once it is retired (nothing to add to).
             shared = here.shared
-            return shared.get(name, factory) if shared.live else None
+            if not shared.live:
+                return None
+            value = shared._values.get(name)  # the lock-free read of `get`
+            return shared.get(name, factory) if value is None else value
         with self._lock:
             found = self._session_state.get(session)
             return None if found is None else found.get(name, factory)
@@ -371,6 +387,7 @@ class Registry:
                 "peak_actors": self._peak,
                 "sessions": len(self._by_session),
                 **self._counts,
+                "calls": self._calls,
             }
 
     def keys(self) -> list[Key]:

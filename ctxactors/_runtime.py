@@ -28,16 +28,15 @@ from typing import Any
 
 import msgspec
 
-from ctxactors._actors import AsyncReply, SyncReply
+from ctxactors._actors import AsyncReply, ReplyExpired, SyncReply, take_sync_reply
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
 from ctxactors.context import (
     DEFAULT_SESSION,
     ToolContext,
-    clean_args,
     logged_fields,
     parse_arguments,
-    read_context,
+    split_context,
 )
 from ctxactors.durable import Durability, is_durable
 from ctxactors.errors import CallTimeoutError, CtxActorsError, UnknownToolError
@@ -150,6 +149,17 @@ class Runtime:
         # shards, which attach the servers themselves (this runtime only validates and routes).
         self._backend = backend
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        # What `_submit` needs of each tool, looked up once: (read_only, durable, scope,
+        # the factory of its server's instances).
+        self._routes = {
+            spec: (
+                spec.read_only,
+                self._durable is not None and is_durable(spec.server),
+                spec.server.scope,
+                self._factories[spec.server],
+            )
+            for spec in self._tools.values()
+        }
         if self._durable is not None:  # retention counts from a session's last use
             durable = self._durable
             # Before the reply (a dict lookup), so a flush after a call sees its use.
@@ -192,14 +202,14 @@ class Runtime:
         `CallTimeoutError` or `RuntimeClosedError`; a tool's own failure is a result with
         ``is_error=True``.
         """
-        reply = SyncReply(time.monotonic() + (self.call_timeout if timeout is None else timeout))
-        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
+        reply = take_sync_reply(_monotonic() + wait)
+        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         if not reply.wait(wait):
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
-        result: ToolResult = reply.value
-        if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
-            raise result
+        result: ToolResult = reply.recycle()
+        if type(result) is not ToolResult and isinstance(result, CtxActorsError):
+            raise result  # the backend's (a shard that went away)
         return result
 
     async def acall(
@@ -213,21 +223,16 @@ class Runtime:
         session_fallback: str | None = DEFAULT_SESSION,
     ) -> ToolResult:
         """`call`, awaitable. Never blocks the event loop: the reply resolves a future."""
-        reply = AsyncReply(
-            asyncio.get_running_loop(),
-            time.monotonic() + (self.call_timeout if timeout is None else timeout),
-        )
-        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
-        future = reply.future
-        # A timer on the reply's own future (`asyncio.wait_for` adds a task and a waiter).
-        timer = future.get_loop().call_later(wait, _expire, future)
+        reply = AsyncReply(asyncio.get_running_loop(), time.monotonic() + wait)
+        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
+        reply.expire()
         try:
-            result: ToolResult = await future
-        except _Expired:
+            result: ToolResult = await reply.future
+        except ReplyExpired:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
         finally:
-            timer.cancel()
+            reply.settle()
         if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
             raise result
         return result
@@ -244,11 +249,10 @@ class Runtime:
         spec = self._tools.get(tool)
         if spec is None:
             raise UnknownToolError(f"unknown tool {tool!r}")
-        raw = parse_arguments(arguments)
-        ctx, spoofed, defaulted = read_context(
+        raw = arguments if type(arguments) is dict else parse_arguments(arguments)
+        ctx, args, spoofed, defaulted = split_context(
             raw, meta, principal=principal, fallback=session_fallback
         )
-        args = clean_args(raw)
         validated = spec.validate(args)
         if spoofed:
             self._log.warning(
@@ -265,7 +269,7 @@ class Runtime:
         if self._backend is not None:
             self._backend.submit(spec, ctx, args, reply)
             return
-        self._submit(spec, ctx, validated, args, reply, deadline=reply.deadline)
+        self._submit(spec, ctx, validated, args, reply, reply.deadline)
 
     def _submit(
         self,
@@ -274,8 +278,8 @@ class Runtime:
         validated: Any,
         args: dict[str, Any],
         reply: Reply | None,
-        *,
         deadline: float | None,
+        *,
         prepare: bool = False,
         undo: Undo | None = None,
     ) -> None:
@@ -286,23 +290,15 @@ class Runtime:
         compensation instead of the tool, and stays out of the observers (an undo is not a
         call of the tool it undoes, so the operation history must not record it).
         """
-        server = spec.server
+        read_only, durable, scope, factory = self._routes[spec]
         call = ToolCall(
-            spec.name,
-            ctx,
-            args,
-            deadline,
-            spec.read_only,
-            self._durable is not None and is_durable(server),
-            undo is None,
-            prepare,
-            undo,
+            spec.name, ctx, args, deadline, read_only, durable, undo is None, prepare, undo
         )
-        key = server.scope.key(server.name, ctx)
+        key = scope.key(spec.server.name, ctx)
         envelope = Envelope(call, spec, validated, key, reply, self._host)
         if self._host.wrappers and call.observe:
             envelope.wrap(self._host.wrappers)
-        self._registry.submit(key, self._factories[server], envelope)
+        self._registry.submit(key, factory, envelope)
 
     def add_observer(self, observer: Observer, *, before_reply: bool = False) -> None:
         """Run `observer` in the actor thread after every call that reached a server.
@@ -432,10 +428,4 @@ def _trace_if_enabled(runtime: Runtime) -> None:
     tracing.instrument_if_enabled(runtime)
 
 
-class _Expired(Exception):
-    """An `acall` whose caller stopped waiting (raised as `CallTimeoutError`)."""
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())
+_monotonic = time.monotonic

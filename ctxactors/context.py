@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgspec
 
@@ -173,13 +173,15 @@ def check_id(value: str, what: str) -> str:
 
 def _argument(arguments: Mapping[str, Any], camel: str, snake: str) -> str | None:
     """A context argument, camelCase first; a non-string value is refused naming it."""
-    if camel in arguments:
-        name = camel
-    elif snake in arguments:
+    value = arguments.get(camel, _ABSENT)
+    name = camel
+    if value is _ABSENT:
+        value = arguments.get(snake, _ABSENT)
+        if value is _ABSENT:
+            return None
         name = snake
-    else:
-        return None
-    value = arguments[name]
+    if _plain_id(value):
+        return value
     if isinstance(value, str):
         return check_id(value, f"reserved field {name!r}")
     raise InvalidArgumentsError(
@@ -203,6 +205,64 @@ def _meta_value(meta: Mapping[str, Any], key: str) -> str | None:
 
 
 _META_NAMES = tuple(META_KEYS.values())  # session, assistant, thread
+
+
+_ABSENT = object()
+
+
+def split_context(
+    arguments: Mapping[str, Any],
+    meta: Mapping[str, Any] | None = None,
+    *,
+    principal: str | None = None,
+    fallback: str | None = DEFAULT_SESSION,
+) -> tuple[ToolContext, dict[str, Any], list[str] | None, bool]:
+    """`read_context` and `clean_args` at once, as the router needs them: the context, the
+    clean arguments, the ``__*`` arguments dropped as spoofing, and whether the session is
+    the `fallback`.
+
+    The common call (no ``_meta``; ``__*`` fields only the camelCase ids, each a plain
+    id) is read here in one pass; anything else goes through `read_context`, which decides.
+    """
+    # A plain loop: no call per key (and no comprehension's function, on every call's
+    # path). A non-string key is kept, for validation to refuse.
+    clean = {}
+    given = 0  # how many ``__*`` fields
+    for key, value in arguments.items():
+        if isinstance(key, str) and key[:2] == "__":
+            given += 1
+        else:
+            clean[key] = value
+    if not meta:
+        if not given:
+            if fallback is None:
+                raise InvalidArgumentsError(NO_SESSION_MESSAGE)
+            return ToolContext(fallback, None, None, principal), clean, None, True
+        get = arguments.get
+        session, assistant, thread = get(SESSION_ID), get(ASSISTANT_ID), get(THREAD_ID)
+        if (
+            _plain_id(session)
+            and (assistant is None or _plain_id(assistant))
+            and (thread is None or _plain_id(thread))
+            # no other ``__*`` field (a snake_case id, an explicit null): read_context decides
+            and given == 1 + (assistant is not None) + (thread is not None)
+        ):
+            return ToolContext(session, assistant, thread, principal), clean, None, False
+    ctx, spoofed, defaulted = read_context(arguments, meta, principal=principal, fallback=fallback)
+    return ctx, clean, spoofed, defaulted
+
+
+def _plain_id(value: Any) -> TypeGuard[str]:
+    """An id `check_id` lets through, found without building its error message: printable
+    ASCII with no space at either end (most ids; the others go to `check_id`)."""
+    return (
+        type(value) is str
+        and 0 < len(value) <= MAX_ID
+        and value.isascii()
+        and value.isprintable()
+        and value[0] != " "
+        and value[-1] != " "
+    )
 
 
 def clean_args(arguments: Mapping[str, Any]) -> dict[str, Any]:

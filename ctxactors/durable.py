@@ -49,6 +49,7 @@ from ctxactors.state import (
     Done,
     GroupCommit,
     Outcome,
+    Record,
     SessionRef,
     StaleStateError,
     StateKey,
@@ -374,6 +375,14 @@ class Durability:
         previous = self._followers.get(session)
         self._followers[session] = follower
         return previous
+
+    def load_written(self, session: SessionRef, key: StateKey) -> Record | None:
+        """What the store holds for `key` once the writes behind the session's calls (its
+        history) are written: a peek right after a reap must not miss the last call."""
+        follower = self._followers.get(session)
+        if follower is not None:
+            follower.drain(self.save_timeout)
+        return self.store.load(session, key)
 
     def delete_session(self, session: SessionRef) -> int:
         """Forget the session's stored state, after every save already queued for it (a

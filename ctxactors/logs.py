@@ -17,7 +17,8 @@ It reads
 
 Lines are rendered and written by a background writer, many per write, within about 10 ms
 of being logged: a line costs its caller an append (`flush_logs` writes what is pending
-now; a reconfiguration and the process's exit do too).
+now; a reconfiguration and the process's exit do too). The runtime's line per call
+(`call_logger`) is handed over as a tuple; the writer makes it into its line.
 
 The level filter is compiled into the logger class (structlog's filtering bound logger), so a
 filtered-out line costs a no-op method call. Code that logs on a hot path binds its logger
@@ -36,7 +37,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO
 
 import msgspec
@@ -48,6 +49,7 @@ _METHOD_LEVELS = {**_LEVELS, "exception": 40, "fatal": 50}
 _lock = threading.Lock()
 _configured_by_us = False
 _json_encode = msgspec.json.Encoder().encode
+_json_encode_lines = msgspec.json.Encoder().encode_lines
 
 
 def _serialize(event: dict[str, Any], **_: Any) -> str:
@@ -157,7 +159,101 @@ def _direct_logger(level: int) -> type[Any]:
         (line, stderr), _ = _stamp(None, method_name, event_dict)
         return self._logger.msg(line, stderr)
 
-    return type(base.__name__, (base,), {"_proxy_to_logger": _proxy_to_logger})
+    return type(
+        base.__name__, (base,), {"_proxy_to_logger": _proxy_to_logger, "_direct_to": _Writer}
+    )
+
+
+# What structlog's filtering logger has for a level it filters out.
+_nop = structlog.make_filtering_bound_logger(logging.CRITICAL).debug
+# `call_logger`'s function: (the call's context, tool, its `time.perf_counter` start, whether
+# it failed).
+CallLog = Callable[[Any, str, float, bool], None]
+
+
+def call_logger(log: Any) -> CallLog | None:
+    """What writes each call's ``tool_call`` line to `log` (a logger bound once, by the
+    runtime), or None when its level filters that line out (a call then builds nothing).
+
+    With `configure_logging`'s own chain the call hands the writer a tuple, an append, and
+    the writer makes the line and renders it with many others in its thread. Any other
+    configuration (a host's structlog, `structlog.testing.capture_logs`, bound context
+    variables) gets the same line through its own processors.
+    """
+    if getattr(getattr(log, "info", None), "__func__", None) is _nop:
+        return None
+    perf_counter = time.perf_counter
+
+    def generic(ctx: Any, tool: str, started: float, is_error: bool) -> None:
+        log.info(
+            "tool_call",
+            principal=ctx.principal,
+            session_id=ctx.session_id,
+            assistant_id=ctx.assistant_id,
+            thread_id=ctx.thread_id,
+            tool=tool,
+            duration_ms=_milliseconds(perf_counter() - started),
+            outcome="error" if is_error else "ok",
+        )
+
+    writer = getattr(log, "_logger", None)
+    if getattr(log, "_direct_to", None) is not _Writer or not isinstance(writer, _Writer):
+        return generic
+    processors, context, append = log._processors, log._context, writer.msg
+    contextvars = _structlog_contextvars
+    # The logger's name when it is all the bound context (the runtime's): the writer
+    # then renders the line from a struct, without an event dict.
+    name = context.get("logger") if len(context) == 1 else None
+    name = name if type(name) is str else None
+
+    def direct(ctx: Any, tool: str, started: float, is_error: bool) -> None:
+        if len(processors) != 3 or processors[2] is not _stamp or contextvars._CONTEXT_VARS:
+            generic(ctx, tool, started, is_error)
+        else:
+            ended = perf_counter()
+            append((name, context, ctx, tool, started, ended, is_error), sys.stderr)
+
+    return direct
+
+
+class _CallLine(msgspec.Struct):
+    """A ``tool_call`` line, its fields in the order the generic chain writes them."""
+
+    logger: str
+    principal: str | None
+    session_id: str
+    assistant_id: str | None
+    thread_id: str | None
+    tool: str
+    duration_ms: float
+    outcome: str
+    event: str
+    level: str
+    timestamp: str
+
+
+def _call_event(item: tuple[Any, ...], offset: float) -> dict[str, Any]:
+    """A `call_logger` tuple as the event dict the generic chain makes (`offset` turns
+    its `time.perf_counter` instants into `time.time` ones)."""
+    _, context, ctx, tool, started, ended, is_error = item
+    return {
+        **context,
+        "principal": ctx.principal,
+        "session_id": ctx.session_id,
+        "assistant_id": ctx.assistant_id,
+        "thread_id": ctx.thread_id,
+        "tool": tool,
+        "duration_ms": _milliseconds(ended - started),
+        "outcome": "error" if is_error else "ok",
+        "event": "tool_call",
+        "level": "info",
+        "timestamp": ended + offset,
+    }
+
+
+def _milliseconds(seconds: float) -> float:
+    """`seconds` in milliseconds to the microsecond (`round(x, 3)` costs three times this)."""
+    return int(seconds * 1e6 + 0.5) / 1000
 
 
 # What `add_log_level` writes for each method name.
@@ -187,7 +283,8 @@ class _Writer:
         self._stream = stream
         self._renderer = renderer
         self._json = isinstance(renderer, structlog.processors.JSONRenderer)
-        self._lines: deque[tuple[dict[str, Any], TextIO]] = deque()
+        # Event dicts, or `call_logger` tuples, with the standard error of their moment.
+        self._lines: deque[tuple[dict[str, Any] | tuple[Any, ...], TextIO]] = deque()
         self._idle = True
         self._wake = threading.Event()
         self._write_lock = threading.Lock()
@@ -198,7 +295,7 @@ class _Writer:
     def factory(self, *_: Any) -> _Writer:
         return self
 
-    def msg(self, event: dict[str, Any], stderr: TextIO) -> None:
+    def msg(self, event: dict[str, Any] | tuple[Any, ...], stderr: TextIO) -> None:
         lines = self._lines
         lines.append((event, stderr))
         if self._idle:
@@ -251,21 +348,35 @@ class _Writer:
         with self._write_lock:  # one drainer at a time keeps the lines in order
             lines = self._lines
             while lines:
-                batch = []
+                batch: list[str] = []
+                calls: list[tuple[Any, ...]] = []  # JSON call lines, rendered as one run
                 target = lines[0][1] if self._stream is None else self._stream
+                taken = 0
                 while lines and (self._stream is not None or lines[0][1] is target):
                     event, _ = lines.popleft()
-                    batch.append(self._render(event))
-                    if len(batch) >= 4096:
+                    if type(event) is tuple and event[0] is not None and self._json:
+                        calls.append(event)
+                    else:
+                        if calls:
+                            batch.append(self._render_calls(calls))
+                            calls = []
+                        batch.append(self._render(event))
+                    taken += 1
+                    if taken >= 4096:
                         break
+                if calls:
+                    batch.append(self._render_calls(calls))
                 try:
                     target.write("".join(batch))
                     target.flush()
                 except (ValueError, OSError):
                     pass
 
-    def _render(self, event: dict[str, Any]) -> str:
+    def _render(self, event: dict[str, Any] | tuple[Any, ...]) -> str:
         try:
+            if type(event) is tuple:  # a call line the JSON run does not take
+                event = _call_event(event, time.time() - time.perf_counter())
+            assert isinstance(event, dict)
             event["timestamp"] = _iso(event["timestamp"])
             if "exc_info" in event:
                 structlog.processors.format_exc_info(None, "", event)
@@ -274,6 +385,37 @@ class _Writer:
             return f"{self._renderer(None, event.get('level', 'info'), event)}\n"
         except Exception as exc:  # noqa: BLE001 - one bad line must not stop the writer
             return f"{_serialize({'event': 'log_line_failed', 'error': repr(exc)})}\n"
+
+    def _render_calls(self, items: list[tuple[Any, ...]]) -> str:
+        """JSON ``tool_call`` lines of the runtime's logger, the run in one encode; the
+        date and time of their timestamps formatted once a second."""
+        offset = time.time() - time.perf_counter()  # the lines' instants as wall-clock time
+        made = []
+        second, text = -1, ""
+        for name, _, ctx, tool, started, ended, is_error in items:
+            stamp = ended + offset
+            whole = int(stamp)
+            if whole != second:
+                second, text = whole, _iso(whole)[:-8]
+            made.append(
+                _CallLine(
+                    name,
+                    ctx.principal,
+                    ctx.session_id,
+                    ctx.assistant_id,
+                    ctx.thread_id,
+                    tool,
+                    int((ended - started) * 1e6 + 0.5) / 1000,  # `_milliseconds`, inline
+                    "error" if is_error else "ok",
+                    "tool_call",
+                    "info",
+                    f"{text}.{int((stamp - whole) * 1e6):06d}Z",  # as `_iso` writes it
+                )
+            )
+        try:
+            return _json_encode_lines(made).decode()
+        except UnicodeEncodeError:  # a lone surrogate: each line escaped as `_serialize` does
+            return "".join(self._render(item) for item in items)
 
     def close(self) -> None:
         """Write what is pending and stop the thread (a reconfiguration, or exit)."""

@@ -16,6 +16,14 @@ from ctxactors.errors import ToolError
 _json_encode = msgspec.json.Encoder().encode
 
 
+class JSONText(dict[str, Any]):
+    """The text block `ToolResult.ok` makes of a dict: a plain text block that also says its
+    text is the JSON of the result's `structured` as it was then (the operation history
+    keeps that text instead of the dict, which the server may change later)."""
+
+    __slots__ = ()
+
+
 class ToolResult(msgspec.Struct, frozen=True):
     """The result of one tool call, in MCP's shape.
 
@@ -30,6 +38,8 @@ class ToolResult(msgspec.Struct, frozen=True):
     @classmethod
     def ok(cls, value: Any = None) -> ToolResult:
         """Wrap what a handler returned: a dict is structured, a string is text."""
+        if type(value) is dict:  # the common result first; positional (keywords cost more)
+            return cls([JSONText(type="text", text=_json_encode(value).decode())], value)
         if isinstance(value, ToolResult):
             return value
         if value is None:
@@ -39,8 +49,7 @@ class ToolResult(msgspec.Struct, frozen=True):
         if isinstance(value, msgspec.Struct):
             value = msgspec.to_builtins(value)
         if isinstance(value, dict):
-            text = _json_encode(value).decode()
-            return cls(content=[{"type": "text", "text": text}], structured=value)
+            return cls([JSONText(type="text", text=_json_encode(value).decode())], value)
         return cls(content=[{"type": "text", "text": _json_encode(value).decode()}])
 
     @classmethod

@@ -80,9 +80,16 @@ class CountingLock:
         self._lock = lock
         self.taken = 0
 
-    def __enter__(self) -> CountingLock:
-        self._lock.acquire()
+    def acquire(self) -> bool:
+        taken: bool = self._lock.acquire()
         self.taken += 1
+        return taken
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> CountingLock:
+        self.acquire()
         return self
 
     def __exit__(

@@ -358,7 +358,9 @@ def test_the_history_lives_as_long_as_any_actor_of_its_session(clock: ManualCloc
 def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
     with capture_logs() as logs:
         result = rt.call("flaky_extract", ctx_args("s1"))
-    assert result.structured == {"id": "x1"} and not result.is_error
+        assert result.structured == {"id": "x1"} and not result.is_error
+        assert recent(rt, "s1")[0]["metadata"] == {"id": "x1"}  # the generic one instead
+    # The extractor runs when the history is read, in the history's actor.
     [failed] = [e for e in logs if e["event"] == "extract_failed"]
     assert isinstance(failed.pop("exc_info"), ZeroDivisionError)
     assert failed == {
@@ -367,7 +369,7 @@ def test_a_failing_extractor_keeps_the_call_and_the_record(rt: Runtime) -> None:
         "tool": "flaky_extract",
         "log_level": "warning",
     }
-    assert recent(rt, "s1")[0]["metadata"] == {"id": "x1"}  # the generic one instead
+    assert recent(rt, "s1")[0]["metadata"] == {"id": "x1"}  # made once, not again
     rt.call("picked", ctx_args("s1"))
     assert recent(rt, "s1", limit=1)[0]["metadata"] == {"made": "p1"}
 
@@ -607,3 +609,45 @@ def test_a_record_keeps_what_the_call_returned_then_not_the_servers_dict_now() -
         ({"item_id": "i2"}, {"selected_ids": ["i1", "i2"], "count": 2}),
         ({"item_id": "i1"}, {"selected_ids": ["i1"], "count": 1}),
     ]
+
+
+class Counted(Server):
+    """A tool whose extractor counts its runs, and one that returns its own result."""
+
+    name = "counted"
+    scope = Scope.SESSION
+    runs: list[dict[str, Any]] = []
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {"made": []}
+
+    @tool(extract=lambda args, result: Counted.runs.append(result.structured) or {"n": 1})
+    def make(self, ctx: ToolContext, item: str) -> dict[str, Any]:
+        """Make one more item; the result is the whole, growing state."""
+        self.state["made"].append(item)
+        return self.state
+
+    @tool(extract=lambda args, result: {"seen": list(result.structured["made"])})
+    def own(self, ctx: ToolContext, item: str) -> ToolResult:
+        """A handler's own result: JSON-looking text that is not its structured part."""
+        self.state["made"].append(item)
+        return ToolResult(content=[{"type": "text", "text": "{}"}], structured=self.state)
+
+
+def test_an_extractor_runs_when_the_history_is_read_on_what_the_call_returned_then() -> None:
+    Counted.runs.clear()
+    with Runtime([Counted]) as rt:
+        for item in ("a", "b"):
+            assert not rt.call("make", ctx_args("s1", item=item)).is_error
+        assert Counted.runs == []  # nothing extracted on the calls' path
+        assert [op["metadata"] for op in recent(rt, "s1")] == [{"n": 1}, {"n": 1}]
+        assert Counted.runs == [{"made": ["a"]}, {"made": ["a", "b"]}]  # then, not now
+        recent(rt, "s1")
+        assert len(Counted.runs) == 2  # made into records once
+        # A handler's own result is extracted at once: its text is not its structured part.
+        rt.call("own", ctx_args("s1", item="c"))
+        rt.call("own", ctx_args("s1", item="d"))
+        assert [op["metadata"] for op in recent(rt, "s1", limit=2)] == [
+            {"seen": ["a", "b", "c", "d"]},
+            {"seen": ["a", "b", "c"]},
+        ]

@@ -24,6 +24,8 @@ class Bad(Server):
 configure_logging(file=sys.argv[1])
 with Runtime(servers=[Bad]) as rt:
     assert not rt.call("poke", {"__sessionId": "s1"}).is_error
+    # The extractor runs when the history is read.
+    assert rt.call("get_recent_context", {"__sessionId": "s1"}).structured["count"] == 1
 """
 
 

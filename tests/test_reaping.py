@@ -572,16 +572,23 @@ class PausingLock:
         self.paused = threading.Event()
         self.resume = threading.Event()
 
-    def __enter__(self) -> PausingLock:
-        self._lock.acquire()
-        return self
+    def acquire(self) -> bool:
+        taken: bool = self._lock.acquire()
+        return taken
 
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
         self._lock.release()
         if threading.current_thread() is self.pause:
             self.pause = None
             self.paused.set()
             assert self.resume.wait(10)
+
+    def __enter__(self) -> PausingLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Sharer(Server):

@@ -10,11 +10,12 @@ A session's history is a `SessionHistory` kept by the registry as session state
 (`Registry.session_state`, keyed by principal and session id): it lives exactly as long as
 the session has a live actor, so it goes when the session's actors are reaped, evicted or
 ended, and one session (of one principal) can never reach another's. An observer adds each call to it in the calling key's actor, just before
-the reply: a common call is appended as references (its own clean arguments, its result's
-text) and made into its record (compacted arguments, metadata) when the history is read;
-a call with large arguments or result, or a tool with its own extractor, is made into its
-record at once, so a 4 MiB upload does not stay in memory 50 times. That costs the call
-about a microsecond and no message, no thread and no actor: a message per call to a
+the reply: a common call is appended as one tuple of references (its own clean arguments,
+its result's text) and made into its record (compacted arguments, metadata, the tool's own
+extractor too) when the history is read, since most records never are; a call with large
+arguments or result is made into its record at once, so a 4 MiB upload does not stay in
+memory 50 times, and so is a handler's own result whose text is not its structured part.
+That costs the call about a microsecond and no message, no thread and no actor: a message per call to a
 history actor cost a cheap call 1.6x on a busy CPU and an extra actor per session (see
 ``scripts/bench_history.py``). Because the record is added before the reply, a caller that
 got its result and then asks for the history always finds that call in it. The `History`
@@ -24,9 +25,10 @@ Metadata: a tool may declare ``@tool(extract=fn)`` with ``fn(args: dict, result:
 ToolResult) -> dict | None`` (`pick` builds the common one); it replaces the generic
 extractor for that tool's successful calls. The generic one keeps ids (``id``, ``*_id``,
 ``*Id``), counts, and anything under a ``selected*``/``deselected*``/``created*``/
-``affected*`` key. An error result's metadata is its message. Extractors run in the
-calling actor's thread before the reply: keep them quick, and let them only read their
-arguments.
+``affected*`` key. An error result's metadata is its message. An extractor runs when the
+history is read (in the history's actor, once per record), on the result as the call
+returned it (decoded from the JSON text `ToolResult.ok` made then, `JSONText`): let it only
+read its arguments.
 
 Bounds: the newest ``CTXACTORS_HISTORY_MAX_OPERATIONS`` (50) operations per session, each
 kept for ``CTXACTORS_HISTORY_TTL`` seconds (3600): the runtime's ``settings.history``, aged
@@ -50,7 +52,7 @@ from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.history_store import HistorySaver, wall_to_clock
 from ctxactors.logs import get_logger
-from ctxactors.results import ToolResult
+from ctxactors.results import JSONText, ToolResult
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
 
 __all__ = [
@@ -150,9 +152,7 @@ class SessionHistory:
         self.config = config
         self._lock = threading.Lock()
         # Records, or calls still to be made into their records (`record`).
-        self._ops: deque[tuple[float, float, Scope, OperationRecord | _Pending]] = deque(
-            maxlen=config.max_operations
-        )
+        self._ops: deque[_Record | _Pending] = deque(maxlen=config.max_operations)
         self._saver = saver  # with a state store: the history is kept there too
 
     def add(self, record: _Record) -> None:
@@ -164,37 +164,49 @@ class SessionHistory:
                 self._saver.save(self._stored)
 
     def record(self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: Any) -> None:
-        """Add one call. The common call (no extractor of its own, flat and small arguments,
-        a short result, no store) is kept as references and made into its record when the
-        history is read (`_Pending`): most records are never read. The references are safe
-        to keep: the arguments are the call's own dict of immutable values and the result's
-        text is the snapshot of what it returned; their size is bounded here."""
-        now, wall = self.config.clock(), time.time()
+        """Add one call. The common call (flat and small arguments, a short result, no
+        store) is kept as references (`_Pending`) and made into its record, metadata and
+        all, when the history is read: most records are never read. The references are
+        safe to keep: the arguments are the call's own dict of immutable values and the
+        result's text is the snapshot of what it returned; their size is bounded here."""
         content = result.content
-        text = content[0].get("text") if len(content) == 1 else None
-        if (
-            self._saver is None
-            and spec.extract is None
-            and type(text) is str
-            and len(text) <= _LAZY_TEXT
-            and _flat_and_small(args)
-            # A structured result only when its text is its JSON (`ToolResult.ok`): then the
-            # text is the snapshot. A handler's own ToolResult pairs other text with a dict
-            # it may change later, so it is recorded now.
-            and (result.structured is None or text.startswith("{"))
-        ):
-            pending = _Pending(
-                spec.name,
-                args,
-                text,
-                result.is_error,
-                result.structured is not None,
-                ctx.assistant_id,
-                ctx.thread_id,
-            )
-            with self._lock:
-                self._ops.append((now, wall, spec.server.scope, pending))
-            return
+        if self._saver is None and len(content) == 1:
+            block = content[0]
+            text = block.get("text")
+            if (
+                type(text) is str
+                and len(text) <= _LAZY_TEXT
+                # A structured result only when its text is its JSON (`ToolResult.ok`):
+                # then the text is the snapshot. A handler's own ToolResult pairs other
+                # text with a dict it may change later, so it is recorded now; and so is a
+                # text result that a tool's own extractor would read.
+                and (
+                    type(block) is JSONText
+                    if result.structured is not None
+                    else spec.extract is None or result.is_error
+                )
+                and _flat_and_small(args)
+            ):
+                record = (  # one flat tuple: what it holds stays alive for 50 calls
+                    self.config.clock(),
+                    time.time(),
+                    spec.server.scope,
+                    spec,
+                    args,
+                    text,
+                    result.is_error,
+                    result.structured is not None,
+                    ctx.assistant_id,
+                    ctx.thread_id,
+                )
+                lock = self._lock
+                lock.acquire()  # not `with`: on every call's path, and twice as costly
+                try:
+                    self._ops.append(record)
+                finally:
+                    lock.release()
+                return
+        now, wall = self.config.clock(), time.time()
         arguments = compact(args)
         op = OperationRecord(
             timestamp="",
@@ -210,9 +222,9 @@ class SessionHistory:
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
         ops = self._ops
-        for i, (clock, wall, scope, op) in enumerate(ops):
-            if type(op) is _Pending:
-                ops[i] = (clock, wall, scope, op.finish())
+        for i, record in enumerate(ops):
+            if len(record) != 4:
+                ops[i] = (record[0], record[1], record[2], _finish(cast(_Pending, record)))
         return cast(list[_Record], list(ops))
 
     def _stored(self) -> list[tuple[float, Any]]:
@@ -317,50 +329,29 @@ class _Recorder:
 _LAZY_TEXT = 4096
 
 
-class _Pending:
-    """A call recorded as references, made into its `OperationRecord` when first read.
+# A call recorded as references (`SessionHistory.record`), made into its `OperationRecord`
+# when first read: a `_Record`'s clocks and scope, then the spec, the clean arguments, the
+# result's text, is_error, whether it was structured, the assistant and the thread. For a
+# structured result the text is the JSON the call returned then, so the metadata reads that
+# snapshot, not a dict the server may have changed since.
+_Pending = tuple[
+    float, float, Scope, ToolSpec, dict[str, Any], str, bool, bool, str | None, str | None
+]
 
-    `text` is the result's text: for a structured result, the JSON the call returned then
-    (`ToolResult.ok` encodes it), so the metadata reads that snapshot, not a dict the
-    server may have changed since.
-    """
 
-    __slots__ = ("tool", "args", "text", "is_error", "structured", "assistant_id", "thread_id")
-
-    def __init__(
-        self,
-        tool: str,
-        args: dict[str, Any],
-        text: str,
-        is_error: bool,
-        structured: bool,
-        assistant_id: str | None,
-        thread_id: str | None,
-    ) -> None:
-        self.tool = tool
-        self.args = args
-        self.text = text
-        self.is_error = is_error
-        self.structured = structured  # the result had a structured part (its text is it)
-        self.assistant_id = assistant_id
-        self.thread_id = thread_id
-
-    def finish(self) -> OperationRecord:
-        if self.is_error:
-            metadata = {"error": _clip(self.text, MAX_ERROR)}
-        elif not self.structured:
-            metadata = {}
-        else:
-            metadata = generic_metadata(_snapshot(self.text))
-        return OperationRecord(
-            timestamp="",
-            tool=self.tool,
-            arguments=dict(self.args),
-            is_error=self.is_error,
-            metadata=metadata,
-            assistant_id=self.assistant_id,
-            thread_id=self.thread_id,
-        )
+def _finish(pending: _Pending) -> OperationRecord:
+    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id = pending
+    arguments = dict(args)  # what `compact` makes of flat and small arguments
+    if is_error:
+        metadata = {"error": _clip(text, MAX_ERROR)}
+    elif not structured:
+        metadata = {}  # no extractor of its own (`record` made that one at once)
+    elif spec.extract is None:
+        metadata = generic_metadata(_snapshot(text))
+    else:  # the tool's extractor, on the result as it was returned
+        block = JSONText(type="text", text=text)
+        metadata = extract_metadata(spec, arguments, ToolResult([block], _snapshot(text)))
+    return OperationRecord("", spec.name, arguments, is_error, metadata, assistant_id, thread_id)
 
 
 def _snapshot(text: str) -> dict[str, Any]:
