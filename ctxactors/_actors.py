@@ -17,9 +17,13 @@ in an abandoned slot and can never be taken for the reply to a later call.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import math
 import queue
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -67,14 +71,20 @@ class SyncReply:
 
 
 class AsyncReply:
-    """A one-shot slot that resolves an asyncio future on its own loop's thread."""
+    """A one-shot slot that resolves an asyncio future on its own loop's thread.
+
+    Made on that loop's thread (`Runtime.acall`), where `expire` and `settle` are called too.
+    """
 
     __slots__ = ("_replies", "future", "deadline")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, deadline: float | None = None) -> None:
-        replies = _loop_replies.get(loop)
-        if replies is None:
-            replies = _loop_replies.setdefault(loop, _LoopReplies(loop))
+        replies: _LoopReplies | None = getattr(_this_loop, "replies", None)
+        if replies is None or replies.loop() is not loop:  # one loop per thread, as a rule
+            replies = _loop_replies.get(loop)
+            if replies is None:
+                replies = _loop_replies.setdefault(loop, _LoopReplies(loop))
+            _this_loop.replies = replies
         self._replies = replies
         self.future: asyncio.Future[Any] = loop.create_future()
         self.deadline = deadline  # see `caller_deadline`
@@ -85,27 +95,83 @@ class AsyncReply:
     def set(self, value: Any) -> None:
         self._replies.put(self.future, value)
 
+    def send_later(self, inbox: Any, envelope: Envelope) -> None:
+        """Put `envelope` into `inbox` at the end of this loop iteration (see `_LoopReplies`)."""
+        self._replies.send_later(inbox, envelope)
+
+    def expire(self) -> None:
+        """Fail the future with `ReplyExpired` at `deadline`, unless it is done by then."""
+        if self.deadline is not None:
+            self._replies.expire_at(self.deadline, self.future)
+
+    def settle(self) -> None:
+        """The caller is done with the future (answered, expired or cancelled); after
+        `expire`, once."""
+        if self.deadline is not None:
+            self._replies.settle()
+
+
+class ReplyExpired(Exception):
+    """An `AsyncReply` whose deadline passed first (`Runtime.acall` raises
+    `CallTimeoutError`)."""
+
 
 class _LoopReplies:
-    """The replies on their way to one event loop: one wake-up of the loop resolves every
-    reply that arrived meanwhile (``call_soon_threadsafe`` writes to the loop's wake-up pipe
-    and schedules a callback: once per batch, not once per reply)."""
+    """The replies on their way to one event loop, and the deadlines of their callers.
 
-    __slots__ = ("_loop", "_pending", "_scheduled", "__weakref__")
+    One wake-up of the loop resolves every reply that arrived meanwhile
+    (``call_soon_threadsafe`` writes to the loop's wake-up pipe and schedules a callback:
+    once per batch, not once per reply). The callers' deadlines share one timer, armed for
+    the earliest: a heap push per call instead of a `TimerHandle` (and its context copy)
+    made and cancelled per call, which is what most of an `acall`'s own cost on the loop
+    was. Holds its loop weakly, so a loop that is gone takes this with it.
+
+    The calls go out in bursts too: the loop's calls are put into their actors' inboxes
+    once per loop iteration, all together. A put wakes the actor's thread, which then asks
+    for the GIL the loop is holding; woken one call at a time while the loop still has
+    calls to send, 200 actor threads keep taking the GIL from the loop (the loop lag behind
+    `scripts/bench_acall.py`'s p99). A thread that would block on an actor (a blocking
+    `call`, `end_session` or `close` on the loop's own thread) sends the burst first, see
+    `send_deferred`, which also keeps one thread's calls to a key in the order it made them.
+    """
+
+    __slots__ = (
+        "loop",
+        "_pending",
+        "_scheduled",
+        "_deadlines",
+        "_armed",
+        "_timer_at",
+        "_waiting",
+        "_outbox",
+        "__weakref__",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        self.loop = weakref.ref(loop)
         self._pending: deque[tuple[asyncio.Future[Any], Any]] = deque()
         self._scheduled = False
+        # (deadline, order, future): a min-heap on the loop's thread only.
+        self._deadlines: list[tuple[float, int, asyncio.Future[Any]]] = []
+        # The timer is told which arming it is rather than kept (a `TimerHandle` holds its
+        # loop): arming it again for an earlier deadline leaves the older one to do nothing.
+        self._armed = 0
+        self._timer_at = math.inf
+        self._waiting = 0  # callers between `expire_at` and `settle`
+        self._outbox: list[tuple[Any, Envelope]] = []  # (inbox, call): the loop's thread only
 
     def put(self, future: asyncio.Future[Any], value: Any) -> None:
+        """From any thread: hand `value` to `future` on the loop's thread."""
         self._pending.append((future, value))
         if not self._scheduled:
             # Set before the drain can run, and cleared by the drain before it takes the
             # replies: a reply appended after the drain took its last sees it cleared.
             self._scheduled = True
+            loop = self.loop()
             try:
-                self._loop.call_soon_threadsafe(self._drain)
+                if loop is None:
+                    raise RuntimeError("the loop is gone")
+                loop.call_soon_threadsafe(self._drain)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 self._pending.clear()
 
@@ -117,11 +183,93 @@ class _LoopReplies:
             if not future.done():  # cancelled or timed out: drop the late reply
                 future.set_result(value)
 
+    def send_later(self, inbox: Any, envelope: Envelope) -> None:
+        outbox = self._outbox
+        outbox.append((inbox, envelope))
+        if len(outbox) == 1:
+            loop = self.loop()
+            if loop is None:  # not while acall runs on it: can't happen, but never lose it
+                self.send()
+            else:
+                loop.call_soon(self.send)
 
-# One `_LoopReplies` per event loop, gone with its loop.
+    def send(self) -> None:
+        """Put every call held back so far into its actor's inbox."""
+        outbox, self._outbox = self._outbox, []
+        for inbox, envelope in outbox:
+            inbox.put(envelope)
+
+    def expire_at(self, deadline: float, future: asyncio.Future[Any]) -> None:
+        """On the loop's thread: fail `future` at `deadline` (`time.monotonic`) unless done."""
+        self._waiting += 1
+        heapq.heappush(self._deadlines, (deadline, next(_order), future))
+        if deadline < self._timer_at:
+            self._arm(deadline)
+
+    def settle(self) -> None:
+        """A caller of `expire_at` is done with its future.
+
+        Done futures stay in the heap until their deadline passes: the heap is emptied when
+        no caller waits (so a loop that is gone is not kept alive by its futures), and
+        rid of its done futures when they outnumber the waiting callers (so it holds at
+        most about twice the calls in flight: amortised O(1) a call).
+        """
+        self._waiting -= 1
+        heap = self._deadlines
+        if not self._waiting:
+            heap.clear()  # the timer stays: it finds nothing, or the next call's deadline
+        elif len(heap) > 2 * self._waiting + 64:
+            heap[:] = [entry for entry in heap if not entry[2].done()]
+            heapq.heapify(heap)
+
+    def _arm(self, deadline: float) -> None:
+        loop = self.loop()
+        if loop is not None:
+            self._armed += 1
+            self._timer_at = deadline
+            loop.call_later(deadline - time.monotonic(), self._expire, self._armed)
+
+    def _expire(self, armed: int) -> None:
+        if armed != self._armed:  # armed again since, for an earlier deadline
+            return
+        self._timer_at = math.inf
+        heap, now = self._deadlines, time.monotonic()
+        while heap and (heap[0][0] <= now or heap[0][2].done()):
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_exception(ReplyExpired())
+        if heap:
+            self._arm(heap[0][0])
+
+
+# One `_LoopReplies` per event loop, gone with its loop; and the last one each thread used.
 _loop_replies: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopReplies] = (
     weakref.WeakKeyDictionary()
 )
+_this_loop = threading.local()
+_order = itertools.count()  # ties between equal deadlines, which futures can't break
+_abandoned = threading.Lock()  # see `send_abandoned`
+
+
+def send_deferred() -> None:
+    """Send the calls this thread's event loop still holds back (see `_LoopReplies`)."""
+    replies: _LoopReplies | None = getattr(_this_loop, "replies", None)
+    if replies is not None and replies._outbox:
+        replies.send()
+
+
+def send_abandoned() -> None:
+    """`send_deferred`, and the calls held back by loops closed before their next
+    iteration (nothing else would send those; a closed loop's thread adds to them no more)."""
+    send_deferred()
+    with _abandoned:  # two threads must not both send the same calls
+        # The underlying dict, copied in one step (iterating the WeakKeyDictionary itself
+        # would fail if another thread's first acall on a new loop added to it meanwhile).
+        every: list[_LoopReplies] = list(_loop_replies.data.values())  # type: ignore[attr-defined]
+        for held in every:
+            loop = held.loop()
+            if held._outbox and loop is not None and loop.is_closed():
+                held.send()
 
 
 class Lifecycle:
@@ -139,6 +287,7 @@ class Lifecycle:
 
     def wait_closed(self, timeout: float | None) -> bool:
         """Wait for cleanup to finish and the actor thread to end."""
+        send_abandoned()  # the calls it waits for may be this thread's, not sent yet
         if not self.closed.wait(timeout):
             return False
         thread = self.thread
@@ -239,6 +388,10 @@ class KeyActor(pykka.ThreadingActor):
         if self.actor_stopped.is_set():
             raise pykka.ActorDeadError(f"{self.actor_ref} not found")
         inbox: Any = self.actor_inbox  # a SimpleQueue that takes ours as well as pykka's
+        if type(envelope.reply) is AsyncReply:
+            envelope.reply.send_later(inbox, envelope)  # one burst a loop iteration
+            return
+        send_deferred()  # this thread's earlier calls first: one key's calls stay in order
         inbox.put(envelope)
 
     def on_stop(self) -> None:

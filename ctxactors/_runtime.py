@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from ctxactors._actors import AsyncReply, SyncReply
+from ctxactors._actors import AsyncReply, ReplyExpired, SyncReply
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
 from ctxactors.context import (
@@ -213,21 +213,16 @@ class Runtime:
         session_fallback: str | None = DEFAULT_SESSION,
     ) -> ToolResult:
         """`call`, awaitable. Never blocks the event loop: the reply resolves a future."""
-        reply = AsyncReply(
-            asyncio.get_running_loop(),
-            time.monotonic() + (self.call_timeout if timeout is None else timeout),
-        )
-        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
         wait = self.call_timeout if timeout is None else timeout
-        future = reply.future
-        # A timer on the reply's own future (`asyncio.wait_for` adds a task and a waiter).
-        timer = future.get_loop().call_later(wait, _expire, future)
+        reply = AsyncReply(asyncio.get_running_loop(), time.monotonic() + wait)
+        self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
+        reply.expire()
         try:
-            result: ToolResult = await future
-        except _Expired:
+            result: ToolResult = await reply.future
+        except ReplyExpired:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
         finally:
-            timer.cancel()
+            reply.settle()
         if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
             raise result
         return result
@@ -430,12 +425,3 @@ def _trace_if_enabled(runtime: Runtime) -> None:
     except ImportError:  # opentelemetry-api is not installed: nothing can be traced
         return
     tracing.instrument_if_enabled(runtime)
-
-
-class _Expired(Exception):
-    """An `acall` whose caller stopped waiting (raised as `CallTimeoutError`)."""
-
-
-def _expire(future: asyncio.Future[Any]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())

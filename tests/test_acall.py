@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -225,3 +227,107 @@ def test_replies_batched_into_one_loop_wake_up_all_reach_their_callers() -> None
         assert counts == [list(range(1, 31))] * 100
         # A second loop in the same process gets replies of its own.
         assert asyncio.run(main(rt)) == [list(range(31, 61))] * 100
+
+
+@pytest.mark.timeout(60)
+def test_each_acall_times_out_at_its_own_deadline_whatever_the_others_wait() -> None:
+    """The calls of one loop share a deadline timer: a shorter wait sent after a longer one
+    still ends first, a cancelled call ends at once, and the long one still gets its reply."""
+    HELD_RUNNING.clear()
+    RELEASE.clear()
+
+    async def main(rt: Runtime) -> None:
+        long = asyncio.create_task(rt.acall("hold", ctx_args("k1"), timeout=WAIT))
+        await asyncio.sleep(0)  # the long wait is armed first
+        for key, wait in (("k2", 0.05), ("k3", 0.01)):
+            with pytest.raises(CallTimeoutError) as caught:
+                # Bounded well below WAIT: only the call's own deadline can end it this soon.
+                await asyncio.wait_for(rt.acall("hold", ctx_args(key), timeout=wait), WAIT / 4)
+            assert str(caught.value) == f"tool 'hold' did not answer within {wait:g} s"
+        both = await asyncio.gather(
+            *(
+                rt.acall("hold", ctx_args(f"k{4 + i}"), timeout=w)
+                for i, w in enumerate((0.02, 0.04))
+            ),
+            return_exceptions=True,
+        )
+        assert [type(e) for e in both] == [CallTimeoutError, CallTimeoutError]
+        cancelled = asyncio.create_task(rt.acall("hold", ctx_args("k6"), timeout=WAIT))
+        await asyncio.sleep(0)
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert not long.done()
+        RELEASE.set()
+        assert (await long).structured == {"released": True}
+
+    with Runtime([Sleepy], call_timeout=WAIT) as rt:
+        try:
+            asyncio.run(main(rt))
+        finally:
+            RELEASE.set()
+
+
+def test_an_event_loop_that_is_gone_is_not_kept_alive_by_acall() -> None:
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one(rt: Runtime) -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        assert (await rt.acall("tick", ctx_args("s"))).structured is not None
+
+    with Runtime([Tick]) as rt:
+        for _ in range(3):
+            asyncio.run(one(rt))
+        rt.call("tick", ctx_args("s"))  # the actor lets go of the last acall's message
+        gc.collect()
+        assert [ref() for ref in loops] == [None, None, None]
+
+
+def test_a_blocking_call_on_the_loops_thread_runs_after_the_acalls_it_made_before() -> None:
+    """Calls leave a loop once per iteration, in a burst; a call that blocks the loop's own
+    thread sends them first, so one key's calls from one thread keep their order."""
+
+    async def main(rt: Runtime) -> None:
+        first = asyncio.create_task(rt.acall("tick", ctx_args("s")))
+        await asyncio.sleep(0)  # `first` is sent, in this iteration's burst
+        assert rt.call("tick", ctx_args("s")).structured == {"n": 2}
+        assert (await first).structured == {"n": 1}
+
+    with Runtime([Tick]) as rt:
+        asyncio.run(main(rt))
+
+
+@pytest.mark.timeout(60)
+def test_end_session_and_close_on_the_loops_thread_wait_for_acalls_not_yet_sent() -> None:
+    async def main() -> None:
+        rt = Runtime([Tick], call_timeout=WAIT)
+        ended = asyncio.create_task(rt.acall("tick", ctx_args("ended")))
+        kept = asyncio.create_task(rt.acall("tick", ctx_args("kept")))
+        await asyncio.sleep(0)  # both sent, in this iteration's burst
+        started = time.monotonic()
+        assert rt.end_session("ended") == 1
+        rt.close()
+        # Both waited for the calls, which only happens this soon if they were sent.
+        assert time.monotonic() - started < WAIT / 4
+        assert [(await ended).structured, (await kept).structured] == [{"n": 1}, {"n": 1}]
+
+    asyncio.run(main())
+
+
+@pytest.mark.timeout(60)
+def test_a_call_held_back_by_a_loop_closed_before_its_next_iteration_is_still_sent() -> None:
+    rt = Runtime([Tick], call_timeout=WAIT)
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(rt.acall("tick", ctx_args("s")))
+    loop.call_soon(loop.stop)  # after the task's first step: the loop stops, burst unsent
+    loop.run_forever()
+    loop.close()
+    ended: list[int] = []
+    started = time.monotonic()
+    other = threading.Thread(target=lambda: ended.append(rt.end_session("s")))
+    other.start()
+    other.join(WAIT)
+    # end_session waited for the held-back call, which only ends this soon if it was sent.
+    assert ended == [1] and time.monotonic() - started < WAIT / 4
+    assert not task.done()  # its loop is gone: nobody reads the reply
+    rt.close()
