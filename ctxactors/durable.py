@@ -38,6 +38,7 @@ from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.state import (
     GroupCommit,
+    Record,
     SessionRef,
     StaleStateError,
     StateKey,
@@ -271,6 +272,14 @@ class Durability:
         previous = self._followers.get(session)
         self._followers[session] = follower
         return previous
+
+    def load_written(self, session: SessionRef, key: StateKey) -> Record | None:
+        """What the store holds for `key` once the writes behind the session's calls (its
+        history) are written: a peek right after a reap must not miss the last call."""
+        follower = self._followers.get(session)
+        if follower is not None:
+            follower.drain(self.save_timeout)
+        return self.store.load(session, key)
 
     def delete_session(self, session: SessionRef) -> int:
         """Forget the session's stored state, after every save already queued for it (a

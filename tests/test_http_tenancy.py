@@ -106,6 +106,8 @@ def test_delete_after_a_reap_drops_the_stored_state_and_answers_200(store: State
 def test_a_reaped_sessions_history_is_read_from_the_store(store: StateStore) -> None:
     clock = ManualClock()
     with Runtime(store=store, ttl=TTL, clock=clock) as rt, served(rt) as url:
+        assert rt.durability is not None
+        rt.durability.flush_delay = 30.0  # the history behind the call is unwritten when asked
         with httpx.Client(base_url=url, timeout=30) as http:
             alice, bob = Api(http, ALICE), Api(http, BOB)
             alice.call("create_goal", {"goal": "kept"})

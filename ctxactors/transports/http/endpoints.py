@@ -100,8 +100,11 @@ def _known(runtime: Any, session_id: str, principal: str | None) -> bool:
     (peeked at in the store, so asking about an unknown session spawns nothing)."""
     if runtime.has_session(session_id, principal=principal):
         return True
-    store = runtime.store
-    return store is not None and store.load((principal, session_id), HISTORY_KEY) is not None
+    durability = runtime.durability
+    return (
+        durability is not None
+        and durability.load_written((principal, session_id), HISTORY_KEY) is not None
+    )
 
 
 async def end_session(request: Request) -> Response:
