@@ -8,10 +8,17 @@ sessions at once, each making `--calls` state-changing calls (create a goal) one
 another, the official SDK `Client` on the other side. Each server runs pinned to CPU 0 and
 the clients to the other CPUs, so the server's own CPU time per call is comparable.
 
-ctxactors runs with ``--store memory`` (the peer keeps nothing either) and, as an extra
-row, with its default SQLite store.
+Both serve the same transport mode: the client speaks the stateless 2026-07-28 protocol (one
+POST per call, no MCP session), and both answer in the SDK's default SSE mode (not
+``json_response``). ctxactors runs with ``--store memory`` (the peer keeps nothing either)
+and, as an extra row, with its default SQLite store.
 
-    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 2] [--json PATH]
+The servers run in turn, `--rounds` times, and each figure is the median of its rounds (the
+machine is shared: one round can be slowed by a neighbour). "switches/call" counts the
+server's context switches (every thread): the peer answers in its event loop, ctxactors hands
+each call to its key's actor thread and back.
+
+    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -137,12 +144,23 @@ async def load(url: str, kind: str, sessions: int, calls: int) -> tuple[float, l
     return time.perf_counter() - start, latencies
 
 
+def context_switches(pid: int) -> int:
+    """Voluntary and involuntary switches of every thread of `pid` so far."""
+    total = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            for line in (task / "status").read_text().splitlines():
+                if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                    total += int(line.split()[1])
+    return total
+
+
 def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[str, Any]:
     with serving(kind, server_cpus) as (url, server):
         asyncio.run(load(url, kind, 2, 5))  # warm up: imports, first sessions
-        before = server.cpu_times()
+        before, switches = server.cpu_times(), context_switches(server.pid)
         elapsed, latencies = asyncio.run(load(url, kind, args.sessions, args.calls))
-        after = server.cpu_times()
+        after, switches = server.cpu_times(), context_switches(server.pid) - switches
     calls = len(latencies)
     cpu = (after.user - before.user) + (after.system - before.system)
     quantiles = statistics.quantiles(latencies, n=100)
@@ -152,14 +170,22 @@ def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[
         "p50_ms": quantiles[49] * 1e3,
         "p99_ms": quantiles[98] * 1e3,
         "server_cpu_us_per_call": cpu / calls * 1e6,
+        "switches_per_call": switches / calls,
     }
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sessions", type=int, default=50)
     parser.add_argument("--calls", type=int, default=40)
-    parser.add_argument("--rounds", type=int, default=2, help="alternate the servers this often")
+    parser.add_argument("--rounds", type=int, default=3, help="alternate the servers this often")
+    parser.add_argument(
+        "--no-sqlite", action="store_true", help="leave out the SQLite row (faster)"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     args = parser.parse_args()
 
@@ -168,21 +194,22 @@ def main() -> int:
     client_cpus = cpus - server_cpus or cpus
     os.sched_setaffinity(0, client_cpus)
 
-    kinds = ["peer", "ctxactors", "ctxactors-sqlite"]
+    kinds = ["peer", "ctxactors"] + ([] if args.no_sqlite else ["ctxactors-sqlite"])
     runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for _round in range(args.rounds):
         for kind in kinds:
             runs[kind].append(measure(kind, args, server_cpus))
+    median = {kind: median_run(rs) for kind, rs in runs.items()}
     best = {kind: max(rs, key=lambda r: r["calls_per_s"]) for kind, rs in runs.items()}
-    peer = best["peer"]
+    peer = median["peer"]
 
     print(
-        f"MCP streamable HTTP, {args.sessions} sessions x {args.calls} calls, best of "
-        f"{args.rounds}; server pinned to CPU {sorted(server_cpus) or 'any'}"
+        f"MCP streamable HTTP, {args.sessions} sessions x {args.calls} calls, median of "
+        f"{args.rounds} rounds; server pinned to CPU {sorted(server_cpus) or 'any'}"
     )
     print(
         f"{'server':<36} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/call':>12}"
-        f" {'throughput vs peer':>19} {'CPU vs peer':>12}"
+        f" {'switches/call':>14} {'throughput vs peer':>19} {'CPU vs peer':>12}"
     )
     names = {
         "peer": "SDK MCPServer, async tools (peer)",
@@ -190,15 +217,16 @@ def main() -> int:
         "ctxactors-sqlite": "ctxactors serve (SQLite, default)",
     }
     for kind in kinds:
-        r = best[kind]
+        r = median[kind]
         print(
             f"{names[kind]:<36} {r['calls_per_s']:>9,.0f} {r['p50_ms']:>8.1f} "
             f"{r['p99_ms']:>8.1f} {r['server_cpu_us_per_call']:>12,.0f} "
+            f"{r['switches_per_call']:>14.1f} "
             f"{r['calls_per_s'] / peer['calls_per_s']:>18.2f}x "
             f"{r['server_cpu_us_per_call'] / peer['server_cpu_us_per_call']:>11.2f}x"
         )
     if args.json:
-        args.json.write_text(json.dumps({"best": best, "runs": runs}, indent=2))
+        args.json.write_text(json.dumps({"median": median, "best": best, "runs": runs}, indent=2))
     return 0
 
 

@@ -37,6 +37,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 from mcp.server import Server
+from mcp.server._otel import OpenTelemetryMiddleware
 from mcp.server.context import ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -56,7 +57,7 @@ from ctxactors.errors import (
 )
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
-from ctxactors.tracing import META_TOOL_CALL_ID, tool_call
+from ctxactors.tracing import META_TOOL_CALL_ID, provider_installed, tool_call
 from ctxactors.transports.access import HttpSecurity
 from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of
 from ctxactors.transports.inflight import InFlight
@@ -80,7 +81,10 @@ class McpFrontend:
         self._log = get_logger("ctxactors.mcp")
         # Parsed once: the definitions never change for the runtime's lifetime.
         definitions = runtime.list_tools()
-        self._tools = [types.Tool.model_validate(d) for d in definitions]
+        tools = [types.Tool.model_validate(d) for d in definitions]
+        self._listing = types.ListToolsResult(tools=tools).model_dump(
+            by_alias=True, mode="json", exclude_none=True
+        )
         self._schemas = {d["name"]: d["inputSchema"] for d in definitions}
         self.in_flight = InFlight()
         self.server: Server[Any] = Server(
@@ -93,27 +97,36 @@ class McpFrontend:
             # Without it the SDK runs (and serializes) the whole tools/list for every
             # tools/call with arguments, to check Mcp-Param headers: ~2 ms a call.
             get_tool_input_schema=self._schemas.get,
-            on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
         )
+        # Plain handlers, which may return the wire form itself: the typed `on_list_tools`
+        # and `on_call_tool` want models, which the SDK would only dump again.
+        add = self.server.add_request_handler
+        add("tools/list", types.PaginatedRequestParams, self._list_tools)
+        add("tools/call", types.CallToolRequestParams, self._call_tool)
+        if not provider_installed():
+            # The SDK's span per request costs ~25 µs a call even when nothing records it.
+            # As for the runtime's own spans, tracing is decided when the server is built.
+            self.server.middleware = [
+                m for m in self.server.middleware if not isinstance(m, OpenTelemetryMiddleware)
+            ]
 
     async def _list_tools(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+    ) -> dict[str, Any]:
         if params is not None and params.cursor is not None:
             raise MCPError(
                 types.INVALID_PARAMS,
                 f"invalid cursor {params.cursor[:100]!r}: this server lists every tool in one "
                 "page and issues no cursors",
             )
-        return types.ListToolsResult(tools=self._tools)
+        return self._listing  # the SDK copies it before adding to it
 
     async def _call_tool(
         self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> dict[str, Any]:
+        """The ``tools/call`` result in its wire form (the SDK validates it on the way out)."""
         if self.in_flight.draining:
             raise MCPError(RuntimeClosedError.code, "the server is shutting down; no new calls")
-        fallback = session_fallback(ctx)
         call_id = (params.meta or {}).get(META_TOOL_CALL_ID)
         try:
             with tool_call(call_id if isinstance(call_id, str) else None):
@@ -121,14 +134,16 @@ class McpFrontend:
                     params.name,
                     params.arguments,
                     meta=params.meta,
-                    session_fallback=fallback,
+                    session_fallback=session_fallback(ctx),
                     principal=_principal(ctx),
                 )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
             result = ToolResult.error(str(exc))
         except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors
             raise MCPError(exc.code, str(exc)) from None
-        return types.CallToolResult.model_validate(result.to_mcp())
+        wire = result.to_mcp()
+        wire["resultType"] = "complete"  # `CallToolResult`'s default; older versions drop it
+        return wire
 
     async def drain(self, timeout: float) -> bool:
         """Refuse new calls and wait (up to `timeout` s) until those in flight have been

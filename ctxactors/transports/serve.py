@@ -27,7 +27,7 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
-from ctxactors import metrics
+from ctxactors import metrics, tracing
 from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
@@ -224,7 +224,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _start_tracing(transport: str) -> None:
-    from ctxactors import tracing
 
     exporters = os.environ.get("OTEL_TRACES_EXPORTER", "")
     if transport == "stdio" and "console" in exporters:
@@ -277,7 +276,8 @@ def http_app(
         in_flight=frontend.in_flight,
         security=security,
     )
-    app.add_middleware(observe.TraceContextMiddleware)  # REST calls continue the caller's trace
+    if tracing.provider_installed():  # as the runtime: without a provider nothing is traced
+        app.add_middleware(observe.TraceContextMiddleware)  # REST calls continue the trace
     return app, frontend
 
 

@@ -82,7 +82,8 @@ def create_app(
     if in_flight is not None:
         middleware.insert(-1, Middleware(CountCalls, in_flight=in_flight))
     app = Starlette(
-        routes=[*api, *routes, *security.routes()],
+        # The given routes first: ``/mcp``, the busiest, then matches without trying the API's.
+        routes=[*routes, *api, *security.routes()],
         middleware=middleware,
         exception_handlers=HANDLERS,
         lifespan=lifespan,
