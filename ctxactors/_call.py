@@ -144,7 +144,7 @@ class Envelope:
 
     def wrap(self, wrappers: tuple[CallWrapper, ...]) -> None:
         """In the caller's thread: let each wrapper wrap the call's body (see `CallWrapper`)."""
-        body: Body = functools.partial(_run, self)
+        body: Body = cast(Body, functools.partial(_run, self))  # no actor: it saves in place
         for wrapper in wrappers:
             body = wrapper(body, self.spec, self.call.ctx)
         self.body = body
@@ -174,21 +174,37 @@ def execute(
     Never raises: a failing handler, store or observer gives an error result or a log line,
     and the actor goes on serving its key.
     """
-    call, host = envelope.call, envelope.host
+    call = envelope.call
     _running.deadline = call.deadline
     try:
         if start_error is not None:
             raise RuntimeError(f"server failed to start: {start_error}")
         if envelope.body is not None:
             result = envelope.body(server)
-        else:  # steps 1-3; without a store, step 2 only
-            result = _run(envelope, server) if call.durable else _handle(envelope, server)
+        elif call.durable:  # steps 1-3
+            saved = _run(envelope, server, actor)
+            if saved is None:
+                return  # being saved: `finish` runs once the store has answered
+            result = saved
+        else:  # without a store, step 2 only
+            result = _handle(envelope, server)
+    except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down
+        result = ToolResult.from_exception(exc)
+    finally:
+        _running.deadline = None
+    finish(envelope, actor, result)
+
+
+def finish(envelope: Envelope, actor: Finishing, result: ToolResult) -> None:
+    """Steps 4-7, in the actor's thread or, after a save it went on without, in the thread
+    that wrote it."""
+    call, host = envelope.call, envelope.host
+    try:
         if call.observe and host.early_observers:
             _notify(host.early_observers, envelope, result)
     except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down
         result = ToolResult.from_exception(exc)
     finally:
-        _running.deadline = None
         actor.finished()
     if envelope.reply is not None:
         envelope.reply.set(result)
@@ -201,8 +217,12 @@ def execute(
         _log.error("after_call_failed", exc_info=exc)
 
 
-def _run(envelope: Envelope, server: Any) -> ToolResult:
-    """Steps 1-3: the handler between the load and the save of a durable key's state."""
+def _run(envelope: Envelope, server: Any, actor: Finishing | None = None) -> ToolResult | None:
+    """Steps 1-3: the handler between the load and the save of a durable key's state.
+
+    Given the `actor` (no call wrapper waits for the body's result), the save goes on
+    without the actor and None means `finish` is called once the store has answered.
+    """
     call = envelope.call
     durable = envelope.host.durable if call.durable else None
     if durable is not None:
@@ -211,7 +231,8 @@ def _run(envelope: Envelope, server: Any) -> ToolResult:
             return failed
     result = _handle(envelope, server)
     if durable is not None and not call.read_only:
-        saved: ToolResult = durable.save(server, envelope.key, result)
+        then = None if actor is None else functools.partial(finish, envelope, actor)
+        saved: ToolResult | None = durable.save(server, envelope.key, result, then)
         return saved
     return result
 

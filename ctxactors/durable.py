@@ -15,6 +15,15 @@ A server is durable when it declares ``State`` (a msgspec type) with ``snapshot(
   back to the last saved snapshot, so nothing visible changes, and the call gets an error
   result. Reads of live keys don't touch the store and keep working while it is down.
 
+When the store is busy writing other keys' saves, the actor does not wait for its own: it
+queues the save with the rest of the call (the reply, the history record, the count of
+calls done) and runs its next message, and the thread that writes the batch answers the
+caller once the store has it (one thread wake-up less per call). The key's next call first
+waits for that outcome and settles it (`_settle_saving`): the new revision, or the state
+rolled back or reloaded, so no call ever runs on state the store did not take. A call whose
+body a wrapper times (metrics, tracing) waits for its save in the actor, as it must return
+its final result.
+
 A server whose state is too big to save whole on every change (content: a session's
 documents) also declares parts (`Parted`): its snapshot is then the small rest, and each
 save carries only the parts that changed, written atomically with the snapshot under the
@@ -37,7 +46,9 @@ import msgspec
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.state import (
+    Done,
     GroupCommit,
+    Outcome,
     Record,
     SessionRef,
     StaleStateError,
@@ -135,13 +146,61 @@ class SessionListener(Protocol):
 class _Slot:
     """What one incarnation of a key knows about its stored state."""
 
-    __slots__ = ("revision", "data", "empty", "loaded")
+    __slots__ = ("revision", "data", "empty", "loaded", "saving", "session", "key", "parted")
 
-    def __init__(self, empty: bytes) -> None:
+    def __init__(self, empty: bytes, key: Key, parted: Parted | None) -> None:
+        # Where it is stored, and the server as `Parted` (or None): looked up once, not
+        # on every call.
+        self.session, self.key = state_key(key)
+        self.parted = parted
         self.revision = 0  # the stored revision `data` was loaded or saved as (0: none)
         self.data = empty  # the snapshot the store holds, as bytes
         self.empty = empty  # a fresh instance's snapshot: what "nothing stored" restores
         self.loaded = False
+        self.saving: _Saving | None = None  # a save the actor went on without
+
+
+class _Saving:
+    """A save on its way to the store while its actor runs on (`Durability.save` with
+    `then`). The writing thread records the outcome, answers the caller (`then`) and only
+    then releases `settled`; the actor settles the outcome before the key's next call."""
+
+    __slots__ = ("durability", "write", "result", "then", "outcome", "settled")
+
+    def __init__(
+        self,
+        durability: Durability,
+        write: Write,
+        result: ToolResult,
+        then: Callable[[ToolResult], None],
+    ) -> None:
+        self.durability = durability
+        self.write = write
+        self.result = result
+        self.then = then
+        self.outcome: Outcome | StoreError | TimeoutError | None = None
+        self.settled = threading.Lock()
+        self.settled.acquire()
+
+    @classmethod
+    def start(
+        cls,
+        durability: Durability,
+        slot: _Slot,
+        write: Write,
+        result: ToolResult,
+        then: Callable[[ToolResult], None],
+    ) -> Done:
+        """Remember the save in the key's slot; returns the callback the store answers."""
+        saving = slot.saving = cls(durability, write, result, then)
+        return saving.done
+
+    def done(self, outcome: Outcome | StoreError | TimeoutError) -> None:
+        self.outcome = outcome
+        try:
+            self.then(self.durability.answer(self.write, outcome, self.result))
+        finally:
+            self.settled.release()
 
 
 class Durability:
@@ -192,23 +251,54 @@ class Durability:
         a failed one). None when ready, else the error result the call gets instead."""
         slot: _Slot | None = getattr(server, _SLOT, None)
         if slot is None:
-            slot = _Slot(encode_state(server))
+            slot = _Slot(encode_state(server), key, as_parted(server))
             setattr(server, _SLOT, slot)
+        elif slot.saving is not None:
+            self._settle_saving(server, slot, slot.saving)
         if not slot.loaded:
-            session, skey = state_key(key)
             try:
-                self._load(server, slot, session, skey)
+                self._load(server, slot)
             except StoreError as exc:
                 return _unavailable(exc)
         return None
 
-    def save(self, server: Server, key: Key, result: ToolResult) -> ToolResult:
-        """After a call that may have written: save the state if it changed (see `_save`)."""
-        slot: _Slot = getattr(server, _SLOT)
-        return self._save(server, slot, *state_key(key), result)
+    def save(
+        self,
+        server: Server,
+        key: Key,
+        result: ToolResult,
+        then: Callable[[ToolResult], None] | None = None,
+    ) -> ToolResult | None:
+        """After a call that may have written: save the state if it changed.
 
-    def _load(self, server: Server, slot: _Slot, session: SessionRef, skey: StateKey) -> None:
-        record = self.store.load(session, skey)
+        Without `then`, wait for the store and return what the caller gets: `result`, or
+        the error result of a refused save. With `then`, return None at once and call it
+        (in the writing thread) with that once the store has answered: the actor goes on
+        to its next message, whose `load` first waits for this outcome (see `_Saving`).
+        """
+        slot: _Slot = getattr(server, _SLOT)
+        data = encode_state(server)
+        parts = {} if slot.parted is None else slot.parted.changed_parts()
+        if data == slot.data and not parts:
+            return result
+        write = Write(slot.session, slot.key, data, slot.revision, tuple(parts.items()))
+        outcome: Outcome | StoreError | TimeoutError | None
+        if then is not None:
+            outcome = self.commit.save_or_submit(
+                write, lambda: _Saving.start(self, slot, write, result, then)
+            )
+            if outcome is None:
+                return None
+        else:
+            try:
+                outcome = self.commit.save(write, timeout=self.save_timeout)
+            except (StoreError, TimeoutError) as exc:
+                outcome = exc
+        self._settle(server, slot, write, outcome)
+        return self.answer(write, outcome, result)
+
+    def _load(self, server: Server, slot: _Slot) -> None:
+        record = self.store.load(slot.session, slot.key)
         if record is None:
             if slot.data != slot.empty:  # forgotten by the store (retention): start afresh
                 server.restore(decode_state(type(server), slot.empty))
@@ -216,55 +306,68 @@ class Durability:
         else:
             server.restore(decode_state(type(server), record.data))
             slot.revision, slot.data = record.revision, record.data
-        parted = as_parted(server)
-        if parted is not None:
-            parted.restore_parts({} if record is None else record.parts)
+        if slot.parted is not None:
+            slot.parted.restore_parts({} if record is None else record.parts)
         slot.loaded = True
 
-    def _save(
+    def answer(
+        self, write: Write, outcome: Outcome | StoreError | TimeoutError, result: ToolResult
+    ) -> ToolResult:
+        """What the caller of a save gets: its result, or why its change was not kept."""
+        if isinstance(outcome, int):
+            return result
+        if isinstance(outcome, StaleStateError):
+            self._log.warning(
+                "stale_state", session=list(write.session), key=list(write.key), error=str(outcome)
+            )
+            return ToolResult.error(
+                f"not saved: {outcome}. Another process changed this state; it is reloaded "
+                "from the store, so check it and retry the call"
+            )
+        return _unavailable(outcome)
+
+    def _settle(
         self,
         server: Server,
         slot: _Slot,
-        session: SessionRef,
-        skey: StateKey,
-        result: ToolResult,
-    ) -> ToolResult:
-        data = encode_state(server)
-        parted = as_parted(server)
-        parts = {} if parted is None else parted.changed_parts()
-        if data == slot.data and not parts:
-            return result
-        write = Write(session, skey, data, slot.revision, tuple(parts.items()))
-        try:
-            revision = self.commit.save(write, timeout=self.save_timeout)
-        except StaleStateError as exc:
-            self._log.warning("stale_state", session=list(session), key=list(skey), error=str(exc))
+        write: Write,
+        outcome: Outcome | StoreError | TimeoutError,
+    ) -> None:
+        """In the actor's thread, once a save's outcome is known: the key's memory follows
+        the store (the save's revision, or the newer state, or the last saved one)."""
+        if isinstance(outcome, int):
+            if slot.parted is not None:
+                slot.parted.settle_parts(saved=True)
+            assert write.data is not None
+            slot.revision, slot.data = outcome, write.data
+        elif isinstance(outcome, StaleStateError):
             slot.loaded = False
             try:
-                self._load(server, slot, session, skey)
+                self._load(server, slot)
             except StoreError:
                 self._roll_back(server, slot)  # and reload on the next call
-            return ToolResult.error(
-                f"not saved: {exc}. Another process changed this state; it has been "
-                "reloaded from the store, so check it and retry the call"
-            )
-        except (StoreUnavailableError, TimeoutError) as exc:
+        else:
             self._roll_back(server, slot)
-            if isinstance(exc, TimeoutError):
+            if isinstance(outcome, TimeoutError):
                 slot.loaded = False  # the save may yet land: read back what the store has
-            return _unavailable(exc)
-        if parted is not None:
-            parted.settle_parts(saved=True)
-        slot.revision, slot.data = revision, data
-        return result
+
+    def _settle_saving(self, server: Server, slot: _Slot, saving: _Saving) -> None:
+        """Before the next call of a key whose last save went on without it: wait for that
+        save's outcome and settle it, so no call ever runs on state the store refused."""
+        slot.saving = None
+        if not saving.settled.acquire(timeout=self.save_timeout):
+            if self.commit.withdraw(saving.write):  # never to be written: say so here
+                saving.done(TimeoutError("the state store did not confirm the save in time"))
+            saving.settled.acquire()  # being written: the store's own timeouts bound it
+        assert saving.outcome is not None
+        self._settle(server, slot, saving.write, saving.outcome)
 
     @staticmethod
     def _roll_back(server: Server, slot: _Slot) -> None:
         """The state as last saved: the snapshot, and the parts changed since put back."""
         server.restore(decode_state(type(server), slot.data))
-        parted = as_parted(server)
-        if parted is not None:
-            parted.settle_parts(saved=False)
+        if slot.parted is not None:
+            slot.parted.settle_parts(saved=False)
 
     def follow(self, session: SessionRef, follower: _Follower) -> _Follower | None:
         """Close `follower` when the session is deleted (it writes behind the calls);
@@ -341,6 +444,8 @@ class Durability:
 
     def defer(self, session: SessionRef, follower: _Follower) -> None:
         with self._deferred_lock:
+            if self._deferred.get(session) is follower:
+                return  # the flusher's next pass writes it (a busy session: every call)
             self._deferred[session] = follower
         self._wake.set()
 

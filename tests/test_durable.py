@@ -18,7 +18,7 @@ import pytest
 from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors.servers import Planning
+from ctxactors.servers import Content, Planning
 from ctxactors.settings import HistorySettings, Settings
 from ctxactors.state import MemoryStore, Outcome, RedisStore, SQLiteStore, StateStore, Write
 from ctxactors.testing import ManualClock, wait_until
@@ -591,4 +591,35 @@ def test_a_refused_transactional_batch_saves_no_document(tmp_path: Path) -> None
     with Runtime(store=store) as rt:
         assert call(rt, "list_content")["items"] == [{"id": "c1", "filename": "kept", "size": 9}]
         assert call(rt, "read_content", id="c1")["content"] == "kept text"
+    store.close()
+
+
+def test_a_reloaded_content_key_builds_its_index_on_its_first_search(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(store=store) as rt:
+        for name in ("alpha", "beta", "delta"):
+            call(rt, "add_content", filename=name, content=f"{name} needle")
+    with Runtime(store=store) as rt:
+        # The first call after the restart loads the documents, not the index.
+        assert call(rt, "read_content", id="c2")["content"] == "beta needle"
+        key = Content.scope.key("content", ToolContext(S, A))
+        server = rt._registry._entries[key].server  # noqa: SLF001
+        assert server._indexed is False  # noqa: SLF001
+        # Changes before the first search, then a refused one (the store is down).
+        call(rt, "delete_content", id="c2")
+        call(rt, "add_content", filename="gamma", content="gamma needle")
+        blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None, timeout=0)
+        blocker.execute("BEGIN EXCLUSIVE")
+        store._db.execute("PRAGMA busy_timeout=0")  # noqa: SLF001 - fail at once, not in 5 s
+        refused = rt.call("delete_content", ctx_args(S, A, id="c3"))
+        assert refused.is_error and "state store is unavailable" in refused.text
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        found = call(rt, "search_content", query="needle")["results"]
+        assert sorted(r["filename"] for r in found) == ["alpha", "delta", "gamma"]
+        assert server._indexed is True  # noqa: SLF001
+        assert call(rt, "search_content", query="beta")["count"] == 0
+        call(rt, "delete_content", id="c1")  # and the built index follows the changes
+        found = call(rt, "search_content", query="needle")["results"]
+        assert sorted(r["filename"] for r in found) == ["delta", "gamma"]
     store.close()

@@ -116,6 +116,8 @@ def test_a_reaped_sessions_history_is_read_from_the_store(store: StateStore) -> 
                 return http.get(f"/api/v1/sessions/{session}/context", headers=api.auth)
 
             live = context(alice).json()
+            assert rt.durability is not None
+            rt.durability.flush()  # the history is written behind the calls (within 50 ms)
             clock.advance(TTL + 1)
             assert rt.reap() == 2 and rt.stats()["actors"] == 0
             reaped = context(alice)

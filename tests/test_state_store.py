@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -81,6 +81,26 @@ def test_each_write_of_a_batch_has_its_own_outcome(store: StateStore) -> None:
     assert outcomes[0] == 1 and outcomes[2] == 2
     assert isinstance(outcomes[1], StaleStateError)
     assert store.load(S1, other) is None
+
+
+def test_a_batch_of_updates_has_each_its_own_outcome(store: StateStore) -> None:
+    # Every write updates a key that exists (SQLite writes such a batch in one statement,
+    # and write by write when one compare-and-set fails).
+    keys = [("k", str(n)) for n in range(4)]
+    assert store.write([Write(S1, k, b"v1", 0) for k in keys]) == [1, 1, 1, 1]
+    assert store.write([Write(S1, k, b"v2", 1) for k in keys]) == [2, 2, 2, 2]
+    outcomes = store.write(
+        [Write(S1, k, b"v3", 1 if n == 2 else 2) for n, k in enumerate(keys)]  # k2 is stale
+    )
+    assert outcomes[:2] == [3, 3] and outcomes[3] == 3
+    assert isinstance(outcomes[2], StaleStateError) and outcomes[2].current == 2
+    stored = [store.load(S1, k) for k in keys]
+    assert [(r.revision, r.data) for r in stored if r is not None] == [
+        (3, b"v3"),
+        (3, b"v3"),
+        (2, b"v2"),
+        (3, b"v3"),
+    ]
 
 
 def test_keys_and_sessions_are_tuples_not_joined_strings(store: StateStore) -> None:
@@ -300,6 +320,41 @@ def test_saves_queued_behind_a_write_go_together_written_by_one_of_their_callers
     assert store.batches[0][1] == "first" and store.batches[1][1] in ("w1", "w2")
     assert (commit.batches, commit.saves) == (2, 4)
     assert all(store.load(S1, ("k", n)) is not None for n in ("0", "cb", "w1", "w2"))
+
+
+def test_saves_written_behind_their_callers_are_written_by_the_writer_thread() -> None:
+    store = GatedStore()
+    commit = GroupCommit(store)
+    first = threading.Thread(
+        target=commit.save, args=(Write(S1, ("k", "0"), b"0", 0),), name="first"
+    )
+    first.start()
+    assert store.inside.wait(30)
+    answered: list[object] = []
+    # The store is busy: each is queued with its callback, and the caller goes on at once.
+    made: list[str] = []
+    for n in ("a", "b"):
+
+        def later(n: str = n) -> Callable[[object], None]:
+            made.append(n)
+            return answered.append
+
+        assert commit.save_or_submit(Write(S1, ("k", n), n.encode(), 0), later) is None
+    assert made == ["a", "b"]
+    store.gate.set()
+    first.join(30)
+    wait_until(lambda: len(answered) == 2, 30, interval=0.001)
+    # first wrote its own save and left the rest to the writer thread (its caller, a key
+    # actor, has its own next call to run), which wrote them together.
+    assert store.batches == [(1, "first"), (2, "ctxactors-group-commit")]
+    assert answered == [1, 1]
+    # Idle again: the next save is written at once, in its caller's thread, no callback.
+    never: list[object] = []
+    assert commit.save_or_submit(Write(S1, ("k", "c"), b"c", 0), lambda: never.append) == 1
+    assert store.batches[-1] == (1, threading.current_thread().name) and never == []
+    commit.close()
+    refused = commit.save_or_submit(Write(S1, ("k", "d"), b"d", 0), lambda: never.append)
+    assert isinstance(refused, StoreUnavailableError) and "closed" in str(refused)
 
 
 def test_a_save_that_times_out_while_queued_is_never_written() -> None:

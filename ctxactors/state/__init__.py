@@ -18,13 +18,14 @@ from ctxactors.state._base import (
     Write,
     encode_ref,
 )
-from ctxactors.state._commit import GroupCommit
+from ctxactors.state._commit import Done, GroupCommit
 from ctxactors.state._memory import MemoryStore
 from ctxactors.state._open import default_data_dir, open_store
 from ctxactors.state._redis import RedisStore
 from ctxactors.state._sqlite import SQLiteStore
 
 __all__ = [
+    "Done",
     "GroupCommit",
     "MemoryStore",
     "Outcome",

@@ -21,6 +21,7 @@ Keys and sessions are tuples encoded as JSON arrays, never joined strings: ``("a
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -39,8 +40,13 @@ StateKey = tuple[str | None, ...]
 _encode = msgspec.json.Encoder().encode
 
 
+@functools.lru_cache(maxsize=4096)
 def encode_ref(value: SessionRef | StateKey) -> str:
-    """An unambiguous text form of a session or key tuple (a JSON array)."""
+    """An unambiguous text form of a session or key tuple (a JSON array).
+
+    Cached: a store encodes the same few live keys on every save (three times per save in
+    SQLite); bounded, so a flood of sessions only costs the cache its hits.
+    """
     return _encode(value).decode()
 
 

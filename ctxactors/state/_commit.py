@@ -1,28 +1,40 @@
 """Group commit: saves from many actor threads written together, each caller answered when
 its own save is durable.
 
-There is no writer thread: the first save to arrive while nothing is being written writes
-itself, at once, in its own thread (the leader). Saves that arrive while a write is under
-way queue up; when it ends, the leader hands every queued save to the first queued caller,
-which writes them all in one transaction (SQLite) or one pipeline (Redis) and answers each.
-Under load that turns N commits into one; alone, a save costs one transaction and no thread
-hop: a writer thread cost each save two extra wake-ups, which on a loaded machine are
-chances to lose the CPU for a scheduler slice (it halved single-stream throughput here).
-Measured by ``scripts/bench_store.py``.
+The first save to arrive while nothing is being written writes itself, at once, in its
+own thread (the leader): alone, a save costs one transaction and no thread hop (a writer
+thread for every save cost two extra wake-ups, which halved single-stream throughput
+here). Saves that arrive while a write is under way queue up, and are written together in
+one transaction (SQLite) or one pipeline (Redis), each answered with its own outcome:
 
-Saves submitted with a callback (`submit`, for writes behind the calls) never wait: one
-that finds the store idle is written by its own thread, one that finds it busy is written
-by a later leader.
+- under load a leader first yields the CPU once (`_gather`), so the calls finishing right
+  now queue their saves and join its transaction (on one CPU, batches of 20-30 instead
+  of 2-3);
+- after its batch, the leader hands what queued to a caller that waits (`save`: it writes
+  the next batch itself) or, when only callbacks wait (`submit`, `save_or_submit`: saves
+  whose callers went on), to the writer thread, which writes until nothing waits;
+- a save with a callback never waits: `save_or_submit` writes at once when the store is
+  idle, else queues and calls back from the writing thread (how a key actor goes on to its
+  next message while its save waits, see `ctxactors.durable`).
+
+Measured by ``scripts/bench_store.py``.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from ctxactors.logs import lazy_logger
 from ctxactors.state._base import Outcome, StateStore, StoreError, StoreUnavailableError, Write
+
+_log = lazy_logger("ctxactors.state")
+
+# Gives the CPU to the other runnable threads (and the GIL with it).
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 # Called in the writing thread with the save's revision, or the error that refused it.
 Done = Callable[[Outcome | StoreError], None]
@@ -42,7 +54,10 @@ class _Pending:
 
     def answer(self, outcome: Outcome | StoreError) -> None:
         if self.done is not None:
-            self.done(outcome)
+            try:
+                self.done(outcome)
+            except Exception as exc:  # noqa: BLE001 - one callback must not strand the rest
+                _log.error("save_callback_failed", exc_info=exc)
             return
         self.outcome = outcome
         if self.wake is not None:
@@ -57,6 +72,7 @@ class GroupCommit:
         self.max_batch = max_batch
         self.batches = 0  # transactions written: saves / batches is the grouping factor
         self.saves = 0
+        self._last = 0
         self._lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
         self._writing = False
@@ -64,12 +80,44 @@ class GroupCommit:
         self.on_write: Callable[[float, Sequence[Outcome | StoreError]], None] | None = None
         self._closed = False
         self._idle = threading.Condition(self._lock)
+        # The writer thread, started on first need, leads when released by `_handoff`.
+        self._writer: threading.Thread | None = None
+        self._handoff = threading.Lock()
+        self._handoff.acquire()
+        self._stopped = False
 
     def submit(self, write: Write, done: Done) -> None:
         """Save, and call `done` with the outcome once written (maybe in this thread)."""
         pending = _Pending(write, done)
         if self._enqueue(pending):
             self._lead([pending])
+
+    def save_or_submit(
+        self, write: Write, later: Callable[[], Done]
+    ) -> Outcome | StoreError | None:
+        """Write now, in this thread, when the store is idle, and return the outcome; else
+        queue the save with the callback `later()` makes (only then) and return None."""
+        pending = _Pending(write, None)
+        with self._lock:
+            if self._closed:
+                return StoreUnavailableError("the state store is closed")
+            if self._writing:
+                pending.done = later()
+                self._queue.append(pending)
+                return None
+            self._writing = True
+        self._lead([pending])
+        return pending.outcome
+
+    def withdraw(self, write: Write) -> bool:
+        """Take a save that still waits its turn back out of the queue (it is then never
+        written, nor answered); False when it is being written or was."""
+        with self._lock:
+            for pending in self._queue:
+                if pending.write is write:
+                    self._queue.remove(pending)
+                    return True
+        return False
 
     def save(self, write: Write, timeout: float | None = None) -> int:
         """Save and wait until the store has it; returns the new revision.
@@ -115,25 +163,71 @@ class GroupCommit:
         return False
 
     def _lead(self, batch: list[_Pending]) -> None:
-        """Write `batch`, then hand what queued meanwhile to a waiting caller (or write it
-        here when only callbacks wait), until nothing waits."""
-        while True:
-            self._write(batch)
-            with self._lock:
-                if not self._queue:
-                    self._writing = False
-                    if self._closed:
-                        self._idle.notify_all()
-                    return
-                count = min(len(self._queue), self.max_batch)
-                batch = [self._queue.popleft() for _ in range(count)]
-                heir = next((p for p in batch if p.done is None), None)
-                if heir is not None:
-                    heir.batch = batch
-            if heir is not None:
-                assert heir.wake is not None
-                heir.wake.release()
+        """Write `batch` (with what queues meanwhile), then hand what waits on: to a caller
+        that waits (it writes its batch itself), else to the writer thread."""
+        self._gather(batch)
+        self._write(batch)
+        with self._lock:
+            if self._done_writing():
                 return
+            count = min(len(self._queue), self.max_batch)
+            batch = [self._queue.popleft() for _ in range(count)]
+            heir = next((p for p in batch if p.done is None), None)
+            if heir is not None:
+                heir.batch = batch
+            else:
+                self._queue.extendleft(reversed(batch))
+        if heir is not None:
+            assert heir.wake is not None
+            heir.wake.release()
+        else:
+            self._hand_to_writer()
+
+    def _gather(self, batch: list[_Pending]) -> None:
+        """Add what queued to `batch`, after letting the calls finishing now queue theirs.
+
+        Only under load (saves queued now, or the last batch held more than one): then a
+        yield gives the CPU to the other runnable threads (on one CPU, every call about to
+        save), which turns a batch of two into one of tens. Alone, it would cost a lone
+        save a system call and its CPU to another process.
+        """
+        if self._queue or self._last > 1:
+            _yield()
+            with self._lock:
+                take = min(len(self._queue), self.max_batch - len(batch))
+                batch.extend([self._queue.popleft() for _ in range(take)])
+
+    def _done_writing(self) -> bool:
+        """With the lock held: True (and the store idle) when nothing waits."""
+        if self._queue:
+            return False
+        self._writing = False
+        if self._closed:
+            self._idle.notify_all()
+        return True
+
+    def _hand_to_writer(self) -> None:
+        """Let the writer thread lead: only saves written behind their calls wait, and their
+        callers (key actors) have their own next calls to run."""
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write_forever, name="ctxactors-group-commit", daemon=True
+            )
+            self._writer.start()
+        self._handoff.release()
+
+    def _write_forever(self) -> None:
+        while True:
+            self._handoff.acquire()
+            if self._stopped:
+                return
+            while True:
+                batch: list[_Pending] = []
+                self._gather(batch)
+                self._write(batch)
+                with self._lock:
+                    if self._done_writing():
+                        break
 
     def _write(self, batch: list[_Pending]) -> None:
         outcomes: list[Outcome | StoreError]
@@ -146,6 +240,7 @@ class GroupCommit:
             outcomes = [StoreUnavailableError(f"{type(exc).__name__}: {exc}")] * len(batch)
         self.batches += 1
         self.saves += len(batch)
+        self._last = len(batch)
         if self.on_write is not None:
             self.on_write(time.perf_counter() - started, outcomes)
         for pending, outcome in zip(batch, outcomes, strict=True):
@@ -160,3 +255,7 @@ class GroupCommit:
             self._closed = True
             while self._writing:
                 self._idle.wait()
+            writer, self._stopped = self._writer, True
+        if writer is not None:
+            self._handoff.release()
+            writer.join()
