@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
+from msgspec.structs import asdict
 
 from ctxactors.batch.compensation import Compensation
 from ctxactors.bounds import AnswerBudget, check_text, text_size
@@ -66,21 +67,20 @@ class Planning(Server):
         self.max_todos = settings.planning.cap("max_todos")
         self.max_bytes = settings.planning.cap("max_bytes")
         self.max_text_bytes = settings.cap("max_text_bytes")
-        self.goals: dict[str, dict[str, Any]] = {}
-        self.todos: dict[str, dict[str, Any]] = {}
+        # Kept as the State's own structs, so a snapshot (taken after every changing call)
+        # is two lists, not a struct built per item.
+        self.goals: dict[str, Goal] = {}
+        self.todos: dict[str, Todo] = {}
         self._next = 0
         self._bytes = 0  # UTF-8 bytes of every goal and todo name kept
 
     def snapshot(self) -> PlanningState:
-        return PlanningState(
-            [Goal(**g) for g in self.goals.values()],
-            [Todo(**t) for t in self.todos.values()],
-            self._next,
-        )
+        # Shares the structs: it is encoded at once, in this actor's thread.
+        return PlanningState(list(self.goals.values()), list(self.todos.values()), self._next)
 
     def restore(self, state: PlanningState) -> None:
-        self.goals = {g.id: msgspec.structs.asdict(g) for g in state.goals}
-        self.todos = {t.id: msgspec.structs.asdict(t) for t in state.todos}
+        self.goals = {g.id: g for g in state.goals}
+        self.todos = {t.id: t for t in state.todos}
         self._next = state.next
         # The byte cap counts what is kept: a reloaded key must not start from zero.
         self._bytes = sum(text_size(g.goal) for g in state.goals) + sum(
@@ -103,37 +103,35 @@ class Planning(Server):
             )
         return size
 
-    def _forget(self, kept: dict[str, Any], item_id: str, field: str) -> None:
-        record = kept.pop(item_id, None)
-        if record is not None:
-            self._bytes -= text_size(record[field])
-
     # Undos for transactional batches (ids are never handed out again).
     def _remove_goal(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
-        self._forget(self.goals, result["id"], "goal")
+        goal = self.goals.pop(result["id"], None)
+        if goal is not None:
+            self._bytes -= text_size(goal.goal)
 
     def _remove_todo(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
-        self._forget(self.todos, result["id"], "name")
+        todo = self.todos.pop(result["id"], None)
+        if todo is not None:
+            self._bytes -= text_size(todo.name)
 
     def _done_before(self, ctx: ToolContext, args: Any) -> bool | None:
         todo = self.todos.get(args.todo_id)
-        return None if todo is None else bool(todo["done"])
+        return None if todo is None else todo.done
 
     def _restore_done(
         self, ctx: ToolContext, args: Any, result: dict[str, Any], before: bool | None
     ) -> None:
         todo = self.todos.get(args.todo_id)
         if todo is not None and before is not None:
-            todo["done"] = before
+            todo.done = before
 
     @tool(compensate=_remove_goal, extract=pick(created_goal="id"))
     def create_goal(self, ctx: ToolContext, goal: NonEmpty) -> dict[str, Any]:
         """Create a goal to work towards. Returns its id."""
         self._bytes += self._admit("goal", self.goals, self.max_goals, goal)
         goal_id = self._new_id("g")
-        record = {"id": goal_id, "goal": goal}
-        self.goals[goal_id] = record
-        return dict(record)
+        record = self.goals[goal_id] = Goal(goal_id, goal)
+        return asdict(record)
 
     @tool(compensate=_remove_todo, extract=pick(created_todo="id", goal_id="goal_id"))
     def add_todo(
@@ -144,9 +142,8 @@ class Planning(Server):
             raise ToolError(f"goal {goal_id!r} not found")
         self._bytes += self._admit("todo", self.todos, self.max_todos, name)
         todo_id = self._new_id("t")
-        record = {"id": todo_id, "name": name, "goal_id": goal_id, "done": False}
-        self.todos[todo_id] = record
-        return dict(record)
+        record = self.todos[todo_id] = Todo(todo_id, name, goal_id, False)
+        return asdict(record)
 
     @tool(
         idempotent=True,
@@ -158,16 +155,16 @@ class Planning(Server):
         todo = self.todos.get(todo_id)
         if todo is None:
             raise ToolError(f"todo {todo_id!r} not found")
-        todo["done"] = done
-        return dict(todo)
+        todo.done = done
+        return asdict(todo)
 
     @tool(read_only=True)
     def get_planning_state(self, ctx: ToolContext) -> dict[str, Any]:
         """All goals and todos of this conversation thread (the first ones, with
         `truncated` and the totals, if they don't all fit in one answer)."""
         budget = AnswerBudget(self.settings.max_answer_bytes)
-        goals = budget.take(dict(g) for g in self.goals.values())
-        todos = budget.take(dict(t) for t in self.todos.values())
+        goals = budget.take(asdict(g) for g in self.goals.values())
+        todos = budget.take(asdict(t) for t in self.todos.values())
         return budget.mark(
             {"goals": goals, "todos": todos},
             total_goals=len(self.goals),
