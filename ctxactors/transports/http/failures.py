@@ -14,6 +14,7 @@ from ctxactors.errors import (
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
+    ShardUnavailableError,
     UnknownToolError,
 )
 from ctxactors.transports.http.shapes import ApiError, error_response
@@ -31,6 +32,8 @@ def from_runtime_error(exc: CtxActorsError) -> ApiError:
         return ApiError(504, "timeout", str(exc))
     if isinstance(exc, RuntimeClosedError):
         return ApiError(503, "runtime_closed", str(exc))
+    if isinstance(exc, ShardUnavailableError):  # retryable; the call is in doubt
+        return ApiError(503, "shard_unavailable", str(exc))
     return ApiError(500, "runtime_error", str(exc))
 
 
