@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -32,7 +33,7 @@ from ctxactors.errors import (
 from ctxactors.ray._directory import Directory, Layout
 from ctxactors.ray._hashing import owner
 from ctxactors.ray._observed import ObservedReply
-from ctxactors.ray._shard import Moved, Shard, ShardConfig
+from ctxactors.ray._shard import Duplicate, Moved, Shard, ShardConfig
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
 from ctxactors.tools import Server, ToolSpec
@@ -170,13 +171,15 @@ class RayBackend:
         self, spec: ToolSpec, ctx: ToolContext, args: dict[str, Any], deadline: float, reply: Any
     ) -> None:
         context = (ctx.principal, ctx.session_id, ctx.assistant_id, ctx.thread_id)
+        # Runs at most once however often Ray delivers it (`ctxactors.ray._claims`).
+        call_id = None if spec.read_only else secrets.token_hex(12)
         try:
             result: Any = await self._send(
                 ctx.session_key,
                 "call",
                 spec.read_only,
                 deadline,
-                lambda layout, left: (layout, spec.name, context, args, left),
+                lambda layout, left: (layout, spec.name, context, args, left, call_id),
             )
         except CtxActorsError as exc:
             result = exc
@@ -213,7 +216,13 @@ class RayBackend:
                 if await self._removed(index):
                     continue
                 if not read_only:
+                    # Ray's advice: quarantine an unavailable actor until it answers again.
+                    # A call that reached a shard process whose node is going down may still
+                    # run there for a moment: the error waits until the shard answers
+                    # (restarted, or reachable again), so a read-back after it most likely
+                    # sees the call's final outcome.
                     self._suspect.add(index)
+                    await self._until_alive(index, shard, deadline)
                     raise ShardUnavailableError(
                         f"shard {index} became unavailable during the call (Ray: "
                         f"{type(exc).__name__}); the call may or may not have been applied: "
@@ -225,6 +234,12 @@ class RayBackend:
             if isinstance(answer, Moved):
                 self._adopt(answer.layout)
                 continue
+            if isinstance(answer, Duplicate):
+                raise ShardUnavailableError(
+                    f"Ray delivered this call to shard {index} a second time after a failure "
+                    "(nothing ran now); the first delivery may or may not have been applied: "
+                    "retry it when it is safe to"
+                )
             return answer
 
     async def _removed(self, index: int) -> bool:

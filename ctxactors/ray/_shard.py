@@ -24,6 +24,8 @@ from typing import Any
 import msgspec
 
 from ctxactors.context import META_KEYS, SessionKey
+from ctxactors.errors import StoreUnavailableError
+from ctxactors.ray._claims import Claims
 from ctxactors.ray._directory import Directory, Layout
 from ctxactors.ray._hashing import owner
 from ctxactors.results import ToolResult
@@ -56,6 +58,11 @@ class Moved(msgspec.Struct, frozen=True):
     layout: Layout
 
 
+class Duplicate(msgspec.Struct, frozen=True):
+    """The answer to a second delivery of a call that changes state: nothing ran now, and
+    the first delivery may have run (see `ctxactors.ray._claims`)."""
+
+
 def import_server(path: str) -> type[Any]:
     """``module:Class`` (or ``module:Outer.Inner``) to the class."""
     module_name, _, attr = path.partition(":")
@@ -83,6 +90,7 @@ class Shard:
         self.shard_config = config
         self._directory = Directory(config.store, config.namespace)
         self.layout = self._directory.layout(config.shards)
+        self._claims = Claims(config.store, config.namespace, keep=4 * config.call_timeout)
         self.runtime = Runtime(
             [import_server(path) for path in config.servers],
             ttl=config.ttl,
@@ -134,17 +142,25 @@ class Shard:
         context: tuple[str | None, str, str | None, str | None],
         arguments: dict[str, Any],
         timeout: float,
-    ) -> ToolResult | Moved:
+        call_id: str | None = None,
+    ) -> ToolResult | Moved | Duplicate:
         """Run one call; `context` is ``(principal, session, assistant, thread)``.
 
         The context goes in as ``_meta`` and the principal as the transport's principal, so
         the shard's runtime reads exactly the context the front end read, and validates the
-        arguments again (a shard trusts no sender with its keys' state).
+        arguments again (a shard trusts no sender with its keys' state). A call that
+        changes state comes with a `call_id` and runs only on its first delivery.
         """
         principal, session, assistant, thread = context
         moved = self._owns((principal, session), layout)
         if moved is not None:
             return moved
+        if call_id is not None:
+            try:
+                if not await self._claims.first(call_id):
+                    return Duplicate()
+            except StoreUnavailableError as exc:
+                return ToolResult.error(f"not run: {exc}")
         meta = {META_KEYS["session_id"]: session}
         if assistant is not None:
             meta[META_KEYS["assistant_id"]] = assistant
