@@ -38,6 +38,7 @@ from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
 from ctxactors.tools import Server, ToolSpec
 
+_START_TIMEOUT = 180.0  # seconds for the shard processes to start
 # Waits between retries of a read-only call while its shard restarts.
 _RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -120,9 +121,19 @@ class RayBackend:
             shards=self.layout.count,
             **self._limits,
         )
+        import ray
+        import ray.exceptions as rex
+
         self.connect()
-        for index in range(self.layout.count):
-            self._shard(index)
+        # Wait for the shard processes here, so that a call's timeout never has to cover a
+        # process start (seconds; more on a busy machine).
+        waiting = [self._shard(index).ping.remote() for index in range(self.layout.count)]
+        try:
+            ray.get(waiting, timeout=_START_TIMEOUT)
+        except rex.GetTimeoutError:
+            raise RuntimeError(
+                f"the {self.layout.count} shards did not start within {_START_TIMEOUT:g} s"
+            ) from None
 
     @property
     def count(self) -> int:
