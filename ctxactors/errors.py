@@ -8,7 +8,7 @@
     ├── ToolError                       raised by a handler: fails its call with this message
     ├── ServerDefinitionError (TypeError)   a server class that can't be registered
     │   └── DuplicateToolError (ValueError)  two tools of one name
-    ├── SandboxUnavailableError (RuntimeError)  no bubblewrap sandbox for the workspace
+    ├── SandboxUnavailableError (RuntimeError)  no bubblewrap sandbox, or an unsafe root
     ├── StoreError                      the state store could not do what was asked (-32010)
     │   ├── StaleStateError             another writer saved first: reload (-32011)
     │   └── StoreUnavailableError       the store is down, full or unreachable (-32012)
@@ -103,7 +103,8 @@ class DuplicateToolError(ServerDefinitionError, ValueError):
 
 
 class SandboxUnavailableError(CtxActorsError, RuntimeError):
-    """bubblewrap is missing or can't create its namespaces here; the message says why."""
+    """bubblewrap is missing or can't create its namespaces here, or the workspace root is
+    unsafe (a symlink, another user's, writable by others); the message says why."""
 
 
 class StoreError(CtxActorsError):

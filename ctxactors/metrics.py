@@ -12,7 +12,10 @@ host's own, or the server's for ``/metrics``) and one call wrapper to the runtim
   wrapper. The collector turns the tallies into histogram and counter families at scrape.
 
 Labels are bounded: the tool (a registered name) and the outcome (``ok`` or ``error``), and
-the principal only with ``principal_label=True`` (one value per authenticated caller).
+the principal only with ``principal_label=True``: one value per authenticated caller for the
+first ``settings.metrics.max_principals`` callers, then ``other`` for every later one (as
+OpenTelemetry's cardinality limit folds attribute sets into an overflow series), since JWT
+subjects are as many as an issuer mints and each label set is a series kept for good.
 Session ids never become label values; the calls per session (for ``top``) are kept apart,
 only for sessions that are live.
 """
@@ -64,6 +67,7 @@ BUCKETS = (
 )
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 MAX_RECENT_ERRORS = 50
+OTHER = "other"  # the principal label of the callers past the cap
 _ERROR_TEXT = 200  # characters of an error result kept for `top`
 
 Body = Callable[[Server], ToolResult]
@@ -105,9 +109,13 @@ class CallMetrics:
     """The per-call figures of one runtime: latency tallies, calls per live session, the
     last errors. Thread-safe; the wrapper is its only writer on the call path."""
 
-    def __init__(self, runtime: Any, *, principal_label: bool = False) -> None:
+    def __init__(
+        self, runtime: Any, *, principal_label: bool = False, max_principals: int = 100
+    ) -> None:
         self.runtime = runtime
         self.principal_label = principal_label
+        self.max_principals = max_principals
+        self._labelled: set[str] = set()  # principals with a label value of their own
         self._lock = threading.Lock()
         self._series: dict[SeriesKey, tuple[Tally, Tally]] = {}
         self._sessions: dict[tuple[str | None, str], int] = {}
@@ -130,10 +138,13 @@ class CallMetrics:
         result = body(server)
         seconds = perf_counter() - started
         index = bisect_left(BUCKETS, seconds)
-        key = (tool, ctx.principal if self.principal_label else None)
+        principal = ctx.principal if self.principal_label else None
         session = (ctx.principal, ctx.session_id)
         sessions = self._sessions
         with self._lock:
+            if principal is not None and principal not in self._labelled:
+                principal = self._admit(principal)
+            key = (tool, principal)
             pair = self._series.get(key)
             if pair is None:
                 pair = self._series[key] = (Tally(len(BUCKETS)), Tally(len(BUCKETS)))
@@ -147,6 +158,14 @@ class CallMetrics:
         if result.is_error:
             self._error(tool, ctx, result)
         return result
+
+    def _admit(self, principal: str) -> str:
+        """`principal`'s label value: its own while there is room, else `OTHER`. Under the
+        lock; first come, first labelled, so a series never changes its label."""
+        if len(self._labelled) >= self.max_principals:
+            return OTHER
+        self._labelled.add(principal)
+        return principal
 
     def _error(self, tool: str, ctx: ToolContext, result: ToolResult) -> None:
         text = result.text[:_ERROR_TEXT]
@@ -317,16 +336,20 @@ def register(
     registry: CollectorRegistry | None = None,
     *,
     principal_label: bool = False,
+    max_principals: int | None = None,
 ) -> CallMetrics:
     """Record `runtime`'s calls and expose its metrics in `registry` (a host's own
     `CollectorRegistry`; default the global ``prometheus_client.REGISTRY``).
 
     Call it once per runtime (a second runtime needs its own registry: the names are the
     same). Returns the `CallMetrics`, which ``/api/v1/stats/top`` reads too.
+    `max_principals` defaults to the runtime's ``settings.metrics.max_principals``.
     """
     from prometheus_client import REGISTRY
 
-    metrics = CallMetrics(runtime, principal_label=principal_label)
+    if max_principals is None:
+        max_principals = runtime.settings.metrics.max_principals
+    metrics = CallMetrics(runtime, principal_label=principal_label, max_principals=max_principals)
     (registry if registry is not None else REGISTRY).register(RuntimeCollector(metrics))
     runtime.add_call_wrapper(metrics)
     durability = runtime.durability

@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -218,11 +219,57 @@ def start(settings: SandboxSettings, workdir: str, command: str) -> subprocess.P
 
 
 def make_root(settings: SandboxSettings, root: str) -> None:
-    """Create the workspace root. With another user running bwrap, that user must traverse
-    it (bwrap resolves the directory's path) but not list it: mode 711."""
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    if settings.enabled and settings.switch_user:
-        os.chmod(root, 0o711)
+    """Create the workspace root, or make sure the one there may hold sessions' directories.
+
+    Its mode becomes 700, or 711 with another user running bwrap (that user must traverse
+    it, bwrap resolving the directory's path, but not list it; 711 is kept without one too):
+    a root that others could list is tightened. A root that is a symlink, not ours, or
+    writable by its group or others is refused (`SandboxUnavailableError`): whoever owns it
+    or may write in it could have swapped, planted or removed entries already (the default
+    root is under the shared ``/tmp``, where another user can make it first). Checked
+    through one descriptor opened without following a link, so the path can't change
+    between check and chmod.
+    """
+    path = os.path.normpath(root)  # a trailing slash would follow a link
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:  # ELOOP: a symlink; ENOTDIR or EEXIST: not a directory
+        if os.path.islink(path):
+            what = "it is a symlink"
+        elif os.path.lexists(path) and not os.path.isdir(path):
+            what = "it is not a directory"
+        else:
+            what = exc.strerror or str(exc)
+        raise SandboxUnavailableError(f"{_ROOT_FIX % root}: {what}") from None
+    try:
+        status = os.fstat(fd)
+        problem = _root_problem(status)
+        if problem is not None:
+            raise SandboxUnavailableError(f"{_ROOT_FIX % root}: {problem}")
+        switch = settings.enabled and settings.switch_user
+        # 711 is fine without a switch too: another runtime on this root may need it.
+        if stat.S_IMODE(status.st_mode) not in ((0o711,) if switch else (0o700, 0o711)):
+            os.fchmod(fd, 0o711 if switch else 0o700)
+    finally:
+        os.close(fd)
+
+
+_ROOT_FIX = (
+    "the workspace root %s (CTXACTORS_WORKSPACE_ROOT) must be a directory of this user that "
+    "no one else may write in"
+)
+
+
+def _root_problem(status: os.stat_result) -> str | None:
+    if status.st_uid != os.geteuid():
+        return f"it belongs to uid {status.st_uid}"
+    if status.st_mode & 0o022:
+        return (
+            f"its mode is {stat.S_IMODE(status.st_mode):o}, writable by its group or others; "
+            "remove it, or chmod go-w once you know nothing in it was put there by another user"
+        )
+    return None
 
 
 def prepare_directory(settings: SandboxSettings, path: str) -> None:

@@ -343,6 +343,14 @@ class WorkspaceSettings(Group, frozen=True):
     sandbox: SandboxSettings = SandboxSettings()
 
 
+class MetricsSettings(Group, frozen=True):
+    """Bounds of the Prometheus metrics (`ctxactors.metrics`)."""
+
+    # Distinct principal label values (``--metrics-principal-label``); the rest are counted
+    # under ``other``, so a tenant minting tokens can't grow the series without bound.
+    max_principals: Annotated[Count, var("CTXACTORS_METRICS_MAX_PRINCIPALS")] = 100
+
+
 class Settings(Group, frozen=True):
     """Every limit of one runtime. Give it to ``Runtime(settings=...)``.
 
@@ -365,6 +373,7 @@ class Settings(Group, frozen=True):
     batch: BatchSettings = BatchSettings()
     history: HistorySettings = HistorySettings()
     workspace: WorkspaceSettings = WorkspaceSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
@@ -381,6 +390,7 @@ __all__ = [
     "Cap",
     "ContentSettings",
     "HistorySettings",
+    "MetricsSettings",
     "PlanningSettings",
     "PlaybooksSettings",
     "SandboxSettings",

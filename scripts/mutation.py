@@ -100,6 +100,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/test_workspace_details.py",
             "tests/test_sandbox.py",
             "tests/test_sandbox_settings.py",
+            "tests/test_workspace_root.py",
         ],
     ),
     # tests/batch_support.py is staged with the tests; it is a helper, not a test file.

@@ -14,6 +14,9 @@ from ctxactors.logs import configure_logging
 from ctxactors.settings import Settings
 from ctxactors.testing import ManualClock
 
+# The workspace fixtures (workspace_root, leaks, rt): see workspace_support.
+pytest_plugins = ("workspace_support",)
+
 
 @pytest.fixture(autouse=True)
 def default_logging() -> None:

@@ -45,7 +45,7 @@ def test_the_session_context_endpoint_answers_alone(rt: Runtime) -> None:
     assert found.json()["count"] == 1
     assert unknown.status_code == 404
     assert unknown.json() == {
-        "error": {"code": "unknown_session", "message": "session 'nobody' has no live state"}
+        "error": {"code": "unknown_session", "message": "session 'nobody' has no state"}
     }
 
 

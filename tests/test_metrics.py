@@ -12,9 +12,10 @@ import pytest
 from mcp_support import http_server, wait_until
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from workspace_support import Leaks, closed_runtime, start, temporary_root
+from workspace_support import start
 
 from ctxactors import InvalidArgumentsError, Runtime, UnknownToolError, metrics
+from ctxactors.settings import MetricsSettings, Settings
 from ctxactors.state import MemoryStore
 from ctxactors.testing import context_args as ctx_args
 
@@ -107,6 +108,41 @@ def test_principals_are_labels_only_when_asked() -> None:
                 assert value(registry, calls, tool="create_goal", outcome="ok") == 2
 
 
+def principal_labels(registry: CollectorRegistry) -> dict[str, float]:
+    """Calls per principal label value, from the scraped text."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for sample in family.samples:
+            if sample.name == "ctxactors_tool_calls_total":
+                label = sample.labels["principal"]
+                out[label] = out.get(label, 0) + sample.value
+    return out
+
+
+def test_principal_label_values_are_capped_and_the_rest_counted_as_other() -> None:
+    registry = CollectorRegistry()
+    small = Settings(metrics=MetricsSettings(max_principals=3))
+    with Runtime(ttl=600, settings=small) as rt:
+        call_metrics = metrics.register(rt, registry, principal_label=True)
+        for i in range(500):  # a tenant minting a token per call
+            rt.call("create_goal", ctx_args("s", goal="g"), principal=f"minted-{i}")
+        rt.call("create_goal", ctx_args("s", goal="g"), principal="minted-1")  # keeps its own
+        rt.call("read_content", ctx_args("s", id="nope"), principal="minted-499")
+        rt.call("create_goal", ctx_args("s", goal="g"))  # no principal: "" is never capped
+        assert principal_labels(registry) == {
+            "minted-0": 1,
+            "minted-1": 2,
+            "minted-2": 1,
+            "other": 498,
+            "": 1,
+        }
+        calls = "ctxactors_tool_calls_total"
+        error = {"tool": "read_content", "outcome": "error", "principal": "other"}
+        assert value(registry, calls, **error) == 1
+        # The series kept: 2 tools x 2 outcomes at most per label value, whatever the callers.
+        assert len(call_metrics.series()) == 6
+
+
 def test_top_sessions_and_recent_errors_keep_only_live_sessions_and_the_last_errors(
     measured: Any,
 ) -> None:
@@ -165,14 +201,6 @@ def test_a_runtime_without_store_has_no_store_metrics(measured: Any) -> None:
 
 
 class TestSandboxProcesses:
-    @pytest.fixture(autouse=True)
-    def _root(self, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-        yield from temporary_root(monkeypatch)
-
-    @pytest.fixture
-    def rt(self) -> Iterator[Runtime]:
-        yield from closed_runtime(Leaks())
-
     def test_running_sandboxed_processes_are_a_gauge(self, rt: Runtime) -> None:
         registry = CollectorRegistry()
         metrics.register(rt, registry)
@@ -247,9 +275,19 @@ def test_with_auth_only_operators_read_metrics_and_others_see_only_their_session
         assert bob["scope"] == "principal"
         assert bob["top_sessions"] == [{"principal": "bob", "session_id": "bobs", "calls": 2}]
         assert [e["session_id"] for e in bob["recent_errors"]] == ["bobs", "bobs"]
-        assert bob["calls"] == 3 and bob["errors"] == 3  # server-wide, as /api/v1/stats
+        # Every tenant's activity is withheld from a tenant, here and at /api/v1/stats.
+        assert (bob["calls"], bob["errors"], bob["runtime"]) == (0, 0, {})
+        assert set(bob["latency_counts"]) == {0}
+        stats = get("/api/v1/stats", BOB)
+        assert (stats.status_code, stats.json()) == (
+            403,
+            {"error": {"code": "forbidden", "message": "'bob' is no operator"}},
+        )
+        assert get("/api/v1/stats", None).status_code == 401
+        assert get("/api/v1/stats", ALICE).json()["calls"] == 3
         alice = get("/api/v1/stats/top", ALICE).json()
         assert alice["scope"] == "all"
+        assert (alice["calls"], alice["errors"], alice["runtime"]["sessions"]) == (3, 3, 2)
         assert alice["top_sessions"] == [
             {"principal": "bob", "session_id": "bobs", "calls": 2},
             {"principal": "alice", "session_id": "alices", "calls": 1},
@@ -269,3 +307,29 @@ def test_refused_calls_make_no_label_value(measured: Any) -> None:
     text = generate_latest(registry).decode()
     assert "tool-x" not in text
     assert "ctxactors_tool_calls_total{" not in text
+
+
+def test_a_served_process_caps_principal_labels_by_its_setting(tmp_path: Path) -> None:
+    tokens = {f"p{i}": f"p{i}-" + secrets.token_urlsafe(24) for i in range(8)}
+    path = tmp_path / "tokens"
+    path.write_text("".join(f"{token} {name}\n" for name, token in tokens.items()))
+    flags = ("--auth-tokens", str(path), "--operator", "p0", "--metrics-principal-label")
+    env = {"CTXACTORS_METRICS_MAX_PRINCIPALS": "2"}
+    with http_server(*flags, env=env) as (url, _proc):
+        base = url.removesuffix("/mcp")
+        for name, token in tokens.items():
+            response = httpx.post(
+                base + "/api/v1/tools/create_goal",
+                json={"goal": name},
+                headers={"Authorization": f"Bearer {token}", "X-Session-Id": "s"},
+            )
+            assert response.status_code == 200, response.text
+        scraped = httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {tokens['p0']}"})
+        assert scraped.status_code == 200
+        labels = {
+            sample.labels["principal"]: sample.value
+            for family in text_string_to_metric_families(scraped.text)
+            for sample in family.samples
+            if sample.name == "ctxactors_tool_calls_total"
+        }
+        assert labels == {"p0": 1, "p1": 1, "other": 6}

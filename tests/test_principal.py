@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from workspace_support import temporary_root
 
 from ctxactors import InvalidArgumentsError, Runtime, Scope, ToolContext
 from ctxactors.results import ToolResult
@@ -24,10 +23,9 @@ WAIT = 20.0  # generous: the machine is shared and loaded
 
 
 @pytest.fixture
-def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    for _root in temporary_root(monkeypatch):  # the sandbox user must reach it
-        with Runtime(call_timeout=WAIT) as runtime:
-            yield runtime
+def rt(workspace_root: str) -> Iterator[Runtime]:
+    with Runtime(call_timeout=WAIT) as runtime:
+        yield runtime
 
 
 def goals(rt: Runtime, principal: str | None, session: str = "s1", **kw: Any) -> list[str]:

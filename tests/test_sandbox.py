@@ -23,9 +23,7 @@ from workspace_support import (
     WAIT,
     Leaks,
     call,
-    closed_runtime,
     start,
-    temporary_root,
     use_sandbox,
     wait_done,
     wait_output,
@@ -36,20 +34,7 @@ from ctxactors.sandbox import SandboxSettings, SandboxUnavailableError
 from ctxactors.servers.workspace import Workspace
 from ctxactors.testing import wait_until
 
-
-@pytest.fixture(autouse=True)
-def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    yield from temporary_root(monkeypatch)
-
-
-@pytest.fixture
-def leaks() -> Leaks:
-    return Leaks()
-
-
-@pytest.fixture
-def rt(leaks: Leaks) -> Iterator[Runtime]:
-    yield from closed_runtime(leaks)
+pytestmark = pytest.mark.usefixtures("workspace_root")  # each test on a root of its own
 
 
 def configure(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:

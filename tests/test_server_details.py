@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from workspace_support import temporary_root
 
 from ctxactors import Runtime, Server, ToolContext, tool
 from ctxactors.servers import BUILTIN
@@ -35,11 +34,10 @@ from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture
-def rt(monkeypatch: pytest.MonkeyPatch, rt_settings: Settings) -> Iterator[Runtime]:
-    for root in temporary_root(monkeypatch):  # the sandbox user must reach it
-        workspace = msgspec.structs.replace(rt_settings.workspace, root=root)
-        with Runtime(settings=msgspec.structs.replace(rt_settings, workspace=workspace)) as runtime:
-            yield runtime
+def rt(workspace_root: str, rt_settings: Settings) -> Iterator[Runtime]:
+    workspace = msgspec.structs.replace(rt_settings.workspace, root=workspace_root)
+    with Runtime(settings=msgspec.structs.replace(rt_settings, workspace=workspace)) as runtime:
+        yield runtime
 
 
 def ok(rt: Runtime, tool: str, session: str = "s", **args: Any) -> Any:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,11 +17,9 @@ from workspace_support import (
     WAIT,
     Leaks,
     call,
-    closed_runtime,
     descendant_names,
     session_dirs,
     start,
-    temporary_root,
     wait_done,
     wait_output,
     workspace_runtime,
@@ -33,20 +30,7 @@ from ctxactors.servers.workspace import Workspace
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
-
-@pytest.fixture(autouse=True)
-def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    yield from temporary_root(monkeypatch)
-
-
-@pytest.fixture
-def leaks() -> Leaks:
-    return Leaks()
-
-
-@pytest.fixture
-def rt(leaks: Leaks) -> Iterator[Runtime]:
-    yield from closed_runtime(leaks)
+pytestmark = pytest.mark.usefixtures("workspace_root")  # each test on a root of its own
 
 
 def test_command_runs_in_the_sessions_directory_and_reports_exit_and_output(

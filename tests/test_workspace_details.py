@@ -9,18 +9,15 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
 from workspace_support import (
     Leaks,
     call,
-    closed_runtime,
     descendant_names,
     session_dirs,
     start,
-    temporary_root,
     use_sandbox,
     wait_done,
 )
@@ -32,20 +29,7 @@ from ctxactors.servers.workspace import Workspace, _Process
 from ctxactors.testing import ManualClock
 from ctxactors.testing import context_args as ctx_args
 
-
-@pytest.fixture(autouse=True)
-def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    yield from temporary_root(monkeypatch)
-
-
-@pytest.fixture
-def leaks() -> Leaks:
-    return Leaks()
-
-
-@pytest.fixture
-def rt(leaks: Leaks) -> Iterator[Runtime]:
-    yield from closed_runtime(leaks)
+pytestmark = pytest.mark.usefixtures("workspace_root")  # each test on a root of its own
 
 
 def test_list_processes_reports_each_with_its_status_and_exit_code(rt: Runtime) -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from workspace_support import WAIT, call, session_dirs, start, temporary_root, wait_done
+from workspace_support import WAIT, call, session_dirs, start, wait_done
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
@@ -21,9 +21,7 @@ from ctxactors.testing import context_args as ctx_args
 S = "s1"
 
 
-@pytest.fixture(autouse=True)
-def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    yield from temporary_root(monkeypatch)
+pytestmark = pytest.mark.usefixtures("workspace_root")  # each test on a root of its own
 
 
 @pytest.fixture

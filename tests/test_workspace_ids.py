@@ -6,7 +6,6 @@ from collections.abc import Iterator
 
 import pytest
 from structlog.testing import capture_logs
-from workspace_support import temporary_root
 
 from ctxactors import Runtime
 from ctxactors.servers.workspace import Workspace
@@ -14,10 +13,9 @@ from ctxactors.testing import context_args as ctx_args
 
 
 @pytest.fixture
-def rt(monkeypatch: pytest.MonkeyPatch) -> Iterator[Runtime]:
-    for _root in temporary_root(monkeypatch):  # the sandbox user must reach it
-        with Runtime(servers=[Workspace]) as runtime:
-            yield runtime
+def rt(workspace_root: str) -> Iterator[Runtime]:
+    with Runtime(servers=[Workspace]) as runtime:
+        yield runtime
 
 
 def test_a_prefix_of_a_process_id_finds_nothing(rt: Runtime) -> None:

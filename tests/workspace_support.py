@@ -1,7 +1,10 @@
-"""Helpers for the workspace tests (real processes, real bubblewrap).
+"""Helpers for the workspace tests (real processes, real bubblewrap), and their fixtures.
 
 Every runtime `closed_runtime` makes is closed, and afterwards no child process (zombie or
-not) and no thread may be left over. Each test module wires these into three fixtures.
+not) and no thread may be left over. ``conftest.py`` loads this module as a plugin, so its
+fixtures (`workspace_root`, `leaks`, `rt`) are there for every test module; none is autouse:
+a module whose every test needs its own root says so with
+``pytestmark = pytest.mark.usefixtures("workspace_root")``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,23 @@ def temporary_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("CTXACTORS_WORKSPACE_ROOT", root)  # read by each runtime made
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def workspace_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A workspace root of this test's own, in ``CTXACTORS_WORKSPACE_ROOT``."""
+    yield from temporary_root(monkeypatch)
+
+
+@pytest.fixture
+def leaks() -> Leaks:
+    return Leaks()
+
+
+@pytest.fixture
+def rt(leaks: Leaks, workspace_root: str) -> Iterator[Runtime]:
+    """A workspace runtime on the test's own root, closed after it, leaving nothing."""
+    yield from closed_runtime(leaks)
 
 
 def session_dirs(root: str) -> list[str]:

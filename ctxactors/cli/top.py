@@ -6,7 +6,8 @@ the calls in that second (from the histogram buckets, as Prometheus's
 ``histogram_quantile`` estimates them), live actors and sessions, the sessions with the
 most calls, and the last errors. With authentication, the bearer token comes from
 ``CTXACTORS_TOKEN`` (never the command line, where other users could read it); an operator
-(``serve --operator``) sees every session, anyone else only their own.
+(``serve --operator``) sees every session and the server-wide figures, anyone else only
+their own sessions and errors.
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ class View:
         parts: list[RenderableType] = [title]
         if problem:
             parts.append(Text(problem, style="red"))
-        parts += [self._rates(sample), self._runtime(sample)]
+        if sample.scope == "all":
+            parts += [self._rates(sample), self._runtime(sample)]
+        else:  # the server withholds every tenant's figures from a non-operator
+            note = f"server-wide figures: operators only (serve --operator)   scope {sample.scope}"
+            parts.append(Text(note))
         parts += [self._sessions(sample), self._errors(sample)]
         self.previous = sample
         return Group(*parts)

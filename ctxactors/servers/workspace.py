@@ -251,8 +251,10 @@ class Workspace(Server):
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
-        """Refuse to serve commands that can't be sandboxed (probed once, cached)."""
+        """Refuse to serve commands that can't be sandboxed (probed once, cached) or from an
+        unsafe root."""
         settings: WorkspaceSettings = runtime.settings.workspace
+        sandboxes.make_root(settings.sandbox, settings.root)  # an unsafe root: refused now
         if settings.sandbox.enabled:
             sandboxes.check(settings.sandbox, settings.root)
         else:

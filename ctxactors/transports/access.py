@@ -54,6 +54,8 @@ class HttpSecurity:
     verifier: TokenVerifier | None = None
     auth: AuthSettings | None = None
     max_sessions_per_principal: int | None = None
+    # Principals that may read the server-wide figures (``serve --operator``).
+    operators: frozenset[str] = frozenset()
 
     @property
     def resource_metadata_url(self) -> AnyHttpUrl | None:

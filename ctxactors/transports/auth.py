@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,14 @@ def principal_of(scope: Scope | None) -> str | None:
     if not isinstance(user, AuthenticatedUser):
         return None
     return user.access_token.subject
+
+
+def is_operator(scope: Scope | None, operators: Collection[str]) -> bool:
+    """Whether the caller may read server-wide figures (``/metrics``, ``/api/v1/stats``):
+    anyone without authentication (a loopback server), else a principal of ``--operator``.
+    Another tenant's call volume, live sessions and errors are not a tenant's to see."""
+    principal = principal_of(scope)
+    return principal is None or principal in operators
 
 
 def _access_token(token: str, principal: str, scopes: Any = None, **extra: Any) -> AccessToken:

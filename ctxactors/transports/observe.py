@@ -3,11 +3,11 @@
 options for them.
 
 Who sees what, when authentication is on: an operator (a principal named by
-``--operator``) sees everything; any other principal gets 403 at ``/metrics`` and, at
-``/api/v1/stats/top``, the server-wide figures (calls, latency, live actors: what
-``/api/v1/stats`` already shows every caller) but only its own sessions and errors, never
-another principal's session ids. Without authentication (a loopback server) everyone is
-the operator.
+``--operator``) sees everything; any other principal gets 403 at ``/metrics`` (and at
+``/api/v1/stats``) and, at ``/api/v1/stats/top``, only its own sessions and errors: the
+server-wide figures (calls, latency, live actors: every tenant's activity) are withheld,
+zero, and no other principal's session id is shown. Without authentication (a loopback
+server) everyone is the operator.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxactors.metrics import BUCKETS, CallMetrics
-from ctxactors.transports.auth import principal_of
+from ctxactors.transports.auth import is_operator, principal_of
 
 TOP_SESSIONS = 10
 
@@ -51,6 +51,7 @@ class TopStats(msgspec.Struct, frozen=True):
 
     time: float  # the server's clock (Unix seconds) when sampled
     scope: str  # "all", or "principal": only the caller's own sessions and errors
+    # Server-wide, for scope "all"; withheld (empty, zero) for scope "principal":
     runtime: dict[str, int]  # `Runtime.stats()`
     calls: int  # tool calls that reached a server, every principal's
     errors: int  # of which error results
@@ -82,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--metrics-principal-label",
         action="store_true",
-        help="label the call metrics with the principal (one series per caller)",
+        help="label the call metrics with the principal (one per caller, for the first "
+        "metrics.max_principals callers; later ones as 'other')",
     )
 
 
@@ -91,28 +93,24 @@ def routes(
 ) -> list[Route]:
     """``GET /metrics`` and ``GET /api/v1/stats/top`` for one server."""
 
-    def is_operator(request: Request) -> tuple[bool, str | None]:
-        principal = principal_of(request.scope)
-        return principal is None or principal in operators, principal
-
     async def prometheus(request: Request) -> Response:
-        allowed, principal = is_operator(request)
-        if not allowed:
+        if not is_operator(request.scope, operators):
+            principal = principal_of(request.scope)
             body = {"error": {"code": "forbidden", "message": f"{principal!r} is no operator"}}
             return Response(_encode(body), 403, media_type="application/json")
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(registry), headers={"Content-Type": content_type})
 
     async def top(request: Request) -> Response:
-        allowed, principal = is_operator(request)
-        who: Any = ... if allowed else principal
-        counts, _ = metrics.latency()
+        allowed = is_operator(request.scope, operators)
+        who: Any = ... if allowed else principal_of(request.scope)
+        counts, _ = metrics.latency() if allowed else ([0] * (len(BUCKETS) + 1), 0.0)
         sample = TopStats(
             time=time.time(),
             scope="all" if allowed else "principal",
-            runtime=metrics.runtime.stats(),
+            runtime=metrics.runtime.stats() if allowed else {},
             calls=sum(counts),
-            errors=metrics.error_count(),
+            errors=metrics.error_count() if allowed else 0,
             latency_bounds=list(BUCKETS),
             latency_counts=counts,
             top_sessions=[SessionCalls(*s) for s in metrics.top_sessions(TOP_SESSIONS, who)],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib
 import os
 import sys
@@ -262,6 +263,7 @@ def http_app(
     """The Starlette app (REST, MCP at ``/mcp``, ``/metrics``) and its MCP front end, whose
     drain waits for REST and MCP calls alike. `operators` and `principal_label`: see
     `ctxactors.transports.observe`."""
+    security = dataclasses.replace(security, operators=operators)  # /api/v1/stats asks it
     frontend = McpFrontend(runtime)
     route, lifespan = mcp_parts(frontend, max_body=max_body, security=security)
     registry = metrics.server_registry()

@@ -67,6 +67,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--url", help="a running server instead of the embedded runtime")
     parser.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="with --url: a file holding the bearer token for a server with authentication "
+        "(default: the CTXACTORS_TOKEN variable; never the command line, which others can read)",
+    )
+    parser.add_argument(
         "--transport",
         choices=("auto", "rest", "mcp"),
         default="auto",
@@ -375,7 +381,7 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         f"peak live {actors['peak_live']}, spawned {actors['spawned']},"
         f" reaped {actors['reaped']}, evicted {actors['evicted']}"
         if actors["spawned"] is not None
-        else "n/a (the server publishes no /api/v1/stats)"
+        else "n/a (no /api/v1/stats for this caller: none served, or not an operator)"
     )
     out(
         f"ctxactors loadtest: {report['target']}, {report['mode']}\n"

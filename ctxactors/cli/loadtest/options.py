@@ -14,6 +14,7 @@ import msgspec
 
 from ctxactors.cli import settings_from_args
 from ctxactors.cli.loadtest.workload import parse_mix
+from ctxactors.cli.token import Bearer, read_bearer
 from ctxactors.settings import Settings
 
 DEFAULT_TTL = 3600.0
@@ -34,6 +35,7 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: int
     url: str | None  # None: the embedded runtime (or, with `restart_every`, until it starts)
     transport: Literal["rest", "mcp"]  # with `url`
+    token: Bearer | None  # with `url`: sent to a server with authentication
     ttl: float  # embedded runtime only
     max_actors: int  # embedded runtime only
     allow_resets: bool  # state reset by reaping is accepted, not a violation
@@ -67,6 +69,8 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
                 "--restart-every takes a positive number of seconds and starts its own "
                 "server: not with --url or --async"
             )
+        if args.token_file is not None and not args.url:
+            raise ValueError("--token-file is for a server of --url")
         # The restarted server is served over REST.
         transport = "rest" if restarted else _transport(args.url, args.transport)
         # Reaping resets state: expected when asked for, or when the embedded runtime is
@@ -86,6 +90,7 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
             concurrency=args.concurrency,
             url=args.url or None,
             transport=transport,
+            token=read_bearer(args.token_file) if args.url else None,
             ttl=DEFAULT_TTL if args.ttl is None else args.ttl,
             max_actors=(
                 max(DEFAULT_MAX_ACTORS, keys + 16) if args.max_actors is None else args.max_actors

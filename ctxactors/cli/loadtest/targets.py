@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from ctxactors._runtime import Runtime
 from ctxactors.cli.loadtest.options import LoadOptions
 from ctxactors.cli.loadtest.workload import Outcome
+from ctxactors.cli.token import TOKEN_ENV, Bearer
 from ctxactors.context import META_KEYS, ToolContext, inject_context
 from ctxactors.errors import ShardUnavailableError
 from ctxactors.results import ToolResult
@@ -121,13 +122,16 @@ def _from_http(response: httpx.Response) -> Outcome:
 class RestTarget:
     """A running ``ctxactors serve``: ``POST {url}/api/v1/tools/{name}`` with context headers."""
 
-    def __init__(self, url: str, *, timeout: float, connections: int) -> None:
+    def __init__(
+        self, url: str, *, timeout: float, connections: int, token: Bearer | None = None
+    ) -> None:
         self.base = url.rstrip("/")
         self.description = f"REST API at {self.base}"
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         self._timeout = timeout
         self._limits = limits
-        self._client = httpx.Client(timeout=timeout, limits=limits)
+        self._auth = token.headers() if token else {}
+        self._client = httpx.Client(timeout=timeout, limits=limits, headers=self._auth)
         self._aclient: httpx.AsyncClient | None = None
 
     def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
@@ -136,7 +140,9 @@ class RestTarget:
 
     async def acall(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
         if self._aclient is None:  # created on the loop that uses it
-            self._aclient = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+            self._aclient = httpx.AsyncClient(
+                timeout=self._timeout, limits=self._limits, headers=self._auth
+            )
         url = f"{self.base}/api/v1/tools/{tool}"
         return _from_http(await self._aclient.post(url, json=args, headers=_headers(ctx)))
 
@@ -165,17 +171,29 @@ class McpTarget:
     `url` may also be an in-process MCP server object (the SDK's ``Client`` accepts both).
     """
 
-    def __init__(self, url: Any, *, timeout: float) -> None:
+    def __init__(self, url: Any, *, timeout: float, token: Bearer | None = None) -> None:
         self.url = url
         self.description = f"MCP (streamable HTTP) at {url}" if isinstance(url, str) else "MCP"
         self._timeout = timeout
+        self._auth = token.headers() if token else {}
         self._client: Any = None
+        self._http: Any = None
 
     async def aopen(self) -> None:
         """Connect; call it from the task that will call `aclose` (anyio's cancel scopes)."""
         from mcp import Client
 
-        client = Client(self.url, read_timeout_seconds=self._timeout)
+        server = self.url
+        if self._auth and isinstance(server, str):
+            # The SDK's way to send headers: an httpx2 client of ours (its default timeouts:
+            # 30 s, 300 s to read a stream), which we close.
+            import httpx2
+            from mcp.client.streamable_http import streamable_http_client
+
+            timeout = httpx2.Timeout(30.0, read=300.0)
+            self._http = httpx2.AsyncClient(headers=self._auth, timeout=timeout)
+            server = streamable_http_client(server, http_client=self._http)
+        client = Client(server, read_timeout_seconds=self._timeout)
         await client.__aenter__()
         self._client = client
 
@@ -204,13 +222,17 @@ class McpTarget:
         if self._client is not None:
             await self._client.__aexit__(None, None, None)
             self._client = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     def stats(self) -> dict[str, int] | None:
         """The runtime stats of a ``ctxactors serve`` app (REST beside ``/mcp``), if any."""
         if not isinstance(self.url, str):
             return None
         base = self.url.rstrip("/").removesuffix("/mcp")
-        return published_stats(functools.partial(httpx.get, timeout=self._timeout), base)
+        get = functools.partial(httpx.get, timeout=self._timeout, headers=self._auth)
+        return published_stats(get, base)
 
     def close(self) -> None:
         pass
@@ -238,6 +260,24 @@ def reachable(url: str, timeout: float = 5.0) -> None:
         raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
 
 
+def authorized(url: str, token: Bearer | None, timeout: float = 5.0) -> None:
+    """Raise ValueError when the server at `url` refuses `token` (or the lack of one): one
+    clear line, not a run of thousands of 401s. Asked of ``/api/v1/stats``: only a 401 is
+    a refusal (a 403 says the token is good but no operator's, a 404 that none is served)."""
+    base = url.rstrip("/").removesuffix("/mcp")
+    try:
+        response = httpx.get(
+            f"{base}/api/v1/stats", timeout=timeout, headers=token.headers() if token else {}
+        )
+    except httpx.HTTPError as exc:
+        raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
+    if response.status_code == 401:
+        what = "refused the bearer token" if token else "asks for a bearer token"
+        raise ValueError(
+            f"{base} {what} (HTTP 401): put a valid one in {TOKEN_ENV} or --token-file"
+        )
+
+
 def make_target(options: LoadOptions) -> Target:
     """The target the options ask for."""
     if not options.url:
@@ -248,7 +288,10 @@ def make_target(options: LoadOptions) -> Target:
             settings=options.settings,
         )
     reachable(options.url)
+    authorized(options.url, options.token)
     if options.transport == "mcp":
-        return McpTarget(options.url, timeout=options.call_timeout)
+        return McpTarget(options.url, timeout=options.call_timeout, token=options.token)
     connections = max(options.workers, 8)
-    return RestTarget(options.url, timeout=options.call_timeout, connections=connections)
+    return RestTarget(
+        options.url, timeout=options.call_timeout, connections=connections, token=options.token
+    )

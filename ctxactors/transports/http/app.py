@@ -7,7 +7,8 @@ dropped (`inject_context`), so a body can't pick another session.
 
 Routes: ``GET /api/v1/tools``; ``POST /api/v1/tools/{name}`` (body: the arguments);
 ``GET /api/v1/sessions/{id}/context?limit=&tool_filter=``; ``DELETE /api/v1/sessions/{id}``;
-``POST /api/v1/query``; ``GET /api/v1/stats``; ``GET /healthz``; ``GET /openapi.json``.
+``POST /api/v1/query``; ``GET /api/v1/stats`` (with authentication, for the principals of
+``security.operators``: 403 for others); ``GET /healthz``; ``GET /openapi.json``.
 
 Errors are ``{"error": {"code", "message"}}``: 400 for malformed JSON (a body that is not
 UTF-8 included), invalid arguments (the message names the field) or an id that can't be a
@@ -87,5 +88,7 @@ def create_app(
         lifespan=lifespan,
     )
     openapi = encode(build_openapi(runtime))
-    app.state.api = ApiState(runtime, model, openapi, get_logger("ctxactors.http"))
+    app.state.api = ApiState(
+        runtime, model, openapi, get_logger("ctxactors.http"), security.operators
+    )
     return app

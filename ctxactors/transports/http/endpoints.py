@@ -16,9 +16,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ctxactors.context import ToolContext, inject_context
+from ctxactors.history_store import KEY as HISTORY_KEY
 from ctxactors.results import ToolResult
 from ctxactors.servers.history import OperationRecord
-from ctxactors.transports.auth import principal_of
+from ctxactors.transports.auth import is_operator, principal_of
 from ctxactors.transports.http.reading import (
     as_header,
     header_id,
@@ -86,21 +87,31 @@ async def session_context(request: Request) -> Response:
     if "get_recent_context" not in runtime.tools:
         raise ApiError(404, "not_found", "this runtime keeps no operation history")
     principal = principal_of(request.scope)
-    if not runtime.has_session(session_id, principal=principal):
-        raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
+    if not await run_in_threadpool(_known, runtime, session_id, principal):
+        raise ApiError(404, "unknown_session", f"session {session_id!r} has no state")
     result: ToolResult = await runtime.acall("get_recent_context", arguments, principal=principal)
     if result.is_error or result.structured is None:
         raise ApiError(500, "history_failed", result.text)
     return json_response(SessionContext(session_id, **_operations(result.structured)))
 
 
+def _known(runtime: Any, session_id: str, principal: str | None) -> bool:
+    """A live actor, or a history in the store: a reaped session's history is still there
+    (peeked at in the store, so asking about an unknown session spawns nothing)."""
+    if runtime.has_session(session_id, principal=principal):
+        return True
+    store = runtime.store
+    return store is not None and store.load((principal, session_id), HISTORY_KEY) is not None
+
+
 async def end_session(request: Request) -> Response:
+    """Idempotent: 200 whether or not the caller's session had live actors, so a retry (or
+    a session whose actors were reaped, its state kept in the store) is not a 404. Only
+    the caller's principal's session is ended: the principal is part of its key."""
     api = api_state(request)
     session_id = path_id(request, "session_id")
     principal = principal_of(request.scope)
     stopped = await run_in_threadpool(api.runtime.end_session, session_id, principal=principal)
-    if stopped == 0:
-        raise ApiError(404, "unknown_session", f"session {session_id!r} has no live state")
     api.log.info("session_ended_over_http", session_id=session_id, actors=stopped)
     return json_response(SessionEnded(session_id, stopped))
 
@@ -129,7 +140,12 @@ async def query(request: Request) -> Response:
 
 
 async def stats(request: Request) -> Response:
-    return json_response(api_state(request).runtime.stats())
+    """The server-wide counters: every tenant's calls and sessions, so with authentication
+    only an operator's (`is_operator`)."""
+    api = api_state(request)
+    if not is_operator(request.scope, api.operators):
+        raise ApiError(403, "forbidden", f"{principal_of(request.scope)!r} is no operator")
+    return json_response(api.runtime.stats())
 
 
 async def healthz(request: Request) -> Response:

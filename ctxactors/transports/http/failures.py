@@ -15,6 +15,7 @@ from ctxactors.errors import (
     InvalidArgumentsError,
     RuntimeClosedError,
     ShardUnavailableError,
+    StoreUnavailableError,
     UnknownToolError,
 )
 from ctxactors.transports.http.shapes import ApiError, error_response
@@ -32,6 +33,8 @@ def from_runtime_error(exc: CtxActorsError) -> ApiError:
         return ApiError(504, "timeout", str(exc))
     if isinstance(exc, RuntimeClosedError):
         return ApiError(503, "runtime_closed", str(exc))
+    if isinstance(exc, StoreUnavailableError):  # the store kept what it held: retry later
+        return ApiError(503, "store_unavailable", str(exc))
     if isinstance(exc, ShardUnavailableError):  # retryable; the call is in doubt
         return ApiError(503, "shard_unavailable", str(exc))
     return ApiError(500, "runtime_error", str(exc))

@@ -92,8 +92,11 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
             "delete": {
                 "operationId": "end_session",
                 "summary": "End a session: stop its actors and drop its state",
+                "description": "Idempotent: 200 whether the session had live actors, only "
+                "stored state, or nothing (again); `actors_stopped` counts the live ones. "
+                "With authentication, only the caller's own session of that id is ended.",
                 "parameters": [_SESSION_PATH],
-                "responses": answers(ref["SessionEnded"], 400, 404),
+                "responses": answers(ref["SessionEnded"], 400, 503),
             }
         },
         "/api/v1/query": {
@@ -105,7 +108,13 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
                 "responses": answers(ref["QueryResponse"], 400, 413, 415, 502, 503, headers=True),
             }
         },
-        "/api/v1/stats": {"get": {"operationId": "stats", "responses": answers(stats_schema)}},
+        "/api/v1/stats": {
+            "get": {
+                "operationId": "stats",
+                "summary": "Server-wide counters; with authentication, for operators only",
+                "responses": answers(stats_schema, 403),
+            }
+        },
     }
     for spec in runtime.tools.values():
         schema = _hoist_defs(spec.input_schema, spec.name, components)
@@ -131,12 +140,14 @@ def build_openapi(runtime: Any) -> dict[str, Any]:
 
 _STATUS_TEXT = {
     400: "Malformed JSON or invalid arguments (the message names the field)",
+    403: "With authentication: the caller is no operator (serve --operator)",
     404: "Unknown tool or session",
     413: "Request body over the size limit",
     415: "A POST without Content-Type: application/json",
     502: "The chat model failed",
-    503: "The runtime is closed, the server is shutting down, no model is configured, or a "
-    "Ray shard died during the call (code shard_unavailable: retryable, the call is in doubt)",
+    503: "The runtime is closed, the server is shutting down, no model is configured, "
+    "the state store is unavailable, or a Ray shard died during the call (code "
+    "shard_unavailable: retryable, the call is in doubt)",
     504: "The tool did not answer in time",
 }
 

@@ -15,6 +15,7 @@ class ApiState:
     model: Any  # a `ctxactors.conversation.ChatModel`, or None: /api/v1/query answers 503
     openapi: bytes  # the encoded /openapi.json, built once per app
     log: Any
+    operators: frozenset[str] = frozenset()  # who may read /api/v1/stats, with auth on
 
 
 def api_state(request: Request) -> ApiState:
