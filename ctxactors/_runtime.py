@@ -265,7 +265,10 @@ class Runtime:
         if defaulted and session_fallback == DEFAULT_SESSION:
             self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
         if self._backend is not None:
-            self._backend.submit(spec, ctx, args, reply, self._host.wrappers)
+            # The call wrappers (metrics, tracing) only when there are some: a backend
+            # without them keeps the four-argument seam.
+            wrappers = (self._host.wrappers,) if self._host.wrappers else ()
+            self._backend.submit(spec, ctx, args, reply, *wrappers)
             return
         self._submit(spec, ctx, validated, args, reply, deadline=reply.deadline)
 
