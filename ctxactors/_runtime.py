@@ -120,7 +120,9 @@ class Runtime:
         self._definitions = msgspec.json.encode(definitions)
         self.call_timeout = call_timeout
         self._log = get_logger("ctxactors")
-        if scan_interval is None and clock is None:
+        if backend is not None:
+            scan_interval = None  # the shards reap their keys; a front end hosts none
+        elif scan_interval is None and clock is None:
             scan_interval = min(max(ttl / 4, 0.05), 60.0)
         self._registry = Registry(
             ttl=ttl,
@@ -267,7 +269,10 @@ class Runtime:
         if defaulted and session_fallback == DEFAULT_SESSION:
             self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
         if self._backend is not None:
-            self._backend.submit(spec, ctx, args, reply)
+            # The call wrappers (metrics, tracing) only when there are some: a backend
+            # without them keeps the four-argument seam.
+            wrappers = (self._host.wrappers,) if self._host.wrappers else ()
+            self._backend.submit(spec, ctx, args, reply, *wrappers)
             return
         self._submit(spec, ctx, validated, args, reply, reply.deadline)
 

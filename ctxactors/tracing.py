@@ -98,7 +98,9 @@ class _SpanWrapper:
         name = f"execute_tool {spec.name}"
 
         def traced(server: Server) -> ToolResult:
-            span = tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL)
+            # A call run in another process (the Ray backend) spans its round trip.
+            start = getattr(server, "started_ns", None)
+            span = tracer.start_span(name, context=parent, kind=SpanKind.INTERNAL, start_time=start)
             if span.is_recording():  # unsampled: don't build what nobody keeps
                 span.set_attributes(_attributes(spec, ctx, parent))
             token = otel_context.attach(trace.set_span_in_context(span, parent))

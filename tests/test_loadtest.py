@@ -405,3 +405,53 @@ def test_a_call_refused_before_it_was_sent_is_not_in_doubt() -> None:
     assert unit.next_call() == refused  # sent again, not read back
     unit.record(refused, Outcome({"id": "g1", "goal": "refused"}, False))  # g1: it never ran
     assert unit.violations == [] and list(unit.goals) == ["g1"]
+
+
+class InDoubt(Broken):
+    """A Ray deployment losing a shard: every 7th call that changes state runs and then its
+    answer is lost, every 11th is lost before it runs; the server says both may or may not
+    have run. (Reads are never in doubt: the Ray backend sends them again itself.)"""
+
+    def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> Outcome:
+        from ctxactors.cli.loadtest.targets import InDoubtError
+
+        if tool in ("get_planning_state", "list_playbooks", "select_playbook"):
+            return EmbeddedTarget.call(self, tool, args, ctx)
+        self.calls += 1
+        if self.calls % 11 == 0 and self.calls % 7:
+            raise InDoubtError("shard 0 became unavailable during the call")
+        outcome = EmbeddedTarget.call(self, tool, args, ctx)
+        if self.calls % 7 == 0:
+            raise InDoubtError("shard 0 became unavailable during the call")
+        return outcome
+
+
+def test_calls_a_server_says_are_in_doubt_are_checked_whole_and_pass_the_run() -> None:
+    target = InDoubt()
+    report = drive(target, "--sessions", "5", "--calls", "30", "--url", "http://ray-front-end")
+    assert report["violations"] == []
+    failed = report["errors"]["shard unavailable (in doubt)"]
+    assert failed == target.calls // 7 + target.calls // 11 - target.calls // 77
+    assert report["in_doubt_calls"] == failed
+    assert report["passed"]
+
+
+def test_shard_unavailable_is_a_503_over_rest_that_the_load_test_takes_as_in_doubt() -> None:
+    import httpx
+
+    from ctxactors.cli.loadtest.targets import InDoubtError, _from_http
+    from ctxactors.errors import ShardUnavailableError
+    from ctxactors.transports.http.failures import from_runtime_error
+
+    refused = from_runtime_error(ShardUnavailableError("shard 1 became unavailable"))
+    assert (refused.status, refused.code) == (503, "shard_unavailable")
+
+    def reply(code: str) -> httpx.Response:
+        body = {"error": {"code": code, "message": "shard 1 became unavailable"}}
+        return httpx.Response(503, json=body)
+
+    with pytest.raises(InDoubtError, match="shard 1 became unavailable"):
+        _from_http(reply("shard_unavailable"))
+    with pytest.raises(TransportError) as closed:  # a closed server ran nothing: not in doubt
+        _from_http(reply("runtime_closed"))
+    assert closed.value.kind == "HTTP 503"

@@ -1,17 +1,24 @@
 """The Ray backend on a real multi-node Ray cluster (head + two workers) and a real Redis.
 
 The core contract holds through it unchanged (isolation, spoofing, bad input refused in the
-caller, reaping on the shard); two front ends share the shards with no coordination but
-the hash; killing a worker node mid-load loses no acknowledged call; adding a shard under
-load moves only the sessions it must, and loses nothing.
+caller, reaping on the shard, metrics and tracing in the front end); two front ends share
+the shards with no coordination but the hash; killing a worker node mid-load loses no
+acknowledged call; adding or removing a shard under load moves only the sessions it must,
+and loses nothing; `ctxactors loadtest` passes against served front ends while a shard is
+added and removed, and while a worker node is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -226,6 +233,24 @@ def test_a_changing_call_whose_shard_dies_fails_as_retryable_and_in_doubt(
     assert goals(runtime, "crash-2") == ["before"]
 
 
+def test_a_changing_call_delivered_twice_to_a_shard_runs_once(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    import ray
+
+    from ctxactors.ray._shard import Duplicate
+
+    runtime, backend = front_ends()
+    (session,) = sessions_on(0, 2, 1, "twice-")
+    shard = ray.get_actor("ctxactors-shard-0", namespace=backend.namespace)
+    call = (backend.layout, "create_goal", (None, session, None, None), {"goal": "once"}, 30.0)
+    first = ray.get(shard.call.remote(*call, "id-1"))
+    assert first.structured == {"id": "g1", "goal": "once"}
+    assert ray.get(shard.call.remote(*call, "id-1")) == Duplicate()  # as a Ray retry would
+    assert goals(runtime, session) == ["once"]
+    assert ray.get(shard.call.remote(*call, "id-2")).structured == {"id": "g2", "goal": "once"}
+
+
 def test_a_front_end_keeps_no_state_so_a_store_beside_a_backend_is_refused(
     cluster: RayCluster,
 ) -> None:
@@ -251,6 +276,68 @@ def test_the_front_end_s_settings_are_the_shards_limits(
         "the goal is 17 bytes of UTF-8: the limit is 16 (CTXACTORS_MAX_TEXT_BYTES)",
     )
     assert not runtime.call("create_goal", {"goal": "x" * 16, "__sessionId": "set-1"}).is_error
+
+
+def test_a_front_end_counts_and_traces_its_calls_like_an_embedded_runtime(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from prometheus_client import CollectorRegistry
+
+    from ctxactors import metrics, tracing
+
+    runtime, _ = front_ends()
+    registry = CollectorRegistry()
+    metrics.register(runtime, registry)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.instrument(runtime, tracer_provider=provider)
+    with provider.get_tracer("host").start_as_current_span("host turn"):
+        runtime.call("create_goal", {"goal": "g", "__sessionId": "obs-1", "__assistantId": "a"})
+    runtime.call("create_goal", {"goal": "h", "__sessionId": "obs-2"})
+    refused = runtime.call("mark_todo", {"todo_id": "t9", "__sessionId": "obs-1"})
+    assert refused.is_error
+
+    def count(tool: str, outcome: str) -> float | None:
+        labels = {"tool": tool, "outcome": outcome}
+        return registry.get_sample_value("ctxactors_tool_calls_total", labels)
+
+    assert (count("create_goal", "ok"), count("mark_todo", "error")) == (2, 1)
+    assert count("create_goal", "error") is None
+    assert registry.get_sample_value("ctxactors_actors") == 3  # read from the shards
+    spans = [s for s in exporter.get_finished_spans() if s.name.startswith("execute_tool ")]
+    assert [s.name for s in spans] == [
+        "execute_tool create_goal",
+        "execute_tool create_goal",
+        "execute_tool mark_todo",
+    ]
+    first = spans[0]
+    (host,) = [s for s in exporter.get_finished_spans() if s.name == "host turn"]
+    assert first.parent is not None and first.parent.span_id == host.context.span_id
+    assert dict(first.attributes or {}) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "create_goal",
+        "gen_ai.tool.type": "function",
+        "gen_ai.conversation.id": "obs-1",
+        "ctxactors.session_id": "obs-1",
+        "ctxactors.assistant_id": "a",
+        "ctxactors.server": "planning",
+    }
+    # The span covers the round trip to the shard: it starts when the call was sent.
+    assert first.start_time is not None and first.end_time is not None
+    assert host.start_time is not None and host.start_time <= first.start_time < first.end_time
+    assert spans[2].status.status_code.name == "ERROR"
+
+
+def test_a_front_end_runs_no_reaper_thread_since_it_hosts_no_key(
+    front_ends: Callable[..., FrontEnd],
+) -> None:
+    runtime, _ = front_ends(ttl=0.2)
+    runtime.call("create_goal", {"goal": "g", "__sessionId": "noreap-1"})
+    assert [t.name for t in threading.enumerate() if t.name == "ctxactors-reaper"] == []
 
 
 # -- many sessions, two front ends, failures -------------------------------------------------
@@ -417,22 +504,59 @@ def test_adding_a_shard_under_load_moves_only_its_sessions_and_loses_nothing(
     assert by_shard[0]["spawned"] + by_shard[1]["spawned"] == len(sessions)
 
 
-# -- the command line: two `serve --backend ray` front ends, a shard added by `shards --add` --
-
-
-def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
-    cluster: RayCluster, tmp_path: Any
+def test_removing_a_shard_under_load_moves_only_its_sessions_and_loses_nothing(
+    front_ends: Callable[..., FrontEnd],
 ) -> None:
-    import json
-    import subprocess
-    import sys
+    import ray
 
+    first, backend = front_ends(shards=3)
+    second, other = front_ends(shards=3)
+    moving = sessions_on(2, 3, 6, "shrink-")
+    staying = [s for s in (f"shrink-{i}" for i in range(40)) if owner((None, s), 3) != 2][:12]
+    sessions = moving + staying
+    for session in sessions:  # every session has a live key before the shard is removed
+        first.call("get_planning_state", {"__sessionId": session})
+    removed: list[int] = []
+
+    def shrink() -> None:
+        removed.append(backend.remove_shards(1))
+
+    ledger, _ = asyncio.run(run_load([first, second], sessions, 15, 40, shrink))
+    assert removed == [2]
+    assert ledger.errors == [] and ledger.doubt == {}
+    for session in sessions:
+        assert goals(second, session) == [
+            f"{session}/{k}" for k in range(len(ledger.acked[session]))
+        ]
+    assert (backend.count, other.count) == (2, 2)  # the second learned it from the shards
+    with pytest.raises(ValueError):  # the removed shard is stopped
+        ray.get_actor("ctxactors-shard-2", namespace=backend.namespace)
+    by_shard = {s["shard"]: s for s in backend.shard_stats()}
+    assert sorted(by_shard) == [0, 1]
+    # The staying sessions stayed live where they were; only the moved ones loaded again.
+    assert by_shard[0]["moved_away"] + by_shard[1]["moved_away"] == 0
+    assert by_shard[0]["spawned"] + by_shard[1]["spawned"] == len(sessions)
+    for shard in (0, 1):
+        assert by_shard[shard]["spawned"] == sum(owner((None, s), 2) == shard for s in sessions)
+    with pytest.raises(ValueError, match="cannot remove 2 of 2 shards: at least one must stay"):
+        backend.remove_shards(2)
+
+
+# -- the command line: `serve --backend ray` front ends under `ctxactors loadtest` -------------
+
+CLI = [sys.executable, "-m", "ctxactors.cli"]
+
+
+@contextmanager
+def served_front_ends(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[list[str], list[str]]]:
+    """Two ``ctxactors serve --backend ray`` front ends on a fresh namespace: their base
+    URLs and the Ray flags of that namespace. Stops them and the shards after; no
+    traceback may be in their logs."""
     from mcp_support import free_port, serve_env, wait_until
     from served_support import SERVE, _healthy, no_traceback
 
     namespace = cluster.namespace()
     ray_flags = ["--ray-address", cluster.cluster.address, "--ray-namespace", namespace]
-    cli = [sys.executable, "-m", "ctxactors.cli"]
     bases, procs, logs = [], [], []
     try:
         for i in range(2):
@@ -451,29 +575,7 @@ def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
         for base, proc, log in zip(bases, procs, logs, strict=True):
             assert wait_until(lambda b=base, p=proc: _healthy(b) or p.poll() is not None, 90)
             assert proc.poll() is None, log.read_text()
-        loads = [
-            subprocess.Popen(
-                [*cli, "loadtest", "--url", f"{base}/mcp", "--sessions", "12", "--calls", "40"]
-                + ["--async", "--no-progress", "--json", str(tmp_path / f"load{i}.json")],
-                stdout=subprocess.DEVNULL,
-                env=serve_env(),
-            )
-            for i, base in enumerate(bases)
-        ]
-        grow = subprocess.run(
-            [*cli, "shards", "--add", "1", *ray_flags, "--store", cluster.redis.url],
-            capture_output=True,
-            text=True,
-            env=serve_env(),
-            timeout=120,
-        )
-        assert grow.returncode == 0, grow.stderr
-        assert grow.stdout.splitlines()[0] == "shards: 3"
-        assert [json.loads(line)["shard"] for line in grow.stdout.splitlines()[1:]] == [0, 1, 2]
-        for i, load in enumerate(loads):
-            assert load.wait(180) == 0
-            report = json.loads((tmp_path / f"load{i}.json").read_text())
-            assert (report["violations_count"], report["passed"]) == (0, True), report
+        yield bases, ray_flags
     finally:
         for proc in procs:
             proc.terminate()
@@ -484,6 +586,110 @@ def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added(
         ).kill_shards()
     for log in logs:
         no_traceback(log.read_text())
+
+
+def start_loads(
+    bases: list[str], tmp_path: Path, sessions: int, calls: int
+) -> list[subprocess.Popen[bytes]]:
+    """One `ctxactors loadtest` per front end: MCP at the first, REST at the second."""
+    from mcp_support import serve_env
+
+    urls = [f"{bases[0]}/mcp", bases[1]]
+    return [
+        subprocess.Popen(
+            [*CLI, "loadtest", "--url", url, "--sessions", str(sessions), "--calls", str(calls)]
+            + ["--async", "--no-progress", "--json", str(tmp_path / f"load{i}.json")],
+            stdout=(tmp_path / f"load{i}.out").open("wb"),
+            stderr=subprocess.STDOUT,
+            env=serve_env(),
+        )
+        for i, url in enumerate(urls)
+    ]
+
+
+def passed(loads: list[subprocess.Popen[bytes]], tmp_path: Path) -> list[dict[str, Any]]:
+    """Each load test's report, once each passed with 0 violations."""
+    reports = []
+    for i, load in enumerate(loads):
+        code = load.wait(300)
+        assert (tmp_path / f"load{i}.json").exists(), (tmp_path / f"load{i}.out").read_text()
+        report = json.loads((tmp_path / f"load{i}.json").read_text())
+        assert (code, report["violations_count"], report["passed"]) == (0, 0, True), report
+        reports.append(report)
+    return reports
+
+
+def shards_command(ray_flags: list[str], store: str, *change: str) -> list[str]:
+    """``ctxactors shards`` with `change`: its output lines (it must succeed)."""
+    from mcp_support import serve_env
+
+    done = subprocess.run(
+        [*CLI, "shards", *change, *ray_flags, "--store", store],
+        capture_output=True,
+        text=True,
+        env=serve_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.timeout(420)
+def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added_and_removed(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    with served_front_ends(cluster, tmp_path) as (bases, ray_flags):
+        loads = start_loads(bases, tmp_path, sessions=12, calls=40)
+        grown = shards_command(ray_flags, cluster.redis.url, "--add", "1")
+        assert grown[0] == "shards: 3"
+        assert [json.loads(line)["shard"] for line in grown[1:]] == [0, 1, 2]
+        shrunk = shards_command(ray_flags, cluster.redis.url, "--remove", "1")
+        assert shrunk[0] == "shards: 2"
+        assert [json.loads(line)["shard"] for line in shrunk[1:]] == [0, 1]
+        reports = passed(loads, tmp_path)
+        # Nothing was in doubt: a shard change refuses calls before they run, never after.
+        assert [r["in_doubt_calls"] for r in reports] == [0, 0]
+
+
+@pytest.mark.timeout(420)  # two load tests; minutes on a busy machine
+def test_two_served_front_ends_pass_the_load_test_while_a_worker_node_is_killed(
+    cluster: RayCluster, tmp_path: Path
+) -> None:
+    with served_front_ends(cluster, tmp_path) as (bases, ray_flags):
+        namespace = ray_flags[-1]
+        watcher = RayBackend(cluster.cluster.address, store=cluster.redis.url, namespace=namespace)
+        watcher.connect()
+        before = {s["shard"]: s for s in watcher.shard_stats()}
+        # `serve` places shards on any node (SPREAD): kill a worker node that holds one.
+        workers = {node.node_id: node for node in cluster.cluster.worker_nodes}
+        victim = next(i for i in (0, 1) if before[i]["node_id"] in workers)
+        node = workers[before[victim]["node_id"]]
+        loads = start_loads(bases, tmp_path, sessions=8, calls=60)
+        try:
+            # Kill once a quarter of the workload's calls were served (2 x 8 x 60 in all).
+            while sum(s["calls"] for s in watcher.shard_stats()) < 240:
+                assert all(load.poll() is None for load in loads), "the load ended first"
+                time.sleep(0.05)
+            killed = time.monotonic()
+            cluster.cluster.remove_node(node, allow_graceful=False)  # SIGKILL, no drain
+            assert all(load.poll() is None for load in loads), "the load ended before the kill"
+            # The killed node's workers die a moment after its raylet: until the shard answers
+            # from another node, it may still answer from the old one.
+            while watcher.shard_stats()[victim]["node_id"] == before[victim]["node_id"]:
+                assert time.monotonic() - killed < 60, "the shard was not restarted elsewhere"
+                time.sleep(0.05)
+            recovered_s = time.monotonic() - killed
+            reports = passed(loads, tmp_path)
+        finally:
+            watcher.close()
+            cluster.add_worker()
+    doubt = [r["in_doubt_calls"] for r in reports]
+    calls = [r["workload_calls"] for r in reports]
+    print(
+        f"\nnode kill under loadtest (MCP, REST): workload calls {calls}, in doubt {doubt}, "
+        f"errors {[r['errors'] for r in reports]}, lost 0 (0 violations), "
+        f"the shard answering on its new node {recovered_s:.1f} s after the kill"
+    )
 
 
 def test_serve_with_the_ray_backend_says_plainly_what_is_wrong_with_its_store() -> None:
@@ -500,7 +706,7 @@ def test_serve_with_the_ray_backend_says_plainly_what_is_wrong_with_its_store() 
         ),
         (
             f"redis://127.0.0.1:{free_port()}/0",
-            "--backend ray: the shard count's Redis: Error 111 connecting to",
+            "--backend ray: the shard layout's Redis: Error 111 connecting to",
         ),
     ]:
         done = subprocess.run(

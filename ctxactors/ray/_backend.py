@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterable
@@ -29,13 +30,15 @@ from ctxactors.errors import (
     RuntimeClosedError,
     ShardUnavailableError,
 )
-from ctxactors.ray._directory import Directory
+from ctxactors.ray._directory import Directory, Layout
 from ctxactors.ray._hashing import owner
-from ctxactors.ray._shard import Moved, Shard, ShardConfig
+from ctxactors.ray._observed import ObservedReply
+from ctxactors.ray._shard import Duplicate, Moved, Shard, ShardConfig
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
 from ctxactors.tools import Server, ToolSpec
 
+_START_TIMEOUT = 180.0  # seconds for the shard processes to start
 # Waits between retries of a read-only call while its shard restarts.
 _RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -97,7 +100,8 @@ class RayBackend:
         }
         self._options = dict(shard_options or {})
         self._directory = Directory(store, namespace)
-        self.count = self._directory.count(shards)
+        # The stored layout wins: `shards` only sizes a namespace that has none yet.
+        self.layout = self._directory.layout(shards)
         self._config: ShardConfig | None = None
         self._handles: dict[int, Any] = {}
         self._lock = threading.Lock()
@@ -114,12 +118,27 @@ class RayBackend:
             namespace=self.namespace,
             store=self._store,
             servers=[server_path(s) for s in servers],
-            shards=self.count,
+            shards=self.layout.count,
             **self._limits,
         )
+        import ray
+        import ray.exceptions as rex
+
         self.connect()
-        for index in range(self.count):
-            self._shard(index)
+        # Wait for the shard processes here, so that a call's timeout never has to cover a
+        # process start (seconds; more on a busy machine).
+        waiting = [self._shard(index).ping.remote() for index in range(self.layout.count)]
+        try:
+            ray.get(waiting, timeout=_START_TIMEOUT)
+        except rex.GetTimeoutError:
+            raise RuntimeError(
+                f"the {self.layout.count} shards did not start within {_START_TIMEOUT:g} s"
+            ) from None
+
+    @property
+    def count(self) -> int:
+        """The shard count this front end routes by (its layout's)."""
+        return self.layout.count
 
     def connect(self) -> None:
         """Join the Ray cluster (once per process) and start this backend's loop thread."""
@@ -135,10 +154,23 @@ class RayBackend:
         )
         self._thread.start()
 
-    def submit(self, spec: ToolSpec, ctx: ToolContext, args: dict[str, Any], reply: Any) -> None:
-        """Send a validated call to its shard; `reply.set` gets the result or the error."""
+    def submit(
+        self,
+        spec: ToolSpec,
+        ctx: ToolContext,
+        args: dict[str, Any],
+        reply: Any,
+        wrappers: tuple[Any, ...] = (),
+    ) -> None:
+        """Send a validated call to its shard; `reply.set` gets the result or the error.
+
+        Called in the caller's thread: the runtime's call `wrappers` (metrics, tracing) wrap
+        the call here and see its answer (`ObservedReply`), as they would embedded.
+        """
         if self._thread is None:
             raise RuntimeClosedError("the runtime is closed")
+        if wrappers:
+            reply = ObservedReply(reply, spec, ctx, wrappers)
         deadline = (
             getattr(reply, "deadline", None) or time.monotonic() + self._limits["call_timeout"]
         )
@@ -150,13 +182,15 @@ class RayBackend:
         self, spec: ToolSpec, ctx: ToolContext, args: dict[str, Any], deadline: float, reply: Any
     ) -> None:
         context = (ctx.principal, ctx.session_id, ctx.assistant_id, ctx.thread_id)
+        # Runs at most once however often Ray delivers it (`ctxactors.ray._claims`).
+        call_id = None if spec.read_only else secrets.token_hex(12)
         try:
             result: Any = await self._send(
                 ctx.session_key,
                 "call",
                 spec.read_only,
                 deadline,
-                lambda count, left: (count, spec.name, context, args, left),
+                lambda layout, left: (layout, spec.name, context, args, left, call_id),
             )
         except CtxActorsError as exc:
             result = exc
@@ -172,8 +206,9 @@ class RayBackend:
         deadline: float,
         make: Any,
     ) -> Any:
-        """Call `method` on the session's shard with ``make(count, seconds_left)``'s
-        arguments; follow `Moved` answers; retry a read-only call whose shard failed."""
+        """Call `method` on the session's shard with ``make(layout, seconds_left)``'s
+        arguments; follow `Moved` answers; send again a read-only call whose shard failed,
+        and any call whose shard was removed (a removed shard ran none: see `_removed`)."""
         import ray.exceptions as rex
 
         delays = iter(_RETRY_DELAYS)
@@ -181,16 +216,24 @@ class RayBackend:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise CallTimeoutError(f"{method}: no answer from the shard in time")
-            count = self.count
-            index = owner(session, count)
+            layout = self.layout
+            index = owner(session, layout.count)
             shard = self._shard(index)
             try:
                 if index in self._suspect and not read_only:
                     await self._until_alive(index, shard, deadline)
-                answer = await getattr(shard, method).remote(*make(count, left))
+                answer = await getattr(shard, method).remote(*make(layout, left))
             except (rex.RayActorError, rex.ActorUnavailableError) as exc:
+                if await self._removed(index):
+                    continue
                 if not read_only:
+                    # Ray's advice: quarantine an unavailable actor until it answers again.
+                    # A call that reached a shard process whose node is going down may still
+                    # run there for a moment: the error waits until the shard answers
+                    # (restarted, or reachable again), so a read-back after it most likely
+                    # sees the call's final outcome.
                     self._suspect.add(index)
+                    await self._until_alive(index, shard, deadline)
                     raise ShardUnavailableError(
                         f"shard {index} became unavailable during the call (Ray: "
                         f"{type(exc).__name__}); the call may or may not have been applied: "
@@ -200,9 +243,23 @@ class RayBackend:
                 await asyncio.sleep(min(next(delays, _RETRY_DELAYS[-1]), max(left, 0)))
                 continue
             if isinstance(answer, Moved):
-                self._grow_to(answer.count)
+                self._adopt(answer.layout)
                 continue
+            if isinstance(answer, Duplicate):
+                raise ShardUnavailableError(
+                    f"Ray delivered this call to shard {index} a second time after a failure "
+                    "(nothing ran now); the first delivery may or may not have been applied: "
+                    "retry it when it is safe to"
+                )
             return answer
+
+    async def _removed(self, index: int) -> bool:
+        """Whether shard `index` is gone because it was removed (`remove_shards`): then the
+        call that failed on it did not run, since a shard is stopped only after it adopted
+        a layout in which it owns nothing (refusing every call) and its last calls ended."""
+        latest = await asyncio.to_thread(self._directory.layout, self.layout.count)
+        self._adopt(latest)
+        return index >= latest.count
 
     async def _until_alive(self, index: int, shard: Any, deadline: float) -> None:
         """Wait until a shard that failed a call answers again, before sending it a call that
@@ -247,43 +304,85 @@ class RayBackend:
                 )
             return handle
 
-    def _grow_to(self, count: int) -> None:
+    def _adopt(self, layout: Layout) -> None:
+        """Route by `layout` if it is newer; forget the handles of shards it removed."""
         with self._lock:
-            self.count = max(self.count, count)
+            if layout.epoch > self.layout.epoch:
+                self.layout = layout
+                for index in [i for i in self._handles if i >= layout.count]:
+                    del self._handles[index]
 
     def add_shards(self, count: int = 1) -> int:
-        """Grow to ``count`` more shards while serving; the new shard count.
+        """Grow by `count` shards while serving; the new shard count (see `_change`)."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        return self._change(lambda current: current + count)
 
-        Order matters: the new shards are created, then every old shard adopts the new
-        count (refusing the sessions that moved, and waiting for their last calls), and
-        only then do the stored count and this front end switch. Other front ends learn it
-        from their next `Moved` answer. Moved sessions load their state on their new shard.
-        The old shards are told twice, before and after the stored count changes, so one
-        that Ray restarted in between (reading the old count) learns it too.
+    def remove_shards(self, count: int = 1) -> int:
+        """Shrink by `count` shards (the last ones) while serving; the new shard count.
+
+        Only the sessions of the removed shards move (rendezvous hashing: every other
+        session's highest-scoring shard is still there), each loading its state from the
+        store on its next call. See `_change`.
+        """
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+
+        def smaller(current: int) -> int:
+            if count >= current:
+                raise ValueError(
+                    f"cannot remove {count} of {current} shards: at least one must stay"
+                )
+            return current - count
+
+        return self._change(smaller)
+
+    def _change(self, size: Any) -> int:
+        """Change the shard count to ``size(current)`` while serving; the new count.
+
+        Order matters. The shards that lose sessions adopt the new layout first (refusing
+        the sessions that moved, and waiting for their last calls), then those that gain
+        sessions; only then does the stored layout change, and this front end with it.
+        Other front ends learn it from their next `Moved` answer (or, for a removed shard,
+        from the store). Every shard is told twice, before and after the stored layout
+        changes, so one that Ray restarted in between (reading the old layout) learns it
+        too. Removed shards are stopped last. One change at a time (a lock in Redis).
         """
         import ray
 
-        if count < 1:
-            raise ValueError(f"count must be at least 1, got {count}")
         self.connect()
-        old = max(self.count, self._directory.count(self.count))
-        new = old + count
-        if self._config is None:  # not a front end (the CLI): serve what shard 0 serves
-            try:
-                first = ray.get_actor(_name(0), namespace=self.namespace)
-            except ValueError:
-                raise ValueError(
-                    f"no shards in Ray namespace {self.namespace!r}: start a front end first"
-                ) from None
-            self._config = cast(ShardConfig, ray.get(first.config.remote()))
-        for index in range(old, new):
-            self._until(lambda i=index: self._shard(i).ping.remote())
-        for _ in range(2):
-            for index in range(old):
-                self._until(lambda i=index: self._shard(i).resize.remote(new))
-            self._directory.raise_to(new)
-        self._grow_to(new)
-        return new
+        self._load_config()
+        with self._directory.changing(self._limits["call_timeout"]):
+            old = self._directory.layout(self.layout.count)
+            new = old.next(size(old.count))
+            if new.count > old.count:  # the old shards lose sessions, the new ones gain
+                order = [*range(old.count), *range(old.count, new.count)]
+            else:  # the removed shards lose every session, the others gain
+                order = [*range(new.count, old.count), *range(new.count)]
+            shards = {i: self._shard(i) for i in order}  # creates the new ones
+            for index in order:
+                self._until(lambda i=index: shards[i].resize.remote(new))
+            self._directory.replace(old, new.count)
+            for index in order:
+                self._until(lambda i=index: shards[i].resize.remote(new))
+            self._adopt(new)
+            for index in range(new.count, old.count):
+                ray.kill(shards[index], no_restart=True)
+        return new.count
+
+    def _load_config(self) -> None:
+        """Not a front end (the CLI): create shards that serve what shard 0 serves."""
+        import ray
+
+        if self._config is not None:
+            return
+        try:
+            first = ray.get_actor(_name(0), namespace=self.namespace)
+        except ValueError:
+            raise ValueError(
+                f"no shards in Ray namespace {self.namespace!r}: start a front end first"
+            ) from None
+        self._config = cast(ShardConfig, ray.get(first.config.remote()))
 
     def _until(self, send: Any) -> Any:
         """``ray.get(send())``, sent again while the shard is restarting (within the call
@@ -315,7 +414,7 @@ class RayBackend:
                 "end_session",
                 False,
                 deadline,
-                lambda count, left: (count, principal, session_id),
+                lambda layout, left: (layout, principal, session_id),
             )
         )
         return stopped
@@ -328,7 +427,7 @@ class RayBackend:
                 "has_session",
                 True,
                 deadline,
-                lambda count, left: (count, principal, session_id),
+                lambda layout, left: (layout, principal, session_id),
             )
         )
         return live
@@ -343,7 +442,7 @@ class RayBackend:
         total: dict[str, int] = {}
         for shard in self.shard_stats():
             for name, value in shard.items():
-                if name not in ("shard", "count", "node_id", "pid", "peak_actors"):
+                if name not in ("shard", "count", "epoch", "node_id", "pid", "peak_actors"):
                     total[name] = total.get(name, 0) + int(value)
         return {**total, "shards": self.count, "retries": self.retries}
 
@@ -356,7 +455,7 @@ class RayBackend:
         """Stop every shard of the namespace (their state stays in the store)."""
         import ray
 
-        for index in range(max(self.count, self._directory.count(self.count))):
+        for index in range(max(self.count, self._directory.layout(self.count).count)):
             try:
                 ray.kill(ray.get_actor(_name(index), namespace=self.namespace), no_restart=True)
             except ValueError:  # never created

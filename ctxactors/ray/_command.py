@@ -12,13 +12,18 @@ import json
 import sys
 
 from ctxactors.ray._backend import RayBackend
+from ctxactors.ray._directory import LayoutChangedError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", required=True, metavar="ADDR", help="the Ray cluster")
     parser.add_argument("--store", required=True, metavar="redis://...", help="the shards' Redis")
     parser.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
-    parser.add_argument("--add", type=int, default=0, metavar="N", help="add N shards")
+    change = parser.add_mutually_exclusive_group()
+    change.add_argument("--add", type=int, default=0, metavar="N", help="add N shards")
+    change.add_argument(
+        "--remove", type=int, default=0, metavar="N", help="remove the last N shards"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,10 +31,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.add:
             print(f"shards: {backend.add_shards(args.add)}")
+        elif args.remove:
+            print(f"shards: {backend.remove_shards(args.remove)}")
         backend.connect()
         for shard in backend.shard_stats():
             print(json.dumps(shard, sort_keys=True))
-    except ValueError as exc:
+    except (ValueError, LayoutChangedError) as exc:
         print(f"ctxactors shards: {exc}", file=sys.stderr)
         return 2
     finally:

@@ -3,13 +3,15 @@
 The embedded runtime already does everything a key needs (one pykka actor per key, TTL
 reaping, caps, durable state with revision compare-and-set), so a shard only adds two
 things: it takes calls as plain data from front ends, and it refuses sessions it does not
-own under the current shard count (`Moved`), which is what makes growing safe:
+own under the current layout (`Moved`), which is what makes growing and shrinking safe:
 
-- every call carries the sender's shard count; a larger one than the shard's own is adopted
-  at once (and the sessions that moved away are passivated: their state is in the store);
-- a call for a session this shard does not own, or sent with an older count, is answered
-  `Moved(count)` without running, so the front end re-routes with the newer count and no
-  stale live actor ever serves a session that another shard now owns.
+- every call carries the sender's layout (epoch, shard count); a newer one than the
+  shard's own is adopted at once (and the sessions that moved away are passivated: their
+  state is in the store);
+- a call for a session this shard does not own, or sent with an older layout, is answered
+  `Moved(layout)` without running, so the front end re-routes with the newer layout and no
+  stale live actor ever serves a session that another shard now owns. A shard being
+  removed owns no session under the new layout: it refuses everything.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 import msgspec
 
 from ctxactors.context import META_KEYS, SessionKey
-from ctxactors.ray._directory import Directory
+from ctxactors.errors import StoreUnavailableError
+from ctxactors.ray._claims import Claims
+from ctxactors.ray._directory import Directory, Layout
 from ctxactors.ray._hashing import owner
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
@@ -51,7 +55,12 @@ class ShardConfig(msgspec.Struct, frozen=True):
 class Moved(msgspec.Struct, frozen=True):
     """The answer to a call for a session this shard does not own: nothing ran."""
 
-    count: int
+    layout: Layout
+
+
+class Duplicate(msgspec.Struct, frozen=True):
+    """The answer to a second delivery of a call that changes state: nothing ran now, and
+    the first delivery may have run (see `ctxactors.ray._claims`)."""
 
 
 def import_server(path: str) -> type[Any]:
@@ -80,7 +89,8 @@ class Shard:
         self.index = index
         self.shard_config = config
         self._directory = Directory(config.store, config.namespace)
-        self.count = self._directory.count(config.shards)
+        self.layout = self._directory.layout(config.shards)
+        self._claims = Claims(config.store, config.namespace, keep=4 * config.call_timeout)
         self.runtime = Runtime(
             [import_server(path) for path in config.servers],
             ttl=config.ttl,
@@ -95,24 +105,27 @@ class Shard:
         self.moved_away = 0  # sessions passivated because another shard owns them now
         self._draining: list[asyncio.Future[None]] = []
 
-    def _owns(self, session: SessionKey, count: int) -> Moved | None:
-        if count > self.count:
-            self._adopt(count)
-        if count < self.count or owner(session, self.count) != self.index:
-            return Moved(self.count)
+    def _owns(self, session: SessionKey, layout: Layout) -> Moved | None:
+        if layout.epoch > self.layout.epoch:
+            self._adopt(layout)
+        if layout.epoch < self.layout.epoch or not self._owner_of(session):
+            return Moved(self.layout)
         return None
 
-    def _adopt(self, count: int) -> None:
-        """Take a larger shard count and passivate the sessions that moved away (their state
-        is in the store: their next call loads it on their new shard).
+    def _owner_of(self, session: SessionKey) -> bool:
+        return owner(session, self.layout.count) == self.index
 
-        The count changes at once, so from now on no call for a moved session runs here;
+    def _adopt(self, layout: Layout) -> None:
+        """Take a newer layout and passivate the sessions that moved away (their state is in
+        the store: their next call loads it on their new shard).
+
+        The layout changes at once, so from now on no call for a moved session runs here;
         the calls already queued to their actors finish, in a thread, before `resize`
         answers.
         """
-        self.count = count
+        self.layout = layout
         gone = {key[1] for key in self._registry.keys()}
-        gone = {s for s in gone if owner(s, count) != self.index}
+        gone = {s for s in gone if not self._owner_of(s)}
         self.moved_away += len(gone)
         if gone:
             self._draining.append(asyncio.ensure_future(asyncio.to_thread(self._passivate, gone)))
@@ -124,22 +137,30 @@ class Shard:
 
     async def call(
         self,
-        count: int,
+        layout: Layout,
         tool: str,
         context: tuple[str | None, str, str | None, str | None],
         arguments: dict[str, Any],
         timeout: float,
-    ) -> ToolResult | Moved:
+        call_id: str | None = None,
+    ) -> ToolResult | Moved | Duplicate:
         """Run one call; `context` is ``(principal, session, assistant, thread)``.
 
         The context goes in as ``_meta`` and the principal as the transport's principal, so
         the shard's runtime reads exactly the context the front end read, and validates the
-        arguments again (a shard trusts no sender with its keys' state).
+        arguments again (a shard trusts no sender with its keys' state). A call that
+        changes state comes with a `call_id` and runs only on its first delivery.
         """
         principal, session, assistant, thread = context
-        moved = self._owns((principal, session), count)
+        moved = self._owns((principal, session), layout)
         if moved is not None:
             return moved
+        if call_id is not None:
+            try:
+                if not await self._claims.first(call_id):
+                    return Duplicate()
+            except StoreUnavailableError as exc:
+                return ToolResult.error(f"not run: {exc}")
         meta = {META_KEYS["session_id"]: session}
         if assistant is not None:
             meta[META_KEYS["assistant_id"]] = assistant
@@ -149,23 +170,25 @@ class Shard:
             tool, arguments, meta=meta, principal=principal, timeout=timeout
         )
 
-    async def end_session(self, count: int, principal: str | None, session: str) -> int | Moved:
-        moved = self._owns((principal, session), count)
+    async def end_session(self, layout: Layout, principal: str | None, session: str) -> int | Moved:
+        moved = self._owns((principal, session), layout)
         if moved is not None:
             return moved
         return await asyncio.to_thread(self.runtime.end_session, session, principal=principal)
 
-    async def has_session(self, count: int, principal: str | None, session: str) -> bool | Moved:
-        moved = self._owns((principal, session), count)
+    async def has_session(
+        self, layout: Layout, principal: str | None, session: str
+    ) -> bool | Moved:
+        moved = self._owns((principal, session), layout)
         if moved is not None:
             return moved
         return self.runtime.has_session(session, principal=principal)
 
-    async def resize(self, count: int) -> int:
-        """Adopt `count` (if larger) and wait until the sessions that moved away have
+    async def resize(self, layout: Layout) -> int:
+        """Adopt `layout` (if newer) and wait until the sessions that moved away have
         stopped, so their last saves are in the store; the sessions passivated so far."""
-        if count > self.count:
-            self._adopt(count)
+        if layout.epoch > self.layout.epoch:
+            self._adopt(layout)
         while self._draining:
             await self._draining.pop()
         return self.moved_away
@@ -179,7 +202,8 @@ class Shard:
         return {
             **self.runtime.stats(),
             "shard": self.index,
-            "count": self.count,
+            "count": self.layout.count,
+            "epoch": self.layout.epoch,
             "moved_away": self.moved_away,
             "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),

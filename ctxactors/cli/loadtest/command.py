@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ctxactors.cli import add_settings_argument
 from ctxactors.cli.loadtest.chaos import RestartedServer
 from ctxactors.cli.loadtest.options import DEFAULT_TTL, LoadOptions
-from ctxactors.cli.loadtest.targets import Target, TransportError, make_target
+from ctxactors.cli.loadtest.targets import InDoubtError, Target, TransportError, make_target
 from ctxactors.cli.loadtest.workload import Outcome, PlannedCall, PlaybookBook, Unit
 from ctxactors.context import ToolContext
 from ctxactors.logs import configure_logging
@@ -149,7 +149,8 @@ class Metrics:
 def build_workload(options: LoadOptions) -> tuple[list[Unit], list[PlaybookBook]]:
     """The units (planning keys) and playbook books of every session, deterministic by seed."""
     allow_resets = options.allow_resets
-    tolerate_doubt = options.restart_every is not None  # a call cut off by a restart
+    # A call cut off by a restart, or one a server says is in doubt (a Ray shard died).
+    tolerate_doubt = options.restart_every is not None or options.url is not None
     run_id = secrets.token_hex(2)  # fresh ids per run, so a long-lived server starts clean
     assistants = [f"a{i}" for i in range(options.assistants)]
     threads: list[str | None] = [f"t{i}" for i in range(options.threads)] or [None]
@@ -364,8 +365,12 @@ def build_report(
         "violations": violations[:100],
         # Tool error results are judged by the checker (a violation unless a reset explains
         # it); any other failure (timeout, transport) fails the run by itself.
-        "passed": not violations and all(k == "tool error result" for k in metrics.errors),
+        # A call in doubt is judged by the checker too (present whole or absent).
+        "passed": not violations and all(k in _JUDGED for k in metrics.errors),
     }
+
+
+_JUDGED = ("tool error result", InDoubtError.KIND)
 
 
 def print_report(report: dict[str, Any], out: Any = print) -> None:
@@ -402,6 +407,11 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
         )
         if report["restart_failure"]:
             out(f"  RESTART FAILED {report['restart_failure']}")
+    elif report["in_doubt_calls"]:
+        out(
+            f"  in doubt     {report['in_doubt_calls']} calls the server said may or may not"
+            " have run (each checked whole: present or absent)"
+        )
     for sample in report["error_samples"][:5]:
         out(f"  error        {sample}")
     for violation in report["violations"][:20]:

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import httpx
+from mcp.shared.exceptions import MCPError
 
 from ctxactors._runtime import Runtime
 from ctxactors.cli.loadtest.options import LoadOptions
 from ctxactors.cli.loadtest.workload import Outcome
 from ctxactors.cli.token import TOKEN_ENV, Bearer
 from ctxactors.context import META_KEYS, ToolContext, inject_context
+from ctxactors.errors import ShardUnavailableError
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings
 
@@ -29,6 +31,16 @@ class TransportError(Exception):
     def __init__(self, kind: str, detail: str) -> None:
         super().__init__(f"{kind}: {detail}")
         self.kind = kind
+
+
+class InDoubtError(TransportError):
+    """The server said the call may or may not have run and may be sent again: a Ray shard
+    died during it (`ShardUnavailableError`: REST 503 ``shard_unavailable``, MCP -32020)."""
+
+    KIND = "shard unavailable (in doubt)"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(self.KIND, detail)
 
 
 class Target(Protocol):
@@ -100,6 +112,10 @@ def _from_http(response: httpx.Response) -> Outcome:
             b.get("text", "") for b in body.get("content") or [] if isinstance(b, dict)
         )
         return Outcome(body.get("structuredContent"), bool(body.get("isError")), text)
+    error = body.get("error") if isinstance(body, dict) else None
+    if response.status_code == 503 and isinstance(error, dict):
+        if error.get("code") == "shard_unavailable":
+            raise InDoubtError(str(error.get("message"))[:200])
     raise TransportError(f"HTTP {response.status_code}", response.text[:200])
 
 
@@ -193,7 +209,12 @@ class McpTarget:
             meta[META_KEYS["assistant_id"]] = ctx.assistant_id
         if ctx.thread_id is not None:
             meta[META_KEYS["thread_id"]] = ctx.thread_id
-        result = await client.call_tool(tool, args, meta=meta)
+        try:
+            result = await client.call_tool(tool, args, meta=meta)
+        except MCPError as exc:
+            if exc.code == ShardUnavailableError.code:
+                raise InDoubtError(exc.message[:200]) from None
+            raise
         text = "\n".join(getattr(b, "text", "") for b in result.content or [])
         return Outcome(result.structured_content, bool(result.is_error), text)
 

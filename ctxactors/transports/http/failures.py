@@ -14,6 +14,7 @@ from ctxactors.errors import (
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
+    ShardUnavailableError,
     StoreUnavailableError,
     UnknownToolError,
 )
@@ -34,6 +35,8 @@ def from_runtime_error(exc: CtxActorsError) -> ApiError:
         return ApiError(503, "runtime_closed", str(exc))
     if isinstance(exc, StoreUnavailableError):  # the store kept what it held: retry later
         return ApiError(503, "store_unavailable", str(exc))
+    if isinstance(exc, ShardUnavailableError):  # retryable; the call is in doubt
+        return ApiError(503, "shard_unavailable", str(exc))
     return ApiError(500, "runtime_error", str(exc))
 
 

@@ -145,8 +145,9 @@ _STATUS_TEXT = {
     413: "Request body over the size limit",
     415: "A POST without Content-Type: application/json",
     502: "The chat model failed",
-    503: "The runtime is closed, the server is shutting down, no model is configured or "
-    "the state store is unavailable",
+    503: "The runtime is closed, the server is shutting down, no model is configured, "
+    "the state store is unavailable, or a Ray shard died during the call (code "
+    "shard_unavailable: retryable, the call is in doubt)",
     504: "The tool did not answer in time",
 }
 

@@ -1,0 +1,39 @@
+"""At most once: a call that changes state runs at most once, however often Ray delivers it.
+
+Ray promises that an actor task with ``max_task_retries=0`` is never run twice, but with a
+worker node SIGKILLed under load (`ctxactors loadtest` through served front ends), a few
+calls in flight to its shard were applied twice while their front end got one plain answer
+(an extra item in the key's state, no error anywhere). Whatever the path of the second
+delivery, the shard can refuse it: each such call carries an id chosen by its front end,
+and a shard claims the id in Redis (``SET NX``, kept for a few call timeouts) just before
+running it; a second delivery finds the claim and runs nothing, and its caller learns the
+call is in doubt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ctxactors.errors import StoreUnavailableError
+
+
+class Claims:
+    """The call ids claimed in one namespace (Redis keys that expire)."""
+
+    def __init__(self, url: str, namespace: str, keep: float) -> None:
+        import redis.asyncio
+
+        self._redis: Any = redis.asyncio.Redis.from_url(
+            url, socket_timeout=5, socket_connect_timeout=5
+        )
+        self._prefix = f"ctxactors:ray:{namespace}:call:"
+        self._keep = max(int(keep), 1)
+
+    async def first(self, call_id: str) -> bool:
+        """Claim `call_id`; False when it was claimed before (a second delivery)."""
+        import redis
+
+        try:
+            return bool(await self._redis.set(self._prefix + call_id, 1, nx=True, ex=self._keep))
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(f"the state store did not answer: {exc}") from exc
