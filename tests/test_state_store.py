@@ -282,6 +282,16 @@ class GatedStore(MemoryStore):
         return super().write(writes)
 
 
+def _writing(commit: GroupCommit, store: GatedStore) -> threading.Thread:
+    """A save by a thread named "first", held inside the store until its gate opens."""
+    first = threading.Thread(
+        target=commit.save, args=(Write(S1, ("k", "0"), b"0", 0),), name="first"
+    )
+    first.start()
+    assert store.inside.wait(30)
+    return first
+
+
 def _queued(commit: GroupCommit, n: int) -> None:
     # The queue is the one way to see a caller is waiting.
     wait_until(lambda: len(commit._queue) >= n, 30, interval=0.001)  # noqa: SLF001
@@ -298,11 +308,7 @@ def test_a_lone_save_is_written_in_its_callers_thread() -> None:
 def test_saves_queued_behind_a_write_go_together_written_by_one_of_their_callers() -> None:
     store = GatedStore()
     commit = GroupCommit(store)
-    first = threading.Thread(
-        target=commit.save, args=(Write(S1, ("k", "0"), b"0", 0),), name="first"
-    )
-    first.start()
-    assert store.inside.wait(30)
+    first = _writing(commit, store)
     callbacks: list[object] = []
     commit.submit(Write(S1, ("k", "cb"), b"cb", 0), callbacks.append)
     waiters = [
@@ -325,11 +331,7 @@ def test_saves_queued_behind_a_write_go_together_written_by_one_of_their_callers
 def test_saves_written_behind_their_callers_are_written_by_the_writer_thread() -> None:
     store = GatedStore()
     commit = GroupCommit(store)
-    first = threading.Thread(
-        target=commit.save, args=(Write(S1, ("k", "0"), b"0", 0),), name="first"
-    )
-    first.start()
-    assert store.inside.wait(30)
+    first = _writing(commit, store)
     answered: list[object] = []
     # The store is busy: each is queued with its callback, and the caller goes on at once.
     made: list[str] = []

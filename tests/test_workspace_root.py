@@ -10,12 +10,11 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
+from workspace_support import serve_refusal
 
 from ctxactors import Runtime, SandboxUnavailableError
 from ctxactors.sandbox import make_root
@@ -157,17 +156,7 @@ def test_serve_refuses_an_unsafe_root_in_one_line(parent: str) -> None:
     root = os.path.join(parent, "root")
     _mode(0o777)(parent, root)
     env = {**os.environ, "CTXACTORS_WORKSPACE_ROOT": root}
-    proc = subprocess.run(
-        [sys.executable, "-m", "ctxactors", "serve", "--transport", "stdio", "--store", "memory"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 1
-    assert "Traceback" not in proc.stderr
-    assert proc.stderr.splitlines()[-1] == (
+    assert serve_refusal(env, "--store", "memory") == (
         f"ctxactors serve: the workspace root {root} {FIX}: its mode is 777, writable by its "
         "group or others; remove it, or chmod go-w once you know nothing in it was put there "
         "by another user"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -157,3 +159,18 @@ def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[s
         if text in polled["output"] or time.monotonic() > deadline:
             return dict(polled)
         time.sleep(0.02)
+
+
+def serve_refusal(env: dict[str, str], *extra: str) -> str:
+    """`ctxactors serve --transport stdio` with `env` must refuse to start: its last line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ctxactors", "serve", "--transport", "stdio", *extra],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    return proc.stderr.splitlines()[-1]
