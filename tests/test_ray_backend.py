@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_support import SHARD_OPTIONS, TESTS_ENV, CrashOnce, RayCluster, ray_cluster
+from ray_support import SHARD_OPTIONS, SHARD_RESOURCE, TESTS_ENV, CrashOnce, RayCluster, ray_cluster
 
 from ctxactors import Runtime
 from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
@@ -556,7 +556,10 @@ def served_front_ends(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[lis
     from served_support import SERVE, _healthy, no_traceback
 
     namespace = cluster.namespace()
-    ray_flags = ["--ray-address", cluster.cluster.address, "--ray-namespace", namespace]
+    # Shards on the worker nodes only (the node-kill test needs one it can kill); the
+    # namespace last.
+    ray_flags = ["--ray-address", cluster.cluster.address, "--shard-resource", SHARD_RESOURCE]
+    ray_flags += ["--ray-namespace", namespace]
     bases, procs, logs = [], [], []
     try:
         for i in range(2):
@@ -660,9 +663,9 @@ def test_two_served_front_ends_pass_the_load_test_while_a_worker_node_is_killed(
         watcher = RayBackend(cluster.cluster.address, store=cluster.redis.url, namespace=namespace)
         watcher.connect()
         before = {s["shard"]: s for s in watcher.shard_stats()}
-        # `serve` places shards on any node (SPREAD): kill a worker node that holds one.
         workers = {node.node_id: node for node in cluster.cluster.worker_nodes}
-        victim = next(i for i in (0, 1) if before[i]["node_id"] in workers)
+        victim = 0  # every shard is on a worker node (--shard-resource)
+        assert {s["node_id"] for s in before.values()} <= workers.keys()
         node = workers[before[victim]["node_id"]]
         loads = start_loads(bases, tmp_path, sessions=8, calls=60)
         try:

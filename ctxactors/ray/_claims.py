@@ -37,3 +37,13 @@ class Claims:
             return bool(await self._redis.set(self._prefix + call_id, 1, nx=True, ex=self._keep))
         except redis.RedisError as exc:
             raise StoreUnavailableError(f"the state store did not answer: {exc}") from exc
+
+    async def release(self, call_id: str) -> None:
+        """Give back a claim whose call did not run (best effort: a claim left behind makes
+        the call's next delivery in doubt, never run twice)."""
+        import redis
+
+        try:
+            await self._redis.delete(self._prefix + call_id)
+        except redis.RedisError:
+            pass

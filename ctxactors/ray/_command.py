@@ -1,4 +1,5 @@
-"""``ctxactors shards``: grow a running Ray deployment (``--add N``) or show its shards.
+"""``ctxactors shards``: grow (``--add N``) or shrink (``--remove N``) a running Ray
+deployment, or show its shards.
 
 Growing takes effect at once for every front end: the old shards refuse the sessions that
 moved (their front ends then learn the new count), and each moved session loads its state
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from ctxactors.ray._backend import RayBackend
 from ctxactors.ray._directory import LayoutChangedError
@@ -19,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ray-address", required=True, metavar="ADDR", help="the Ray cluster")
     parser.add_argument("--store", required=True, metavar="redis://...", help="the shards' Redis")
     parser.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
+    parser.add_argument(
+        "--shard-resource",
+        metavar="NAME",
+        help="the custom Ray resource new shards need (as given to serve)",
+    )
     change = parser.add_mutually_exclusive_group()
     change.add_argument("--add", type=int, default=0, metavar="N", help="add N shards")
     change.add_argument(
@@ -26,8 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def shard_options(resource: str | None) -> dict[str, Any] | None:
+    """Ray actor options that keep shards on the nodes that offer `resource`."""
+    return None if not resource else {"resources": {resource: 1}}
+
+
 def run(args: argparse.Namespace) -> int:
-    backend = RayBackend(args.ray_address, shards=1, store=args.store, namespace=args.ray_namespace)
+    backend = RayBackend(
+        args.ray_address,
+        shards=1,
+        store=args.store,
+        namespace=args.ray_namespace,
+        shard_options=shard_options(args.shard_resource),
+    )
     try:
         if args.add:
             print(f"shards: {backend.add_shards(args.add)}")

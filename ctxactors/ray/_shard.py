@@ -161,6 +161,13 @@ class Shard:
                     return Duplicate()
             except StoreUnavailableError as exc:
                 return ToolResult.error(f"not run: {exc}")
+            # A newer layout may have come in while the claim was made (and its sessions
+            # been passivated): check again, with nothing awaited from here to the submit,
+            # and give the claim back when the call goes elsewhere.
+            moved = self._owns((principal, session), layout)
+            if moved is not None:
+                await self._claims.release(call_id)
+                return moved
         meta = {META_KEYS["session_id"]: session}
         if assistant is not None:
             meta[META_KEYS["assistant_id"]] = assistant

@@ -118,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: local)")
     ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
     ray.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
+    ray.add_argument(
+        "--shard-resource",
+        metavar="NAME",
+        help="place shards only on nodes started with this custom Ray resource "
+        "(ray start --resources '{\"NAME\": 100}'), e.g. to keep them off the head node",
+    )
 
 
 def _positive(text: str) -> int:
@@ -178,6 +184,7 @@ def _ray_runtime(
 ) -> Runtime:
     """A stateless front end: the shards keep the state, in the Redis of ``--store``."""
     from ctxactors.ray import RayBackend
+    from ctxactors.ray._command import shard_options
 
     try:
         backend = RayBackend(
@@ -189,6 +196,7 @@ def _ray_runtime(
             retention=args.retention,
             max_actors=args.max_actors,
             max_actors_per_principal=args.max_actors_per_principal,
+            shard_options=shard_options(args.shard_resource),
             settings=settings,
         )
     except (ValueError, StoreUnavailableError) as exc:
