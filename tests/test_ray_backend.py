@@ -688,12 +688,6 @@ def test_two_served_front_ends_pass_the_load_test_while_a_shard_is_added_and_rem
 
 
 @pytest.mark.timeout(420)  # two load tests; minutes on a busy machine
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug (issue 18): now and then, one planning key has one more change than its "
-    "client was acknowledged, with no error and no call in doubt (seen 3 times in about 12 "
-    "runs; the call-id claims did not stop it, so it is not Ray delivering a call twice)",
-)
 def test_two_served_front_ends_pass_the_load_test_while_a_worker_node_is_killed(
     cluster: RayCluster, tmp_path: Path
 ) -> None:
