@@ -12,13 +12,14 @@ alike. The process is pinned to one CPU (if allowed), as the other benchmarks ar
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
 import statistics
 import tempfile
 import time
+
+import msgspec
 
 from ctxactors import sandbox
 
@@ -48,8 +49,8 @@ def main() -> int:
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    sandboxed = dataclasses.replace(sandbox.SandboxSettings.from_env(), mode="bwrap")
-    plain = dataclasses.replace(sandboxed, mode="none")
+    sandboxed = msgspec.structs.replace(sandbox.SandboxSettings.from_env(), mode="bwrap")
+    plain = msgspec.structs.replace(sandboxed, mode="none")
     root = tempfile.mkdtemp(prefix="ctxactors-bench-sandbox-")
     try:
         sandbox.check(sandboxed, root)
