@@ -12,7 +12,7 @@
     ├── StoreError                      the state store could not do what was asked (-32010)
     │   ├── StaleStateError             another writer saved first: reload (-32011)
     │   └── StoreUnavailableError       the store is down, full or unreachable (-32012)
-    ├── ShardUnavailableError           a Ray shard died during the call; retryable (-32020)
+    ├── ShardUnavailableError           a Ray shard died during the call; retryable (-32013)
     ├── ContextBudgetError (ValueError)  a conversation window can't hold its minimum
     └── ModelError (RuntimeError)       the model gave no usable reply
 
@@ -146,7 +146,9 @@ class ShardUnavailableError(CtxActorsError):
     retries a read-only call itself until its timeout.
     """
 
-    code = -32020
+    # Not -32020..-32099: MCP reserves them, and the SDK client silently sends a call again
+    # when refused with -32020 (HEADER_MISMATCH), which would run an in-doubt call twice.
+    code = -32013
     retryable = True
 
 

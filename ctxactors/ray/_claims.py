@@ -1,13 +1,12 @@
 """At most once: a call that changes state runs at most once, however often Ray delivers it.
 
-Ray promises that an actor task with ``max_task_retries=0`` is never run twice, but with a
-worker node SIGKILLed under load (`ctxactors loadtest` through served front ends), a few
-calls in flight to its shard were applied twice while their front end got one plain answer
-(an extra item in the key's state, no error anywhere). Whatever the path of the second
-delivery, the shard can refuse it: each such call carries an id chosen by its front end,
-and a shard claims the id in Redis (``SET NX``, kept for a few call timeouts) just before
-running it; a second delivery finds the claim and runs nothing, and its caller learns the
-call is in doubt.
+Ray promises that an actor task with ``max_task_retries=0`` is never run twice; this makes
+it hold whatever the path of a second delivery: each such call carries an id chosen by its
+front end, and a shard claims the id in Redis (``SET NX``, kept for a few call timeouts)
+just before running it; a second delivery finds the claim and runs nothing, and its caller
+learns the call is in doubt. (The calls once seen applied twice under a node kill were
+not Ray's doing: the MCP client re-sent them, with a new id, on the error code -32020,
+which `ShardUnavailableError` no longer uses.)
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ class TransportError(Exception):
 
 class InDoubtError(TransportError):
     """The server said the call may or may not have run and may be sent again: a Ray shard
-    died during it (`ShardUnavailableError`: REST 503 ``shard_unavailable``, MCP -32020)."""
+    died during it (`ShardUnavailableError`: REST 503 ``shard_unavailable``, MCP -32013)."""
 
     KIND = "shard unavailable (in doubt)"
 
