@@ -112,19 +112,26 @@ def test_top_shows_a_loaded_server_live() -> None:
     with http_server() as (url, _proc):
         base = url.removesuffix("/mcp")
         with load(base), terminal([*TOP, "--url", base]) as socket:
-            # Live: the rate is over the last second, so it is only nonzero under load; the
-            # failing session overtakes the quiet one after its second call.
-            assert wait_until(
-                lambda: (
-                    rate(screen(socket)) > 0
-                    and sessions(screen(socket)) == ["busy-one", "failing-one", "quiet-one"]
-                ),
-                40,
-            ), screen(socket)
-            shown = screen(socket)
+            frames: list[str] = []
+
+            def complete() -> bool:
+                # Live: the rate is over the last second, so it is only nonzero under load;
+                # the failing session overtakes the quiet one after its second call. One
+                # frame is checked whole: a screen read mid-redraw can lack a table.
+                frames.append(shown := screen(socket))
+                return (
+                    rate(shown) > 0
+                    and sessions(shown) == ["busy-one", "failing-one", "quiet-one"]
+                    and ERROR_ROW.search(shown) is not None
+                )
+
+            assert wait_until(complete, 40), frames[-1]
+            shown = frames[-1]
     assert re.search(r"p50 [0-9.]+ ms +p90 [0-9.]+ ms +p99 [0-9.]+ m?s", shown), shown
     assert re.search(r"actors 3 \(peak 3\) +sessions 3 ", shown), shown
-    assert re.search(r"read_content +│ failing-one +│ content 'missing-\d+' not found", shown)
+
+
+ERROR_ROW = re.compile(r"read_content +│ failing-one +│ content 'missing-\d+' not found")
 
 
 ALICE = "alice-token-0123456789abcdef"
