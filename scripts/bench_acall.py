@@ -37,29 +37,17 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench_actors import Counter  # the same one-integer session server
+
 # Whichever ctxactors this process finds first: a worker for the baseline runs with the
 # baseline's tree ahead on PYTHONPATH (see `measure`).
 import ctxactors
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import Runtime
 from ctxactors.logs import configure_logging
 
 # main before the first change for issue 19 (merge of 'call-path'; the 'perf' branch came next).
 ISSUE_BASELINE = "e7427b3"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Counter(Server):
-    name = "counter"
-    scope = Scope.SESSION
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    @tool
-    def bump(self, ctx: ToolContext) -> dict[str, Any]:
-        """Count one."""
-        self.n += 1
-        return {"n": self.n}
 
 
 async def one_round(
