@@ -137,6 +137,7 @@ class Runtime:
             Durability(
                 store,
                 save_timeout=call_timeout,
+                flush_delay=self.settings.history.write_delay,
                 clock=self.clock,
                 live=lambda: {key.session for key in self._registry.keys()},
             )

@@ -19,7 +19,7 @@ When the store is busy writing other keys' saves, the actor does not wait for it
 queues the save with the rest of the call (the reply, the history record, the count of
 calls done) and runs its next message, and the thread that writes the batch answers the
 caller once the store has it (one thread wake-up less per call). The key's next call first
-waits for that outcome and settles it (`_settle_saving`): the new revision, or the state
+waits for that outcome and settles it (`load`): the new revision, or the state
 rolled back or reloaded, so no call ever runs on state the store did not take. A call whose
 body a wrapper times (metrics, tracing) waits for its save in the actor, as it must return
 its final result.
@@ -46,9 +46,9 @@ import msgspec
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.state import (
-    Done,
     GroupCommit,
     Outcome,
+    Pending,
     Record,
     SessionRef,
     StaleStateError,
@@ -160,12 +160,13 @@ class _Slot:
         self.saving: _Saving | None = None  # a save the actor went on without
 
 
-class _Saving:
+class _Saving(Pending):
     """A save on its way to the store while its actor runs on (`Durability.save` with
     `then`). The writing thread records the outcome, answers the caller (`then`) and only
-    then releases `settled`; the actor settles the outcome before the key's next call."""
+    then releases `settled`; the actor settles the outcome before the key's next call.
+    One object per save (it is the group commit's queue entry too): this runs per call."""
 
-    __slots__ = ("durability", "write", "result", "then", "outcome", "settled")
+    __slots__ = ("durability", "result", "then", "settled")
 
     def __init__(
         self,
@@ -174,31 +175,23 @@ class _Saving:
         result: ToolResult,
         then: Callable[[ToolResult], None],
     ) -> None:
+        super().__init__(write, None)
         self.durability = durability
-        self.write = write
         self.result = result
         self.then = then
-        self.outcome: Outcome | StoreError | TimeoutError | None = None
         self.settled = threading.Lock()
         self.settled.acquire()
 
-    @classmethod
-    def start(
-        cls,
-        durability: Durability,
-        slot: _Slot,
-        write: Write,
-        result: ToolResult,
-        then: Callable[[ToolResult], None],
-    ) -> Done:
-        """Remember the save in the key's slot; returns the callback the store answers."""
-        saving = slot.saving = cls(durability, write, result, then)
-        return saving.done
-
-    def done(self, outcome: Outcome | StoreError | TimeoutError) -> None:
+    def answer(self, outcome: Outcome | StoreError) -> None:
+        """In the writing thread, once the store has answered (only for a queued save)."""
         self.outcome = outcome
         try:
-            self.then(self.durability.answer(self.write, outcome, self.result))
+            result = self.result
+            if type(outcome) is not int:
+                result = self.durability.answer(self.write, outcome, result)
+            self.then(result)
+        except Exception as exc:  # noqa: BLE001 - one caller must not strand the batch's rest
+            self.durability._log.error("save_callback_failed", exc_info=exc)
         finally:
             self.settled.release()
 
@@ -254,7 +247,11 @@ class Durability:
             slot = _Slot(encode_state(server), key, as_parted(server))
             setattr(server, _SLOT, slot)
         elif slot.saving is not None:
-            self._settle_saving(server, slot, slot.saving)
+            saving, slot.saving = slot.saving, None
+            if not saving.settled.acquire(False):  # not answered yet (seldom): wait
+                self._wait_saving(saving)
+            assert saving.outcome is not None
+            self._settle(server, slot, saving.write, saving.outcome)
         if not slot.loaded:
             try:
                 self._load(server, slot)
@@ -277,18 +274,24 @@ class Durability:
         to its next message, whose `load` first waits for this outcome (see `_Saving`).
         """
         slot: _Slot = getattr(server, _SLOT)
-        data = encode_state(server)
-        parts = {} if slot.parted is None else slot.parted.changed_parts()
-        if data == slot.data and not parts:
-            return result
-        write = Write(slot.session, slot.key, data, slot.revision, tuple(parts.items()))
+        data = _encode(server.snapshot())
+        if slot.parted is None:
+            if data == slot.data:
+                return result
+            write = Write(slot.session, slot.key, data, slot.revision)
+        else:
+            parts = slot.parted.changed_parts()
+            if data == slot.data and not parts:
+                return result
+            write = Write(slot.session, slot.key, data, slot.revision, tuple(parts.items()))
         outcome: Outcome | StoreError | TimeoutError | None
         if then is not None:
-            outcome = self.commit.save_or_submit(
-                write, lambda: _Saving.start(self, slot, write, result, then)
-            )
-            if outcome is None:
+            saving = _Saving(self, write, result, then)
+            if not self.commit.write_or_queue(saving):
+                slot.saving = saving  # settled before the key's next call (`load`)
                 return None
+            outcome = saving.outcome
+            assert outcome is not None
         else:
             try:
                 outcome = self.commit.save(write, timeout=self.save_timeout)
@@ -351,16 +354,14 @@ class Durability:
             if isinstance(outcome, TimeoutError):
                 slot.loaded = False  # the save may yet land: read back what the store has
 
-    def _settle_saving(self, server: Server, slot: _Slot, saving: _Saving) -> None:
-        """Before the next call of a key whose last save went on without it: wait for that
-        save's outcome and settle it, so no call ever runs on state the store refused."""
-        slot.saving = None
+    def _wait_saving(self, saving: _Saving) -> None:
+        """Wait for the outcome of the key's last save, which went on without its actor
+        (`load` then settles it: no call ever runs on state the store refused)."""
         if not saving.settled.acquire(timeout=self.save_timeout):
             if self.commit.withdraw(saving.write):  # never to be written: say so here
-                saving.done(TimeoutError("the state store did not confirm the save in time"))
+                late = StoreUnavailableError("the state store did not confirm the save in time")
+                saving.answer(late)
             saving.settled.acquire()  # being written: the store's own timeouts bound it
-        assert saving.outcome is not None
-        self._settle(server, slot, saving.write, saving.outcome)
 
     @staticmethod
     def _roll_back(server: Server, slot: _Slot) -> None:

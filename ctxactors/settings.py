@@ -328,6 +328,11 @@ class HistorySettings(Group, frozen=True):
 
     max_operations: Annotated[Count, var("CTXACTORS_HISTORY_MAX_OPERATIONS")] = 50
     ttl: Annotated[Seconds, var("CTXACTORS_HISTORY_TTL")] = 3600.0
+    # With a store: how long a new record waits before the session's history is written
+    # (with every record added meanwhile). A crash loses at most this much history, never a
+    # key's state; a busy session writes once per delay, and records that the bound pushes
+    # out meanwhile are never written at all.
+    write_delay: Annotated[Seconds, var("CTXACTORS_HISTORY_WRITE_DELAY")] = 1.0
 
 
 class WorkspaceSettings(Group, frozen=True):

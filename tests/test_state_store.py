@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ from ctxactors.state import (
     GroupCommit,
     MemoryStore,
     Outcome,
+    Pending,
     Record,
     RedisStore,
     SQLiteStore,
@@ -334,15 +335,9 @@ def test_saves_written_behind_their_callers_are_written_by_the_writer_thread() -
     first = _writing(commit, store)
     answered: list[object] = []
     # The store is busy: each is queued with its callback, and the caller goes on at once.
-    made: list[str] = []
-    for n in ("a", "b"):
-
-        def later(n: str = n) -> Callable[[object], None]:
-            made.append(n)
-            return answered.append
-
-        assert commit.save_or_submit(Write(S1, ("k", n), n.encode(), 0), later) is None
-    assert made == ["a", "b"]
+    queued = [Pending(Write(S1, ("k", n), n.encode(), 0), answered.append) for n in "ab"]
+    assert [commit.write_or_queue(p) for p in queued] == [False, False]
+    assert answered == [] and [p.outcome for p in queued] == [None, None]
     store.gate.set()
     first.join(30)
     wait_until(lambda: len(answered) == 2, 30, interval=0.001)
@@ -352,11 +347,15 @@ def test_saves_written_behind_their_callers_are_written_by_the_writer_thread() -
     assert answered == [1, 1]
     # Idle again: the next save is written at once, in its caller's thread, no callback.
     never: list[object] = []
-    assert commit.save_or_submit(Write(S1, ("k", "c"), b"c", 0), lambda: never.append) == 1
+    now = Pending(Write(S1, ("k", "c"), b"c", 0), never.append)
+    assert commit.write_or_queue(now) is True and now.outcome == 1
     assert store.batches[-1] == (1, threading.current_thread().name) and never == []
+    # Written by its caller, it is not left in a cycle with its batch (the GC's work).
+    assert now.batch is None
     commit.close()
-    refused = commit.save_or_submit(Write(S1, ("k", "d"), b"d", 0), lambda: never.append)
-    assert isinstance(refused, StoreUnavailableError) and "closed" in str(refused)
+    refused = Pending(Write(S1, ("k", "d"), b"d", 0), never.append)
+    assert commit.write_or_queue(refused) is True and never == []
+    assert isinstance(refused.outcome, StoreUnavailableError) and "closed" in str(refused.outcome)
 
 
 def test_a_save_that_times_out_while_queued_is_never_written() -> None:

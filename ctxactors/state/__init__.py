@@ -18,7 +18,7 @@ from ctxactors.state._base import (
     Write,
     encode_ref,
 )
-from ctxactors.state._commit import Done, GroupCommit
+from ctxactors.state._commit import Done, GroupCommit, Pending
 from ctxactors.state._memory import MemoryStore
 from ctxactors.state._open import default_data_dir, open_store
 from ctxactors.state._redis import RedisStore
@@ -30,6 +30,7 @@ __all__ = [
     "MemoryStore",
     "Outcome",
     "Part",
+    "Pending",
     "Record",
     "RedisStore",
     "SQLiteStore",

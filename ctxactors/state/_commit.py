@@ -11,9 +11,9 @@ one transaction (SQLite) or one pipeline (Redis), each answered with its own out
   now queue their saves and join its transaction (on one CPU, batches of 20-30 instead
   of 2-3);
 - after its batch, the leader hands what queued to a caller that waits (`save`: it writes
-  the next batch itself) or, when only callbacks wait (`submit`, `save_or_submit`: saves
+  the next batch itself) or, when only callbacks wait (`submit`, `write_or_queue`: saves
   whose callers went on), to the writer thread, which writes until nothing waits;
-- a save with a callback never waits: `save_or_submit` writes at once when the store is
+- a save with a callback never waits: `write_or_queue` writes at once when the store is
   idle, else queues and calls back from the writing thread (how a key actor goes on to its
   next message while its save waits, see `ctxactors.durable`).
 
@@ -40,8 +40,9 @@ _yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 Done = Callable[[Outcome | StoreError], None]
 
 
-class _Pending:
-    """One queued save: a blocked caller (`wake` unlocks it) or a callback."""
+class Pending:
+    """One save on its way: a blocked caller (`wake` unlocks it) or a callback (`done`,
+    or a subclass's own `answer`)."""
 
     __slots__ = ("write", "done", "wake", "outcome", "batch")
 
@@ -50,7 +51,7 @@ class _Pending:
         self.done = done
         self.wake: threading.Lock | None = None  # made only when the caller must wait
         self.outcome: Outcome | StoreError | None = None
-        self.batch: list[_Pending] | None = None  # set when handed the lead
+        self.batch: list[Pending] | None = None  # set when handed the lead
 
     def answer(self, outcome: Outcome | StoreError) -> None:
         if self.done is not None:
@@ -74,7 +75,7 @@ class GroupCommit:
         self.saves = 0
         self._last = 0
         self._lock = threading.Lock()
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[Pending] = deque()
         self._writing = False
         # Told (in the writing thread) each batch's seconds and outcomes: the store metrics.
         self.on_write: Callable[[float, Sequence[Outcome | StoreError]], None] | None = None
@@ -88,26 +89,29 @@ class GroupCommit:
 
     def submit(self, write: Write, done: Done) -> None:
         """Save, and call `done` with the outcome once written (maybe in this thread)."""
-        pending = _Pending(write, done)
+        pending = Pending(write, done)
         if self._enqueue(pending):
             self._lead([pending])
 
-    def save_or_submit(
-        self, write: Write, later: Callable[[], Done]
-    ) -> Outcome | StoreError | None:
-        """Write now, in this thread, when the store is idle, and return the outcome; else
-        queue the save with the callback `later()` makes (only then) and return None."""
-        pending = _Pending(write, None)
+    def write_or_queue(self, pending: Pending) -> bool:
+        """Write `pending` now, in this thread, when the store is idle: True, and its
+        `outcome` is set (nothing is called back). Else queue it and return False: the
+        writing thread calls its `answer` once the store has answered, so `pending` must be
+        ready for that before this call (its `done`, or a subclass's `answer`, as
+        `ctxactors.durable` makes)."""
         with self._lock:
             if self._closed:
-                return StoreUnavailableError("the state store is closed")
+                pending.outcome = StoreUnavailableError("the state store is closed")
+                return True
             if self._writing:
-                pending.done = later()
                 self._queue.append(pending)
-                return None
+                return False
             self._writing = True
-        self._lead([pending])
-        return pending.outcome
+        batch = [pending]
+        pending.batch = batch  # the leader: its outcome is set, it is not answered
+        self._lead(batch)
+        pending.batch = None  # a cycle (it is in the batch) for the GC to find otherwise
+        return True
 
     def withdraw(self, write: Write) -> bool:
         """Take a save that still waits its turn back out of the queue (it is then never
@@ -126,7 +130,7 @@ class GroupCommit:
         when `timeout` passes while the save still waits its turn (it is then never
         written). A write under way is not interrupted: the store's own timeouts bound it.
         """
-        pending = _Pending(write, None)
+        pending = Pending(write, None)
         if self._enqueue(pending):
             self._lead([pending])
         elif pending.wake is not None:  # queued (else refused: answered already)
@@ -139,13 +143,14 @@ class GroupCommit:
                 pending.wake.acquire()  # handed the lead or answered meanwhile: it's quick
             if pending.batch is not None:
                 self._lead(pending.batch)
+                pending.batch = None  # see `write_or_queue`
         outcome = pending.outcome
         if isinstance(outcome, BaseException):
             raise outcome
         assert outcome is not None
         return outcome
 
-    def _enqueue(self, pending: _Pending) -> bool:
+    def _enqueue(self, pending: Pending) -> bool:
         """Queue `pending`, or return True when the store is idle: the caller writes now."""
         with self._lock:
             if self._closed:
@@ -162,7 +167,7 @@ class GroupCommit:
         pending.answer(refused)
         return False
 
-    def _lead(self, batch: list[_Pending]) -> None:
+    def _lead(self, batch: list[Pending]) -> None:
         """Write `batch` (with what queues meanwhile), then hand what waits on: to a caller
         that waits (it writes its batch itself), else to the writer thread."""
         self._gather(batch)
@@ -172,7 +177,7 @@ class GroupCommit:
                 return
             count = min(len(self._queue), self.max_batch)
             batch = [self._queue.popleft() for _ in range(count)]
-            heir = next((p for p in batch if p.done is None), None)
+            heir = next((p for p in batch if p.wake is not None), None)
             if heir is not None:
                 heir.batch = batch
             else:
@@ -183,7 +188,7 @@ class GroupCommit:
         else:
             self._hand_to_writer()
 
-    def _gather(self, batch: list[_Pending]) -> None:
+    def _gather(self, batch: list[Pending]) -> None:
         """Add what queued to `batch`, after letting the calls finishing now queue theirs.
 
         Only under load (saves queued now, or the last batch held more than one): then a
@@ -222,14 +227,14 @@ class GroupCommit:
             if self._stopped:
                 return
             while True:
-                batch: list[_Pending] = []
+                batch: list[Pending] = []
                 self._gather(batch)
                 self._write(batch)
                 with self._lock:
                     if self._done_writing():
                         break
 
-    def _write(self, batch: list[_Pending]) -> None:
+    def _write(self, batch: list[Pending]) -> None:
         outcomes: list[Outcome | StoreError]
         started = time.perf_counter()
         try:
