@@ -75,7 +75,7 @@ class SQLiteStore:
         self._clock = clock
         self._lock = threading.Lock()
         # session -> when this store last touched it: see `_refresh`.
-        self._touched: dict[str, float] = {}
+        self._touched: dict[SessionRef, float] = {}
         self._touch_every = retention / 100
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
@@ -92,7 +92,7 @@ class SQLiteStore:
         with self._lock:
             now = self._clock()
             with self._transaction():
-                touched = self._refresh([sid], now)
+                touched = self._refresh([session], now)
                 kid = encode_ref(key)
                 row = self._db.execute(
                     "SELECT revision, data FROM state WHERE session = ? AND key = ?", (sid, kid)
@@ -106,6 +106,7 @@ class SQLiteStore:
         return Record(row[0], bytes(row[1]), {name: bytes(data) for name, data in parts})
 
     def touch(self, sessions: Iterable[SessionRef]) -> None:
+        sessions = list(sessions)
         sids = [encode_ref(s) for s in sessions]
         if not sids:
             return
@@ -115,13 +116,13 @@ class SQLiteStore:
                 self._db.executemany(
                     "UPDATE sessions SET touched = ? WHERE session = ?", [(now, s) for s in sids]
                 )
-            self._touched.update((s, now) for s in sids)
+            self._touched.update((s, now) for s in sessions)
 
     def write(self, writes: Sequence[Write]) -> list[Outcome]:
         with self._lock:
             now = self._clock()
             with self._transaction():
-                touched = self._refresh({encode_ref(w.session) for w in writes}, now)
+                touched = self._refresh({w.session for w in writes}, now)
                 outcomes = self._updated(writes)
                 if outcomes is None:
                     outcomes = [self._apply(w) for w in writes]
@@ -132,13 +133,18 @@ class SQLiteStore:
         """A batch of plain updates (a save of a key that exists, no parts: the common case
         under load) in one statement, or None when the batch needs `_apply` write by write:
         another kind of write is in it, or a compare-and-set failed (undone here)."""
-        if len(writes) < 2 or any(w.expected == 0 or w.data is None or w.parts for w in writes):
+        if len(writes) < 2:
             return None
+        rows = []
+        for w in writes:  # one pass: this runs for every save under load
+            if w.expected == 0 or w.data is None or w.parts:
+                return None
+            rows.append((w.data, encode_ref(w.session), encode_ref(w.key), w.expected))
         self._db.execute("SAVEPOINT updates")
         cur = self._db.executemany(
             "UPDATE state SET revision = revision + 1, data = ?"
             " WHERE session = ? AND key = ? AND revision = ?",
-            [(w.data, encode_ref(w.session), encode_ref(w.key), w.expected) for w in writes],
+            rows,
         )
         # Each statement matches at most one row (the primary key): all of them matched,
         # or some key's revision moved and each write must learn its own outcome.
@@ -149,7 +155,7 @@ class SQLiteStore:
         self._db.execute("RELEASE updates")
         return None
 
-    def _refresh(self, sids: Iterable[str], now: float) -> dict[str, float]:
+    def _refresh(self, sessions: Iterable[SessionRef], now: float) -> dict[SessionRef, float]:
         """Expire and touch the sessions not touched by this store in the last 1% of the
         retention (lock held, in a transaction); returns those it touched.
 
@@ -157,12 +163,13 @@ class SQLiteStore:
         session's retention may now start up to 1% of it early, which is harmless.
         """
         touched = {}
-        for sid in sids:
-            last = self._touched.get(sid)
+        for session in sessions:
+            last = self._touched.get(session)
             if last is None or now - last >= self._touch_every:
+                sid = encode_ref(session)
                 self._expire_if_old(sid, now)
                 self._touch(sid)
-                touched[sid] = now
+                touched[session] = now
         return touched
 
     def _apply(self, w: Write) -> Outcome:
@@ -214,7 +221,7 @@ class SQLiteStore:
     def delete_session(self, session: SessionRef) -> int:
         sid = encode_ref(session)
         with self._lock, self._transaction():
-            self._touched.pop(sid, None)
+            self._touched.pop(session, None)
             self._forget(sid)
             return self._db.execute("DELETE FROM state WHERE session = ?", (sid,)).rowcount
 
