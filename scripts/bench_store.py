@@ -16,7 +16,8 @@ Every configuration runs `--rounds` times (3), the rounds taken in turn (no stor
 Redis, again), and the run of median throughput is reported: the machine is shared, and a
 short run's figures move with the scheduler's turns.
 
-    python scripts/bench_store.py [--calls 2000] [--sessions 32] [--rounds 3] [--json out.json]
+    python scripts/bench_store.py [--calls 10000] [--single-calls 2000] [--sessions 32]
+        [--rounds 3] [--json out.json]
 """
 
 from __future__ import annotations
@@ -212,7 +213,15 @@ def content_restart(directory: Path, documents: int = 1000) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=2000, help="measured calls per run")
+    parser.add_argument(
+        "--calls", type=int, default=10_000, help="measured calls per run of the sessions"
+    )
+    parser.add_argument(
+        "--single-calls",
+        type=int,
+        default=2000,
+        help="measured calls per single-stream run (Redis fsyncs every one of them)",
+    )
     parser.add_argument("--sessions", type=int, default=32, help="concurrent sessions")
     parser.add_argument("--stored", type=int, default=10_000, help="sessions for the restart")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
@@ -235,7 +244,8 @@ def main() -> int:
                 for sessions in (1, args.sessions):
                     store = make()
                     with Runtime([Planning], store=store, max_actors=10_000) as rt:
-                        run = measure(rt, f"{label}{round_}", sessions, args.calls)
+                        calls = args.single_calls if sessions == 1 else args.calls
+                        run = measure(rt, f"{label}{round_}", sessions, calls)
                     runs.setdefault((label, sessions), []).append({**run, "store": label})
                     if store is not None:
                         store.close()
