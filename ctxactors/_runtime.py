@@ -165,10 +165,16 @@ class Runtime:
         }
         if self._durable is not None:  # retention counts from a session's last use
             durable = self._durable
+            # A save restarts its session's retention in the store (and `Durability.save`
+            # tells a save that wrote nothing): only the other calls are told here.
+            saves = {spec for spec, route in self._routes.items() if route[1] and not route[0]}
+
+            def used(ctx: ToolContext, spec: ToolSpec, args: Any, result: Any) -> None:
+                if spec not in saves:
+                    durable.used(ctx.session_key)
+
             # Before the reply (a dict lookup), so a flush after a call sees its use.
-            self.add_observer(
-                lambda ctx, spec, args, result: durable.used(ctx.session_key), before_reply=True
-            )
+            self.add_observer(used, before_reply=True)
         _trace_if_enabled(self)  # only with a tracer provider installed: no cost
         try:
             for server in self._servers if backend is None else ():

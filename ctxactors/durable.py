@@ -277,11 +277,13 @@ class Durability:
         data = _encode(server.snapshot())
         if slot.parted is None:
             if data == slot.data:
+                self.used(slot.session)  # no save to restart the session's retention
                 return result
             write = Write(slot.session, slot.key, data, slot.revision)
         else:
             parts = slot.parted.changed_parts()
             if data == slot.data and not parts:
+                self.used(slot.session)
                 return result
             write = Write(slot.session, slot.key, data, slot.revision, tuple(parts.items()))
         outcome: Outcome | StoreError | TimeoutError | None
