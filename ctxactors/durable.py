@@ -163,10 +163,11 @@ class _Slot:
 class _Saving(Pending):
     """A save on its way to the store while its actor runs on (`Durability.save` with
     `then`). The writing thread records the outcome, answers the caller (`then`) and only
-    then releases `settled`; the actor settles the outcome before the key's next call.
-    One object per save (it is the group commit's queue entry too): this runs per call."""
+    then marks it `settled`; the actor settles the outcome before the key's next call.
+    One object per save (it is the group commit's queue entry too): this runs per call, so
+    a lock is made only when the next call must wait (`wait`)."""
 
-    __slots__ = ("durability", "result", "then", "settled")
+    __slots__ = ("durability", "result", "then", "settled", "_waiter")
 
     def __init__(
         self,
@@ -179,8 +180,8 @@ class _Saving(Pending):
         self.durability = durability
         self.result = result
         self.then = then
-        self.settled = threading.Lock()
-        self.settled.acquire()
+        self.settled = False
+        self._waiter: threading.Lock | None = None
 
     def answer(self, outcome: Outcome | StoreError) -> None:
         """In the writing thread, once the store has answered (only for a queued save)."""
@@ -193,7 +194,21 @@ class _Saving(Pending):
         except Exception as exc:  # noqa: BLE001 - one caller must not strand the batch's rest
             self.durability._log.error("save_callback_failed", exc_info=exc)
         finally:
-            self.settled.release()
+            # In this order, against `wait`'s: one of the two sees the other's write (the
+            # GIL orders them), so a waiter is either released here or never waits.
+            self.settled = True
+            waiter = self._waiter
+            if waiter is not None:
+                waiter.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        """In the actor: wait until `settled` (False when `timeout` passed first)."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        self._waiter = waiter
+        if self.settled:
+            return True
+        return waiter.acquire(True, -1 if timeout is None else timeout)
 
 
 class Durability:
@@ -248,7 +263,7 @@ class Durability:
             setattr(server, _SLOT, slot)
         elif slot.saving is not None:
             saving, slot.saving = slot.saving, None
-            if not saving.settled.acquire(False):  # not answered yet (seldom): wait
+            if not saving.settled:  # not answered yet (seldom): wait
                 self._wait_saving(saving)
             assert saving.outcome is not None
             self._settle(server, slot, saving.write, saving.outcome)
@@ -359,11 +374,12 @@ class Durability:
     def _wait_saving(self, saving: _Saving) -> None:
         """Wait for the outcome of the key's last save, which went on without its actor
         (`load` then settles it: no call ever runs on state the store refused)."""
-        if not saving.settled.acquire(timeout=self.save_timeout):
-            if self.commit.withdraw(saving.write):  # never to be written: say so here
-                late = StoreUnavailableError("the state store did not confirm the save in time")
-                saving.answer(late)
-            saving.settled.acquire()  # being written: the store's own timeouts bound it
+        if saving.wait(self.save_timeout):
+            return
+        if self.commit.withdraw(saving.write):  # never to be written: say so here
+            saving.answer(StoreUnavailableError("the state store did not confirm the save in time"))
+        else:
+            saving.wait(None)  # being written: the store's own timeouts bound it
 
     @staticmethod
     def _roll_back(server: Server, slot: _Slot) -> None:
