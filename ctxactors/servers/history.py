@@ -50,7 +50,7 @@ import msgspec
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
-from ctxactors.history_store import HistorySaver, wall_to_clock
+from ctxactors.history_store import HistorySaver, encode_record, wall_to_clock
 from ctxactors.logs import get_logger
 from ctxactors.results import JSONText, ToolResult
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
@@ -113,9 +113,10 @@ def runtime_config(runtime: Any) -> HistoryConfig:
 
 
 # (config clock for the TTL, wall clock, the tool's scope, the operation without its
-# timestamp): the timestamp is formatted when read, as most records never are; the scope
-# decides who may read it.
-_Record = tuple[float, float, Scope, OperationRecord]
+# timestamp, and with a store its encoding): the timestamp is formatted when read, as most
+# records never are; the scope decides who may read it; the encoding is made once, when the
+# call is recorded, and written as is by every write of the history that holds it.
+_Record = tuple[float, float, Scope, OperationRecord, msgspec.Raw | None]
 
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
@@ -154,14 +155,19 @@ class SessionHistory:
         # Records, or calls still to be made into their records (`record`).
         self._ops: deque[_Record | _Pending] = deque(maxlen=config.max_operations)
         self._saver = saver  # with a state store: the history is kept there too
+        if saver is not None:
+            saver.bind(self._lock, self._encodings)
 
     def add(self, record: _Record) -> None:
+        saver = self._saver
         with self._lock:
-            if self._saver is not None:
-                self._merge_stored(self._saver)
+            if saver is not None and not saver.loaded:
+                self._merge_stored(saver)  # first use, or after a failed write
             self._ops.append(record)
-            if self._saver is not None:
-                self._saver.save(self._stored)
+            tell = saver is not None and saver.changed()
+        if tell:
+            assert saver is not None
+            saver.defer()
 
     def record(self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: Any) -> None:
         """Add one call. The common call (flat and small arguments, a short result, no
@@ -217,46 +223,65 @@ class SessionHistory:
             assistant_id=ctx.assistant_id,
             thread_id=ctx.thread_id,
         )
-        self.add((now, wall, spec.server.scope, op))
+        scope = spec.server.scope
+        # Stored with its scope (msgspec writes a Scope as its value, `.value` costs ~0.2 us)
+        encoded = None if self._saver is None else encode_record(wall, (scope, op))
+        self.add((now, wall, scope, op, encoded))
 
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
         ops = self._ops
         for i, record in enumerate(ops):
-            if len(record) != 4:
-                ops[i] = (record[0], record[1], record[2], _finish(cast(_Pending, record)))
+            if len(record) != 5:
+                done = _finish(cast(_Pending, record))
+                ops[i] = (record[0], record[1], record[2], done, None)
         return cast(list[_Record], list(ops))
 
-    def _stored(self) -> list[tuple[float, Any]]:
-        """The records as the store keeps them: the scope beside the operation, since it
-        decides who may read it."""
-        with self._lock:  # msgspec writes a Scope as its value (`.value` costs ~0.2 us)
-            return [(wall, [scope, op]) for _, wall, scope, op in self._finished()]
+    def _expire(self) -> None:
+        """Drop the records past the TTL (lock held)."""
+        cutoff = self.config.clock() - self.config.ttl
+        while self._ops and self._ops[0][0] <= cutoff:
+            self._ops.popleft()
 
-    def _merge_stored(self, saver: HistorySaver) -> None:
+    def _encodings(self) -> list[msgspec.Raw]:
+        """The records as the store keeps them, each encoded when it was recorded (lock
+        held; with a saver every record is a finished one with its encoding)."""
+        self._expire()
+        return [cast(msgspec.Raw, record[4]) for record in self._ops]
+
+    def _merge_stored(self, saver: HistorySaver) -> bool:
         """Take in what the store holds (once, or again after a failed write); records
-        kept here that are newer than the stored ones stay after them (lock held)."""
+        kept here that are newer than the stored ones stay after them (lock held). True
+        when some of those stayed: the store lacks them."""
         stored = saver.load()
         if stored is None:
-            return
+            return False
         now = self.config.clock()
         newest = stored[-1][0] if stored else float("-inf")
         ours = [r for r in self._ops if r[1] > newest]
         self._ops.clear()
-        for wall, (scope, op) in stored:
+        for wall, (scope, op), raw in stored:
             record = msgspec.convert(op, OperationRecord)
-            self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record))
+            self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record, raw))
         self._ops.extend(ours)
+        return bool(ours)
 
     def current(self) -> list[_Record]:
         """The records within the TTL, oldest first (expired ones are dropped)."""
+        saver = self._saver
         with self._lock:
-            if self._saver is not None:
-                self._merge_stored(self._saver)
-            cutoff = self.config.clock() - self.config.ttl
-            while self._ops and self._ops[0][0] <= cutoff:
-                self._ops.popleft()
-            return self._finished()
+            tell = (
+                saver is not None
+                and not saver.loaded
+                and self._merge_stored(saver)
+                and saver.changed()
+            )
+            self._expire()
+            records = self._finished()
+        if tell:
+            assert saver is not None
+            saver.defer()
+        return records
 
 
 class History(Server):
@@ -292,7 +317,7 @@ class History(Server):
         found: list[OperationRecord] = []
         history = self._histories(ctx.session_key)
         records = history.current() if history is not None else []
-        for _, wall, scope, op in reversed(records):
+        for _, wall, scope, op, _ in reversed(records):
             if len(found) >= limit:
                 break
             if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
