@@ -31,28 +31,55 @@ import msgspec
 
 from ctxactors.durable import Durability
 from ctxactors.state import SessionRef, StoreError, Write
+from ctxactors.tools import Scope
 
 KEY = ("history",)
 
 
 class Stored(msgspec.Struct, array_like=True):
-    """One stored record: its wall-clock time and the operation (as `OperationRecord` encodes,
-    beside the tool's scope)."""
+    """One stored record: its wall-clock time and ``[scope, operation]`` (as
+    `OperationRecord` encodes). The only kind before `StoredCall`, so still read."""
 
     wall: float
     op: Any
 
 
+class StoredCall(msgspec.Struct, array_like=True):
+    """One stored call, as the history keeps a common call in memory (`_Pending`): its
+    record (metadata and all) is made when the history is read, not on the call's path.
+    `text` is the result's text (its JSON when `structured`), empty when the metadata
+    can't need it (a plain text result that is no error)."""
+
+    wall: float
+    scope: Scope
+    tool: str
+    arguments: dict[str, Any]
+    text: str
+    is_error: bool
+    structured: bool
+    assistant_id: str | None
+    thread_id: str | None
+
+
 _encode = msgspec.msgpack.Encoder().encode
-# The stored history is a msgpack array of `Stored`: read as each record's own bytes
-# (`Raw`), so a reloaded record is not encoded again on the next write.
+# The stored history is a msgpack array of `Stored` and `StoredCall` (told apart by their
+# length): read as each record's own bytes (`Raw`), so a reloaded record is not encoded
+# again on the next write.
 _decode_history = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
-_decode_record = msgspec.msgpack.Decoder(Stored).decode
+_decode_any = msgspec.msgpack.Decoder(list[Any]).decode
 
 
-def encode_record(wall: float, op: Any) -> msgspec.Raw:
+def encode(item: Stored | StoredCall) -> msgspec.Raw:
     """A record as the store keeps it: encoded once, written as is by every later write."""
-    return msgspec.Raw(_encode(Stored(wall, op)))
+    return msgspec.Raw(_encode(item))
+
+
+def decode(raw: msgspec.Raw) -> Stored | StoredCall:
+    """One stored record (raises `msgspec.ValidationError` if it is neither kind)."""
+    fields = _decode_any(raw)
+    if len(fields) == 2:
+        return msgspec.convert(fields, Stored)
+    return msgspec.convert(fields, StoredCall)
 
 
 class HistorySaver:
@@ -86,9 +113,9 @@ class HistorySaver:
         self._lock = lock
         self._encodings = encodings
 
-    def load(self) -> list[tuple[float, Any, msgspec.Raw]] | None:
-        """(lock held) What the store holds: each record's wall time, operation and
-        encoding, oldest first; None when the store can't be read now (read it next time)."""
+    def load(self) -> list[tuple[Stored | StoredCall, msgspec.Raw]] | None:
+        """(lock held) What the store holds: each record and its encoding, oldest first;
+        None when the store can't be read now (read it next time)."""
         previous, self._previous = self._previous, None
         if previous is not None:
             previous.drain(self._durable.save_timeout)
@@ -100,11 +127,7 @@ class HistorySaver:
         self._next = 0 if record is None else record.revision
         if record is None:
             return []
-        found = []
-        for raw in _decode_history(record.data):
-            stored = _decode_record(raw)
-            found.append((stored.wall, stored.op, raw))
-        return found
+        return [(decode(raw), raw) for raw in _decode_history(record.data)]
 
     def changed(self) -> bool:
         """(lock held) Records were added: True when the caller must `defer` (after

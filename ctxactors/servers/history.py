@@ -43,14 +43,14 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, cast
 
 import msgspec
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
-from ctxactors.history_store import HistorySaver, encode_record, wall_to_clock
+from ctxactors.history_store import HistorySaver, Stored, StoredCall, encode, wall_to_clock
 from ctxactors.logs import get_logger
 from ctxactors.results import JSONText, ToolResult
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
@@ -131,8 +131,10 @@ def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | 
 
         return lambda session: registry.session_state(session, "history", new)
 
+    tools: Mapping[str, ToolSpec] = runtime.tools  # a stored call's extractor, when read
+
     def stored(session: SessionKey) -> SessionHistory:
-        return SessionHistory(config, HistorySaver(durable, session))
+        return SessionHistory(config, HistorySaver(durable, session), tools)
 
     return lambda session: registry.session_state(session, "history", lambda: stored(session))
 
@@ -149,16 +151,22 @@ class SessionHistory:
     lock; held by the registry as session state, so it goes with the session.
     """
 
-    def __init__(self, config: HistoryConfig, saver: HistorySaver | None = None) -> None:
+    def __init__(
+        self,
+        config: HistoryConfig,
+        saver: HistorySaver | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
+    ) -> None:
         self.config = config
         self._lock = threading.Lock()
         # Records, or calls still to be made into their records (`record`).
         self._ops: deque[_Record | _Pending] = deque(maxlen=config.max_operations)
         self._saver = saver  # with a state store: the history is kept there too
+        self._tools = tools or {}  # by name: the specs of calls read back from the store
         if saver is not None:
             saver.bind(self._lock, self._encodings)
 
-    def add(self, record: _Record) -> None:
+    def add(self, record: _Record | _Pending) -> None:
         saver = self._saver
         with self._lock:
             if saver is not None and not saver.loaded:
@@ -176,7 +184,7 @@ class SessionHistory:
         safe to keep: the arguments are the call's own dict of immutable values and the
         result's text is the snapshot of what it returned; their size is bounded here."""
         content = result.content
-        if self._saver is None and len(content) == 1:
+        if len(content) == 1:
             block = content[0]
             text = block.get("text")
             if (
@@ -193,6 +201,9 @@ class SessionHistory:
                 )
                 and _flat_and_small(args)
             ):
+                if self._saver is not None:
+                    self._add_call(ctx, spec, args, text, result)
+                    return
                 record = (  # one flat tuple: what it holds stays alive for 50 calls
                     self.config.clock(),
                     time.time(),
@@ -204,6 +215,7 @@ class SessionHistory:
                     result.structured is not None,
                     ctx.assistant_id,
                     ctx.thread_id,
+                    None,
                 )
                 lock = self._lock
                 lock.acquire()  # not `with`: on every call's path, and twice as costly
@@ -225,8 +237,30 @@ class SessionHistory:
         )
         scope = spec.server.scope
         # Stored with its scope (msgspec writes a Scope as its value, `.value` costs ~0.2 us)
-        encoded = None if self._saver is None else encode_record(wall, (scope, op))
+        encoded = None if self._saver is None else encode(Stored(wall, (scope, op)))
         self.add((now, wall, scope, op, encoded))
+
+    def _add_call(
+        self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], text: str, result: Any
+    ) -> None:
+        """`record`'s common call with a store: kept as references, as without one, and
+        stored as the call (`StoredCall`), encoded now, once: its record is made only
+        if it is read, here or after a reload."""
+        wall, scope = time.time(), spec.server.scope
+        is_error, structured = result.is_error, result.structured is not None
+        call = StoredCall(
+            wall,
+            scope,
+            spec.name,
+            args,
+            text if is_error or structured else "",  # else the metadata can't need it
+            is_error,
+            structured,
+            ctx.assistant_id,
+            ctx.thread_id,
+        )
+        record = (self.config.clock(), wall, scope, spec, args, text, is_error, structured)
+        self.add((*record, ctx.assistant_id, ctx.thread_id, encode(call)))
 
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
@@ -234,7 +268,7 @@ class SessionHistory:
         for i, record in enumerate(ops):
             if len(record) != 5:
                 done = _finish(cast(_Pending, record))
-                ops[i] = (record[0], record[1], record[2], done, None)
+                ops[i] = (record[0], record[1], record[2], done, record[-1])
         return cast(list[_Record], list(ops))
 
     def _expire(self) -> None:
@@ -247,7 +281,7 @@ class SessionHistory:
         """The records as the store keeps them, each encoded when it was recorded (lock
         held; with a saver every record is a finished one with its encoding)."""
         self._expire()
-        return [cast(msgspec.Raw, record[4]) for record in self._ops]
+        return [cast(msgspec.Raw, record[-1]) for record in self._ops]
 
     def _merge_stored(self, saver: HistorySaver) -> bool:
         """Take in what the store holds (once, or again after a failed write); records
@@ -257,12 +291,33 @@ class SessionHistory:
         if stored is None:
             return False
         now = self.config.clock()
-        newest = stored[-1][0] if stored else float("-inf")
+        newest = stored[-1][0].wall if stored else float("-inf")
         ours = [r for r in self._ops if r[1] > newest]
         self._ops.clear()
-        for wall, (scope, op), raw in stored:
-            record = msgspec.convert(op, OperationRecord)
-            self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record, raw))
+        for item, raw in stored:
+            clock = wall_to_clock(item.wall, now)
+            if type(item) is Stored:
+                scope, op = item.op
+                record = msgspec.convert(op, OperationRecord)
+                self._ops.append((clock, item.wall, Scope(scope), record, raw))
+            else:
+                call = cast(StoredCall, item)
+                spec = self._tools.get(call.tool, call.tool)
+                self._ops.append(
+                    (
+                        clock,
+                        call.wall,
+                        call.scope,
+                        spec,
+                        call.arguments,
+                        call.text,
+                        call.is_error,
+                        call.structured,
+                        call.assistant_id,
+                        call.thread_id,
+                        raw,
+                    )
+                )
         self._ops.extend(ours)
         return bool(ours)
 
@@ -355,28 +410,42 @@ _LAZY_TEXT = 4096
 
 
 # A call recorded as references (`SessionHistory.record`), made into its `OperationRecord`
-# when first read: a `_Record`'s clocks and scope, then the spec, the clean arguments, the
-# result's text, is_error, whether it was structured, the assistant and the thread. For a
-# structured result the text is the JSON the call returned then, so the metadata reads that
-# snapshot, not a dict the server may have changed since.
+# when first read: a `_Record`'s clocks and scope, then the spec (its name only for a call
+# read back from the store whose tool this runtime lacks), the clean arguments, the
+# result's text, is_error, whether it was structured, the assistant, the thread, and with a
+# store its encoding (`StoredCall`). For a structured result the text is the JSON the call
+# returned then, so the metadata reads that snapshot, not a dict the server may have
+# changed since.
 _Pending = tuple[
-    float, float, Scope, ToolSpec, dict[str, Any], str, bool, bool, str | None, str | None
+    float,
+    float,
+    Scope,
+    ToolSpec | str,
+    dict[str, Any],
+    str,
+    bool,
+    bool,
+    str | None,
+    str | None,
+    msgspec.Raw | None,
 ]
 
 
 def _finish(pending: _Pending) -> OperationRecord:
-    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id = pending
+    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id, _ = pending
+    name, extract = (spec, None) if isinstance(spec, str) else (spec.name, spec.extract)
     arguments = dict(args)  # what `compact` makes of flat and small arguments
     if is_error:
         metadata = {"error": _clip(text, MAX_ERROR)}
     elif not structured:
         metadata = {}  # no extractor of its own (`record` made that one at once)
-    elif spec.extract is None:
+    elif extract is None:
         metadata = generic_metadata(_snapshot(text))
     else:  # the tool's extractor, on the result as it was returned
+        assert not isinstance(spec, str)
         block = JSONText(type="text", text=text)
         metadata = extract_metadata(spec, arguments, ToolResult([block], _snapshot(text)))
-    return OperationRecord("", spec.name, arguments, is_error, metadata, assistant_id, thread_id)
+    return OperationRecord("", name, arguments, is_error, metadata, assistant_id, thread_id)
 
 
 def _snapshot(text: str) -> dict[str, Any]:
