@@ -81,12 +81,13 @@ _ZLIB = b"z"
 _MAX_HISTORY_BYTES = 64 * 1024 * 1024
 
 
-def pack(records: list[msgspec.Raw]) -> bytes:
-    """The stored form of a history: its records' encodings, as one compressed array."""
-    return _ZLIB + zlib.compress(_encode(records), 1)
+def pack(records: list[bytes]) -> bytes:
+    """The stored form of a history: its records' encodings (each made once, when its call
+    was recorded: msgpack of `Stored` or `StoredCall`), as one compressed array."""
+    return _ZLIB + zlib.compress(_encode([msgspec.Raw(r) for r in records]), 1)
 
 
-def unpack(data: bytes) -> list[tuple[Stored | StoredCall, msgspec.Raw]]:
+def unpack(data: bytes) -> list[tuple[Stored | StoredCall, bytes]]:
     """The records of a stored history with their encodings, oldest first (either format).
     Raises ValueError (or a subclass) when the bytes are not a history."""
     if data.startswith(_ZLIB):
@@ -94,12 +95,7 @@ def unpack(data: bytes) -> list[tuple[Stored | StoredCall, msgspec.Raw]]:
         data = inflate.decompress(data[len(_ZLIB) :], _MAX_HISTORY_BYTES)
         if inflate.unconsumed_tail or not inflate.eof:
             raise ValueError("a stored history too large or cut short")
-    return [(decode(raw), raw) for raw in _decode_history(data)]
-
-
-def encode(item: Stored | StoredCall) -> msgspec.Raw:
-    """A record as the store keeps it: encoded once, written as is by every later write."""
-    return msgspec.Raw(_encode(item))
+    return [(decode(raw), bytes(raw)) for raw in _decode_history(data)]
 
 
 def decode(raw: msgspec.Raw) -> Stored | StoredCall:
@@ -123,7 +119,7 @@ class HistorySaver:
         self._durable = durable
         self._session = session
         self._lock = threading.Lock()  # the history's own, once bound
-        self._encodings: Callable[[], list[msgspec.Raw]] = list
+        self._encodings: Callable[[], list[bytes]] = list
         self._next = 0  # the revision the next write expects
         self.loaded = False  # read by the history on every record, under its lock
         self._waiting = False  # records wait for a write (the flusher was told)...
@@ -135,13 +131,13 @@ class HistorySaver:
         # ago) may still have writes to make: read the store only once they are done.
         self._previous = durable.follow(session, self)
 
-    def bind(self, lock: threading.Lock, encodings: Callable[[], list[msgspec.Raw]]) -> None:
+    def bind(self, lock: threading.Lock, encodings: Callable[[], list[bytes]]) -> None:
         """Share the history's `lock`; `encodings()` (called with it held) lists the
-        records to write, oldest first, as `encode_record` made them."""
+        records to write, oldest first, each as msgpack of a `Stored` or `StoredCall`."""
         self._lock = lock
         self._encodings = encodings
 
-    def load(self) -> list[tuple[Stored | StoredCall, msgspec.Raw]] | None:
+    def load(self) -> list[tuple[Stored | StoredCall, bytes]] | None:
         """(lock held) What the store holds: each record and its encoding, oldest first;
         None when the store can't be read now (read it next time)."""
         previous, self._previous = self._previous, None

@@ -50,7 +50,7 @@ import msgspec
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
-from ctxactors.history_store import HistorySaver, Stored, StoredCall, encode, wall_to_clock
+from ctxactors.history_store import HistorySaver, Stored, StoredCall, wall_to_clock
 from ctxactors.logs import get_logger
 from ctxactors.results import JSONText, ToolResult
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
@@ -116,7 +116,7 @@ def runtime_config(runtime: Any) -> HistoryConfig:
 # timestamp, and with a store its encoding): the timestamp is formatted when read, as most
 # records never are; the scope decides who may read it; the encoding is made once, when the
 # call is recorded, and written as is by every write of the history that holds it.
-_Record = tuple[float, float, Scope, OperationRecord, msgspec.Raw | None]
+_Record = tuple[float, float, Scope, OperationRecord, bytes | None]
 
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
@@ -237,7 +237,7 @@ class SessionHistory:
         )
         scope = spec.server.scope
         # Stored with its scope (msgspec writes a Scope as its value, `.value` costs ~0.2 us)
-        encoded = None if self._saver is None else encode(Stored(wall, (scope, op)))
+        encoded = None if self._saver is None else _encode(Stored(wall, (scope, op)))
         self.add((now, wall, scope, op, encoded))
 
     def _add_call(
@@ -248,6 +248,7 @@ class SessionHistory:
         if it is read, here or after a reload."""
         wall, scope = time.time(), spec.server.scope
         is_error, structured = result.is_error, result.structured is not None
+        assistant_id, thread_id = ctx.assistant_id, ctx.thread_id
         call = StoredCall(
             wall,
             scope,
@@ -256,11 +257,34 @@ class SessionHistory:
             text if is_error or structured else "",  # else the metadata can't need it
             is_error,
             structured,
-            ctx.assistant_id,
-            ctx.thread_id,
+            assistant_id,
+            thread_id,
         )
-        record = (self.config.clock(), wall, scope, spec, args, text, is_error, structured)
-        self.add((*record, ctx.assistant_id, ctx.thread_id, encode(call)))
+        record = (
+            self.config.clock(),
+            wall,
+            scope,
+            spec,
+            args,
+            text,
+            is_error,
+            structured,
+            assistant_id,
+            thread_id,
+            _encode(call),
+        )
+        saver = cast(HistorySaver, self._saver)
+        lock = self._lock
+        lock.acquire()  # not `with`, nor `add`: on every call's path
+        try:
+            if not saver.loaded:
+                self._merge_stored(saver)  # first use, or after a failed write
+            self._ops.append(record)
+            tell = saver.changed()
+        finally:
+            lock.release()
+        if tell:
+            saver.defer()
 
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
@@ -277,11 +301,11 @@ class SessionHistory:
         while self._ops and self._ops[0][0] <= cutoff:
             self._ops.popleft()
 
-    def _encodings(self) -> list[msgspec.Raw]:
+    def _encodings(self) -> list[bytes]:
         """The records as the store keeps them, each encoded when it was recorded (lock
         held; with a saver every record is a finished one with its encoding)."""
         self._expire()
-        return [cast(msgspec.Raw, record[-1]) for record in self._ops]
+        return [cast(bytes, record[-1]) for record in self._ops]
 
     def _merge_stored(self, saver: HistorySaver) -> bool:
         """Take in what the store holds (once, or again after a failed write); records
@@ -427,8 +451,11 @@ _Pending = tuple[
     bool,
     str | None,
     str | None,
-    msgspec.Raw | None,
+    bytes | None,
 ]
+
+
+_encode = msgspec.msgpack.Encoder().encode
 
 
 def _finish(pending: _Pending) -> OperationRecord:
