@@ -15,6 +15,8 @@ its result's text) and made into its record (compacted arguments, metadata, the 
 extractor too) when the history is read, since most records never are; a call with large
 arguments or result is made into its record at once, so a 4 MiB upload does not stay in
 memory 50 times, and so is a handler's own result whose text is not its structured part.
+With a state store the same holds, and each record is also encoded once, as it is added
+(the common call as the call, `StoredCall`), for the store (`ctxactors.history_store`).
 That costs the call about a microsecond and no message, no thread and no actor: a message per call to a
 history actor cost a cheap call 1.6x on a busy CPU and an extra actor per session (see
 ``scripts/bench_history.py``). Because the record is added before the reply, a caller that
@@ -168,18 +170,22 @@ class SessionHistory:
 
     def add(self, record: _Record | _Pending) -> None:
         saver = self._saver
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: on every stored call's path
+        try:
             if saver is not None and not saver.loaded:
                 self._merge_stored(saver)  # first use, or after a failed write
             self._ops.append(record)
             tell = saver is not None and saver.changed()
+        finally:
+            lock.release()
         if tell:
             assert saver is not None
-            saver.defer()
+            saver.defer()  # the flusher writes it (and what comes meanwhile) 50 ms later
 
     def record(self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: Any) -> None:
-        """Add one call. The common call (flat and small arguments, a short result, no
-        store) is kept as references (`_Pending`) and made into its record, metadata and
+        """Add one call. The common call (flat and small arguments, a short result) is
+        kept as references (`_Pending`) and made into its record, metadata and
         all, when the history is read: most records are never read. The references are
         safe to keep: the arguments are the call's own dict of immutable values and the
         result's text is the snapshot of what it returned; their size is bounded here."""
@@ -273,18 +279,7 @@ class SessionHistory:
             thread_id,
             _encode(call),
         )
-        saver = cast(HistorySaver, self._saver)
-        lock = self._lock
-        lock.acquire()  # not `with`, nor `add`: on every call's path
-        try:
-            if not saver.loaded:
-                self._merge_stored(saver)  # first use, or after a failed write
-            self._ops.append(record)
-            tell = saver.changed()
-        finally:
-            lock.release()
-        if tell:
-            saver.defer()
+        self.add(record)
 
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
