@@ -298,9 +298,10 @@ class SessionHistory:
 
     def _encodings(self) -> list[bytes]:
         """The records as the store keeps them, each encoded when it was recorded (lock
-        held; with a saver every record is a finished one with its encoding)."""
+        held; with a saver every record, pending or finished, carries its encoding)."""
         self._expire()
-        return [cast(bytes, record[-1]) for record in self._ops]
+        # Every record of a stored history has its encoding (`cast` per record: 0.2 µs)
+        return [record[-1] for record in self._ops]  # type: ignore[misc]
 
     def _merge_stored(self, saver: HistorySaver) -> bool:
         """Take in what the store holds (once, or again after a failed write); records
