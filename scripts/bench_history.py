@@ -4,7 +4,10 @@ Same process, same run, pinned to one CPU by default (cross-CPU wake-ups vary fr
 run; there the history actor's own work is charged to the caller too, the worst case):
 round trips of ``create_goal`` with the history recording (the default) against the same
 runtime with the history observer removed. Prints calls/s and µs per call for both, and the
-ratio. Usage: ``python scripts/bench_history.py [--calls N] [--rounds R]``.
+ratio. Then the recording alone, in one thread (`SessionHistory.record` of one
+``mark_todo`` call, over and over): without a store (the baseline), and kept in a
+`MemoryStore` and a SQLite store, written every 40 records (a busy session's 50 ms).
+Usage: ``python scripts/bench_history.py [--calls N] [--rounds R]``.
 """
 
 from __future__ import annotations
@@ -12,12 +15,19 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from ctxactors import Runtime
+from ctxactors.durable import Durability
+from ctxactors.history_store import HistorySaver
 from ctxactors.logs import configure_logging
 from ctxactors.servers import BUILTIN
-from ctxactors.servers.history import History
+from ctxactors.servers.history import History, SessionHistory, runtime_config
+from ctxactors.state import MemoryStore, SQLiteStore, StateStore
 
 
 def measure(rt: Runtime, calls: int, session: str) -> tuple[float, float]:
@@ -28,6 +38,38 @@ def measure(rt: Runtime, calls: int, session: str) -> tuple[float, float]:
     for _ in range(calls):
         rt.call("create_goal", args)
     return (time.perf_counter() - started) / calls, (time.process_time() - cpu) / calls
+
+
+def a_call() -> tuple[Any, ...]:
+    """A real ``mark_todo`` call as the recorder sees it: context, spec, arguments, result."""
+    seen: list[tuple[Any, ...]] = []
+    with Runtime(servers=BUILTIN) as rt:
+        rt.add_observer(lambda *call: seen.append(call), before_reply=True)
+        ctx = {"__sessionId": "s", "__assistantId": "a1"}
+        rt.call("create_goal", {"goal": "ship the release", **ctx})
+        rt.call("add_todo", {"name": "step 1 of the release", "goal_id": "g1", **ctx})
+        rt.call("mark_todo", {"todo_id": "t2", "done": True, **ctx})
+        return (*seen[-1], rt)
+
+
+def record_cost(calls: int, store: Callable[[], StateStore] | None) -> float:
+    """CPU seconds per `SessionHistory.record` of one call; with a store, the history is
+    written (`HistorySaver.flush`) every 40 records."""
+    ctx, spec, args, result, rt = a_call()
+    config = runtime_config(rt)
+    durable = None if store is None else Durability(store())
+    saver = None if durable is None else HistorySaver(durable, (None, "s"))
+    history = SessionHistory(config, saver, rt.tools)
+    cpu = time.process_time()
+    for n in range(calls):
+        history.record(ctx, spec, args, result)
+        if saver is not None and n % 40 == 39:
+            saver.flush()
+    cpu = time.process_time() - cpu
+    if durable is not None:
+        durable.close()
+        durable.store.close()
+    return cpu / calls
 
 
 def main() -> int:
@@ -65,6 +107,23 @@ def main() -> int:
         f" {(cpu_on - cpu_off) * 1e6:.2f} µs CPU (target <= 1.5)"
     )
     print(f"operations kept per session: {kept.structured['count']} (the bound)")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = iter(Path(tmp) / f"h{n}.db" for n in range(args.rounds))
+        stores: list[tuple[str, Callable[[], StateStore] | None]] = [
+            ("no store (baseline)", None),
+            ("MemoryStore", MemoryStore),
+            ("SQLite store", lambda: SQLiteStore(next(paths))),
+        ]
+        costs: dict[str, list[float]] = {label: [] for label, _ in stores}
+        for _ in range(args.rounds):  # interleaved, like the round trips above
+            for label, store in stores:
+                costs[label].append(record_cost(args.calls, store))
+    print("\nrecording alone, one thread (a mark_todo call; written every 40 records):")
+    base = statistics.median(costs["no store (baseline)"])
+    for label, each in costs.items():
+        cost = statistics.median(each)
+        print(f"{label:24} {cost * 1e6:>8.2f} µs/call  {cost / base:>5.2f}x the baseline")
     return 0
 
 

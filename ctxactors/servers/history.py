@@ -15,6 +15,9 @@ its result's text) and made into its record (compacted arguments, metadata, the 
 extractor too) when the history is read, since most records never are; a call with large
 arguments or result is made into its record at once, so a 4 MiB upload does not stay in
 memory 50 times, and so is a handler's own result whose text is not its structured part.
+With a state store the same holds, and each record is also encoded once, by the first
+write of the history that carries it (the common call as the call, `StoredCall`), for
+the store (`ctxactors.history_store`).
 That costs the call about a microsecond and no message, no thread and no actor: a message per call to a
 history actor cost a cheap call 1.6x on a busy CPU and an extra actor per session (see
 ``scripts/bench_history.py``). Because the record is added before the reply, a caller that
@@ -43,14 +46,14 @@ import re
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, cast
 
 import msgspec
 
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
-from ctxactors.history_store import HistorySaver, wall_to_clock
+from ctxactors.history_store import HistorySaver, Stored, StoredCall, wall_to_clock
 from ctxactors.logs import get_logger
 from ctxactors.results import JSONText, ToolResult
 from ctxactors.tools import Extractor, Scope, Server, ToolSpec, pick, tool
@@ -113,9 +116,10 @@ def runtime_config(runtime: Any) -> HistoryConfig:
 
 
 # (config clock for the TTL, wall clock, the tool's scope, the operation without its
-# timestamp): the timestamp is formatted when read, as most records never are; the scope
-# decides who may read it.
-_Record = tuple[float, float, Scope, OperationRecord]
+# timestamp, and with a store its encoding): the timestamp is formatted when read, as most
+# records never are; the scope decides who may read it; the encoding is made once, when the
+# call is recorded, and written as is by every write of the history that holds it.
+_Record = tuple[float, float, Scope, OperationRecord, bytes | None]
 
 
 def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | None]:
@@ -130,8 +134,10 @@ def _session_histories(runtime: Any) -> Callable[[SessionKey], SessionHistory | 
 
         return lambda session: registry.session_state(session, "history", new)
 
+    tools: Mapping[str, ToolSpec] = runtime.tools  # a stored call's extractor, when read
+
     def stored(session: SessionKey) -> SessionHistory:
-        return SessionHistory(config, HistorySaver(durable, session))
+        return SessionHistory(config, HistorySaver(durable, session), tools)
 
     return lambda session: registry.session_state(session, "history", lambda: stored(session))
 
@@ -148,29 +154,44 @@ class SessionHistory:
     lock; held by the registry as session state, so it goes with the session.
     """
 
-    def __init__(self, config: HistoryConfig, saver: HistorySaver | None = None) -> None:
+    def __init__(
+        self,
+        config: HistoryConfig,
+        saver: HistorySaver | None = None,
+        tools: Mapping[str, ToolSpec] | None = None,
+    ) -> None:
         self.config = config
         self._lock = threading.Lock()
         # Records, or calls still to be made into their records (`record`).
         self._ops: deque[_Record | _Pending] = deque(maxlen=config.max_operations)
         self._saver = saver  # with a state store: the history is kept there too
+        self._tools = tools or {}  # by name: the specs of calls read back from the store
+        if saver is not None:
+            saver.bind(self._lock, self._encodings)
 
-    def add(self, record: _Record) -> None:
-        with self._lock:
-            if self._saver is not None:
-                self._merge_stored(self._saver)
+    def add(self, record: _Record | _Pending) -> None:
+        saver = self._saver
+        lock = self._lock
+        lock.acquire()  # not `with`: on every stored call's path
+        try:
+            if saver is not None and not saver.loaded:
+                self._merge_stored(saver)  # first use, or after a failed write
             self._ops.append(record)
-            if self._saver is not None:
-                self._saver.save(self._stored)
+            tell = saver is not None and saver.changed()
+        finally:
+            lock.release()
+        if tell:
+            assert saver is not None
+            saver.defer()  # the flusher writes it (and what comes meanwhile) later
 
     def record(self, ctx: ToolContext, spec: ToolSpec, args: dict[str, Any], result: Any) -> None:
-        """Add one call. The common call (flat and small arguments, a short result, no
-        store) is kept as references (`_Pending`) and made into its record, metadata and
+        """Add one call. The common call (flat and small arguments, a short result) is
+        kept as references (`_Pending`) and made into its record, metadata and
         all, when the history is read: most records are never read. The references are
         safe to keep: the arguments are the call's own dict of immutable values and the
         result's text is the snapshot of what it returned; their size is bounded here."""
         content = result.content
-        if self._saver is None and len(content) == 1:
+        if len(content) == 1:
             block = content[0]
             text = block.get("text")
             if (
@@ -198,7 +219,11 @@ class SessionHistory:
                     result.structured is not None,
                     ctx.assistant_id,
                     ctx.thread_id,
+                    None,  # with a store: its encoding, made when next written
                 )
+                if self._saver is not None:
+                    self.add(record)
+                    return
                 lock = self._lock
                 lock.acquire()  # not `with`: on every call's path, and twice as costly
                 try:
@@ -217,46 +242,92 @@ class SessionHistory:
             assistant_id=ctx.assistant_id,
             thread_id=ctx.thread_id,
         )
-        self.add((now, wall, spec.server.scope, op))
+        self.add((now, wall, spec.server.scope, op, None))
 
     def _finished(self) -> list[_Record]:
         """The records, each pending one made into its record once (lock held)."""
-        ops = self._ops
+        ops, stored = self._ops, self._saver is not None
         for i, record in enumerate(ops):
-            if len(record) != 4:
-                ops[i] = (record[0], record[1], record[2], _finish(cast(_Pending, record)))
+            if len(record) != 5:
+                done = _finish(cast(_Pending, record))
+                # Still stored as the call: its encoding is made now, if not yet.
+                raw = record[-1] if record[-1] is not None or not stored else _stored(record)
+                ops[i] = (record[0], record[1], record[2], done, raw)
         return cast(list[_Record], list(ops))
 
-    def _stored(self) -> list[tuple[float, Any]]:
-        """The records as the store keeps them: the scope beside the operation, since it
-        decides who may read it."""
-        with self._lock:  # msgspec writes a Scope as its value (`.value` costs ~0.2 us)
-            return [(wall, [scope, op]) for _, wall, scope, op in self._finished()]
+    def _expire(self) -> None:
+        """Drop the records past the TTL (lock held)."""
+        cutoff = self.config.clock() - self.config.ttl
+        while self._ops and self._ops[0][0] <= cutoff:
+            self._ops.popleft()
 
-    def _merge_stored(self, saver: HistorySaver) -> None:
+    def _encodings(self) -> list[bytes]:
+        """The records as the store keeps them (lock held): each encoded once, by the
+        first write that carries it, and kept with the record for the next writes. A
+        record the bound pushed out before a write is never encoded at all (a busy
+        session adds far more records per write than it keeps)."""
+        self._expire()
+        ops = self._ops
+        for i, record in enumerate(ops):
+            if record[-1] is None:
+                ops[i] = (*record[:-1], _stored(record))  # type: ignore[assignment]
+        # Every record has its encoding now (a `cast` per record costs 0.2 µs)
+        return [record[-1] for record in ops]  # type: ignore[misc]
+
+    def _merge_stored(self, saver: HistorySaver) -> bool:
         """Take in what the store holds (once, or again after a failed write); records
-        kept here that are newer than the stored ones stay after them (lock held)."""
+        kept here that are newer than the stored ones stay after them (lock held). True
+        when some of those stayed: the store lacks them."""
         stored = saver.load()
         if stored is None:
-            return
+            return False
         now = self.config.clock()
-        newest = stored[-1][0] if stored else float("-inf")
+        newest = stored[-1][0].wall if stored else float("-inf")
         ours = [r for r in self._ops if r[1] > newest]
         self._ops.clear()
-        for wall, (scope, op) in stored:
-            record = msgspec.convert(op, OperationRecord)
-            self._ops.append((wall_to_clock(wall, now), wall, Scope(scope), record))
+        for item, raw in stored:
+            clock = wall_to_clock(item.wall, now)
+            if type(item) is Stored:
+                scope, op = item.op
+                record = msgspec.convert(op, OperationRecord)
+                self._ops.append((clock, item.wall, Scope(scope), record, raw))
+            else:
+                call = cast(StoredCall, item)
+                spec = self._tools.get(call.tool, call.tool)
+                self._ops.append(
+                    (
+                        clock,
+                        call.wall,
+                        call.scope,
+                        spec,
+                        call.arguments,
+                        call.text,
+                        call.is_error,
+                        call.structured,
+                        call.assistant_id,
+                        call.thread_id,
+                        raw,
+                    )
+                )
         self._ops.extend(ours)
+        return bool(ours)
 
     def current(self) -> list[_Record]:
         """The records within the TTL, oldest first (expired ones are dropped)."""
+        saver = self._saver
         with self._lock:
-            if self._saver is not None:
-                self._merge_stored(self._saver)
-            cutoff = self.config.clock() - self.config.ttl
-            while self._ops and self._ops[0][0] <= cutoff:
-                self._ops.popleft()
-            return self._finished()
+            tell = (
+                saver is not None
+                and not saver.loaded
+                and self._merge_stored(saver)
+                and saver.changed()
+            )
+            self._expire()
+            records = self._finished()
+        if tell:
+            assert saver is not None
+            saver.defer()
+        return records
 
 
 class History(Server):
@@ -292,7 +363,7 @@ class History(Server):
         found: list[OperationRecord] = []
         history = self._histories(ctx.session_key)
         records = history.current() if history is not None else []
-        for _, wall, scope, op in reversed(records):
+        for _, wall, scope, op, _ in reversed(records):
             if len(found) >= limit:
                 break
             if (wanted is None or op.tool in wanted) and visible(scope, op, ctx):
@@ -330,28 +401,61 @@ _LAZY_TEXT = 4096
 
 
 # A call recorded as references (`SessionHistory.record`), made into its `OperationRecord`
-# when first read: a `_Record`'s clocks and scope, then the spec, the clean arguments, the
-# result's text, is_error, whether it was structured, the assistant and the thread. For a
-# structured result the text is the JSON the call returned then, so the metadata reads that
-# snapshot, not a dict the server may have changed since.
+# when first read: a `_Record`'s clocks and scope, then the spec (its name only for a call
+# read back from the store whose tool this runtime lacks), the clean arguments, the
+# result's text, is_error, whether it was structured, the assistant, the thread, and with a
+# store its encoding (`StoredCall`). For a structured result the text is the JSON the call
+# returned then, so the metadata reads that snapshot, not a dict the server may have
+# changed since.
 _Pending = tuple[
-    float, float, Scope, ToolSpec, dict[str, Any], str, bool, bool, str | None, str | None
+    float,
+    float,
+    Scope,
+    ToolSpec | str,
+    dict[str, Any],
+    str,
+    bool,
+    bool,
+    str | None,
+    str | None,
+    bytes | None,
 ]
 
 
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def _stored(record: _Record | _Pending) -> bytes:
+    """A record as the store keeps it: a finished one with its scope (msgspec writes a
+    Scope as its value), a common call as the call (`StoredCall`), whose record is made
+    only if it is read; its text only when the metadata can need it."""
+    if len(record) == 5:
+        _, wall, scope, op, _ = cast(_Record, record)
+        return _encode(Stored(wall, (scope, op)))
+    _, wall, scope, spec, args, text, is_error, structured, assistant_id, thread_id, _ = cast(
+        _Pending, record
+    )
+    name = spec if isinstance(spec, str) else spec.name
+    kept = text if is_error or structured else ""
+    call = StoredCall(wall, scope, name, args, kept, is_error, structured, assistant_id, thread_id)
+    return _encode(call)
+
+
 def _finish(pending: _Pending) -> OperationRecord:
-    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id = pending
+    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id, _ = pending
+    name, extract = (spec, None) if isinstance(spec, str) else (spec.name, spec.extract)
     arguments = dict(args)  # what `compact` makes of flat and small arguments
     if is_error:
         metadata = {"error": _clip(text, MAX_ERROR)}
     elif not structured:
         metadata = {}  # no extractor of its own (`record` made that one at once)
-    elif spec.extract is None:
+    elif extract is None:
         metadata = generic_metadata(_snapshot(text))
     else:  # the tool's extractor, on the result as it was returned
+        assert not isinstance(spec, str)
         block = JSONText(type="text", text=text)
         metadata = extract_metadata(spec, arguments, ToolResult([block], _snapshot(text)))
-    return OperationRecord("", spec.name, arguments, is_error, metadata, assistant_id, thread_id)
+    return OperationRecord("", name, arguments, is_error, metadata, assistant_id, thread_id)
 
 
 def _snapshot(text: str) -> dict[str, Any]:

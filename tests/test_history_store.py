@@ -1,0 +1,303 @@
+"""The stored operation history: each record encoded once, the store re-read only when it
+must be, the written form (compressed, the first format still read), a stale write merged,
+a call read back after a restart made into its record with the tool's own extractor."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from structlog.testing import capture_logs
+
+import ctxactors.servers.history as history_module
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.durable import Durability
+from ctxactors.errors import ToolError
+from ctxactors.history_store import KEY, HistorySaver, Stored, StoredCall, unpack
+from ctxactors.servers import Planning
+from ctxactors.servers.history import OperationRecord, SessionHistory, runtime_config
+from ctxactors.state import MemoryStore, SQLiteStore, StateStore, Write
+from ctxactors.testing import context_args as ctx_args
+
+S = "s1"
+A = "a1"
+SESSION = (None, S)
+
+
+class Notes(Server):
+    """Plain text results and failures (the planning tools return structured ones)."""
+
+    name = "notes"
+    scope = Scope.SESSION
+
+    @tool
+    def note(self, ctx: ToolContext, text: str) -> str:
+        """Echo a note as plain text."""
+        return f"noted: {text}"
+
+    @tool
+    def fail(self, ctx: ToolContext, why: str) -> str:
+        """Always fails."""
+        raise ToolError(f"refused: {why}")
+
+
+def call(rt: Runtime, tool_name: str, **args: Any) -> Any:
+    return rt.call(tool_name, ctx_args(S, A, **args))
+
+
+def stored(store: StateStore) -> list[Any]:
+    """What the store holds for the session's history, each record without its time."""
+    record = store.load(SESSION, KEY)
+    assert record is not None
+    items = [item for item, _ in unpack(record.data)]
+    return [
+        msgspec.structs.astuple(item)[1:] if isinstance(item, StoredCall) else item.op
+        for item in items
+    ]
+
+
+def recent(rt: Runtime) -> list[tuple[str, dict[str, Any], bool, dict[str, Any]]]:
+    ops = call(rt, "get_recent_context", limit=50).structured["operations"]
+    return [(op["tool"], op["arguments"], op["is_error"], op["metadata"]) for op in ops]
+
+
+def test_each_record_is_encoded_once_however_many_writes_carry_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    encoded: list[bytes] = []
+    real = history_module._encode  # noqa: SLF001
+
+    def counting(value: Any) -> bytes:
+        encoded.append(real(value))
+        return encoded[-1]
+
+    monkeypatch.setattr(history_module, "_encode", counting)
+    store = SQLiteStore(tmp_path / "state.db")
+    written: list[bytes] = []
+    with Runtime(servers=[Planning], store=store) as rt:
+        assert rt.durability is not None
+        for n in range(3):
+            call(rt, "create_goal", goal=f"goal {n}")
+            rt.durability.flush()
+            record = store.load(SESSION, KEY)
+            assert record is not None
+            written.append(record.data)
+    # Three records, three encodings: each write reused the ones made before.
+    assert len(encoded) == 3
+    assert [[raw for _, raw in unpack(data)] for data in written] == [
+        encoded[:1],
+        encoded[:2],
+        encoded[:3],
+    ]
+    store.close()
+
+
+def test_a_record_the_bound_pushes_out_before_a_write_is_never_encoded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    encoded: list[bytes] = []
+    real = history_module._encode  # noqa: SLF001
+
+    def counting(value: Any) -> bytes:
+        encoded.append(real(value))
+        return encoded[-1]
+
+    monkeypatch.setattr(history_module, "_encode", counting)
+    monkeypatch.setenv("CTXACTORS_HISTORY_MAX_OPERATIONS", "3")
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(servers=[Planning], store=store) as rt:
+        assert rt.durability is not None
+        for n in range(10):  # a busy session: ten calls before the history is written
+            call(rt, "create_goal", goal=f"goal {n}")
+        assert encoded == []  # nothing is encoded on a call's path
+        rt.durability.flush()
+        record = store.load(SESSION, KEY)
+        assert record is not None
+        # Only the three the bound kept were encoded, once each, and written.
+        assert [raw for _, raw in unpack(record.data)] == encoded
+        assert [s[2]["goal"] for s in stored(store)] == ["goal 7", "goal 8", "goal 9"]
+    store.close()
+
+
+def test_a_call_tells_the_flusher_once_and_reads_the_store_once() -> None:
+    store = MemoryStore()
+    loads: list[tuple[Any, Any]] = []
+    real_load = store.load
+
+    def counting_load(session: Any, key: Any) -> Any:
+        loads.append((session, key))
+        return real_load(session, key)
+
+    store.load = counting_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)  # the flusher never writes by itself
+    deferred: list[object] = []
+    real_defer = durable.defer
+
+    def counting_defer(session: Any, follower: Any) -> None:
+        deferred.append(session)
+        real_defer(session, follower)
+
+    durable.defer = counting_defer  # type: ignore[method-assign]
+    with Runtime(servers=[Planning]) as rt:  # only for real call results to record
+        config = runtime_config(rt)
+        captured: list[Any] = []
+        rt.add_observer(lambda *seen: captured.append(seen), before_reply=True)
+        call(rt, "create_goal", goal="g")
+        for n in range(100):
+            call(rt, "add_todo", name=f"todo {n}", goal_id="g1")
+    history = SessionHistory(config, HistorySaver(durable, SESSION), rt.tools)
+    for ctx, spec, args, result in captured:
+        history.record(ctx, spec, args, result)
+    assert deferred == [SESSION]  # the first record told the flusher; the rest found it told
+    assert loads == [(SESSION, KEY)]  # the store was read on first use only
+    durable.flush()
+    assert len(stored(store)) == 50  # the bound
+    assert stored(store)[-1] == (
+        Scope.THREAD,
+        "add_todo",
+        {"name": "todo 99", "goal_id": "g1"},
+        '{"id":"t101","name":"todo 99","goal_id":"g1","done":false}',
+        False,
+        True,
+        A,
+        None,
+    )
+    durable.close()
+
+
+def test_what_is_stored_per_call_and_read_back_after_a_restart(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(servers=[Planning, Notes], store=store) as rt:
+        call(rt, "create_goal", goal="ship")
+        call(rt, "note", text="plain")
+        call(rt, "fail", why="no")
+        call(rt, "add_todo", name="x" * 600, goal_id="g1")  # long: recorded at once
+    assert stored(store) == [
+        (
+            Scope.THREAD,
+            "create_goal",
+            {"goal": "ship"},
+            '{"id":"g1","goal":"ship"}',
+            False,
+            True,
+            A,
+            None,
+        ),
+        # A plain text result: its metadata can't need the text, so it is not stored.
+        (Scope.SESSION, "note", {"text": "plain"}, "", False, False, A, None),
+        (Scope.SESSION, "fail", {"why": "no"}, "refused: no", True, False, A, None),
+        [
+            "thread",
+            {
+                "timestamp": "",
+                "tool": "add_todo",
+                "arguments": {"name": f"{'x' * 500}… (600 chars)", "goal_id": "g1"},
+                "is_error": False,
+                "metadata": {"created_todo": "t2", "goal_id": "g1"},
+                "assistant_id": A,
+            },
+        ],
+    ]
+    expected = [
+        (
+            "add_todo",
+            {"name": f"{'x' * 500}… (600 chars)", "goal_id": "g1"},
+            False,
+            {"created_todo": "t2", "goal_id": "g1"},
+        ),
+        ("fail", {"why": "no"}, True, {"error": "refused: no"}),
+        ("note", {"text": "plain"}, False, {}),
+        ("create_goal", {"goal": "ship"}, False, {"created_goal": "g1"}),  # its extractor
+    ]
+    with Runtime(servers=[Planning, Notes], store=store) as rt:
+        assert recent(rt) == expected
+    # A runtime without the planning tools still reads them: generic metadata (ids).
+    with Runtime(servers=[Notes], store=store) as rt:
+        assert recent(rt)[-1] == ("create_goal", {"goal": "ship"}, False, {"id": "g1"})
+    store.close()
+
+
+def test_the_stored_history_is_compressed(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(servers=[Planning], store=store) as rt:
+        call(rt, "create_goal", goal="ship the release")
+        for n in range(60):
+            call(rt, "add_todo", name=f"step {n} of the release", goal_id="g1")
+    record = store.load(SESSION, KEY)
+    assert record is not None
+    assert record.data[:1] == b"z"
+    assert len(record.data) < 1000  # 50 alike records: about 6 KB of msgpack
+    with Runtime(servers=[Planning], store=store) as rt:
+        names = [args["name"] for _, args, _, _ in recent(rt)]
+        assert names == [f"step {n} of the release" for n in range(59, 9, -1)]
+    store.close()
+
+
+def test_a_history_in_the_first_format_still_loads(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    wall = time.time() - 10
+    first = [  # as the first format wrote them: the whole history, plain msgpack
+        Stored(
+            wall + n,
+            [Scope.THREAD, OperationRecord("", "create_goal", {"goal": g}, False, meta, A)],
+        )
+        for n, (g, meta) in enumerate(
+            [("one", {"created_goal": "g1"}), ("two", {"created_goal": "g2"})]
+        )
+    ]
+    data = msgspec.msgpack.encode(first)
+    assert data[:1] == b"\x92"
+    assert store.write([Write(SESSION, KEY, data, 0)]) == [1]
+    with Runtime(servers=[Planning], store=store) as rt:
+        assert recent(rt) == [
+            ("create_goal", {"goal": "two"}, False, {"created_goal": "g2"}),
+            ("create_goal", {"goal": "one"}, False, {"created_goal": "g1"}),
+        ]
+        call(rt, "create_goal", goal="three")
+    record = store.load(SESSION, KEY)
+    assert record is not None and record.revision == 2 and record.data[:1] == b"z"
+    # The old records are carried over byte for byte, beside the new call.
+    assert [raw for _, raw in unpack(record.data)][:2] == [msgspec.msgpack.encode(s) for s in first]
+    with Runtime(servers=[Planning], store=store) as rt:
+        assert [args["goal"] for _, args, _, _ in recent(rt)] == ["three", "two", "one"]
+    store.close()
+
+
+def test_an_unreadable_stored_history_is_replaced(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    assert store.write([Write(SESSION, KEY, b"z" + b"not zlib", 0)]) == [1]
+    with capture_logs() as logs, Runtime(servers=[Planning], store=store) as rt:
+        assert call(rt, "create_goal", goal="fresh").structured == {"id": "g1", "goal": "fresh"}
+        assert recent(rt) == [("create_goal", {"goal": "fresh"}, False, {"created_goal": "g1"})]
+    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
+        "history_unreadable"
+    ]
+    record = store.load(SESSION, KEY)
+    assert record is not None and record.revision == 2
+    assert [s[1] for s in stored(store)] == ["create_goal"]
+    store.close()
+
+
+def test_a_stale_history_write_reloads_and_merges(tmp_path: Path) -> None:
+    one, two = SQLiteStore(tmp_path / "state.db"), SQLiteStore(tmp_path / "state.db")
+    with (
+        Runtime(servers=[Notes], store=one) as first,
+        Runtime(servers=[Notes], store=two) as second,
+    ):
+        assert first.durability is not None and second.durability is not None
+        call(first, "note", text="a")
+        first.durability.flush()  # revision 1: [a]
+        call(second, "note", text="b")  # second loads [a], adds b
+        second.durability.flush()  # revision 2: [a, b]
+        call(first, "note", text="c")  # first still expects revision 1
+        first.durability.flush()  # refused as stale: the next record reloads and merges
+        call(first, "note", text="d")
+        first.durability.flush()
+        assert [s[2] for s in stored(one)] == [{"text": t} for t in "abcd"]
+        record = one.load(SESSION, KEY)
+        assert record is not None and record.revision == 3
+    one.close()
+    two.close()
