@@ -44,6 +44,9 @@ from ctxactors.state import SessionRef, StoreError, Write
 from ctxactors.tools import Scope
 
 KEY = ("history",)
+# After a failed read of the stored history, the calls of the next second don't try again:
+# with the store down, each would wait for its timeout (seconds on Redis) under the lock.
+_RETRY_LOAD = 1.0
 
 
 class Stored(msgspec.Struct, array_like=True):
@@ -130,6 +133,7 @@ class HistorySaver:
         self._lock = threading.Lock()  # the history's own, once bound
         self._encodings: Callable[[], list[bytes]] = list
         self._next = 0  # the revision the next write expects
+        self._retry_at = 0.0  # no store read before this (`time.monotonic`): see `load`
         self.loaded = False  # read by the history on every record, under its lock
         self._waiting = False  # records wait for a write (the flusher was told)...
         self._inflight = False  # ...one write at a time per session: the newest waits
@@ -152,9 +156,13 @@ class HistorySaver:
         previous, self._previous = self._previous, None
         if previous is not None:
             previous.drain(self._durable.save_timeout)
+        now = time.monotonic()
+        if now < self._retry_at:
+            return None  # the store failed a moment ago: don't make every call wait on it
         try:
             record = self._durable.store.load(self._session, KEY)
         except StoreError:
+            self._retry_at = now + _RETRY_LOAD
             return None
         self.loaded = True
         self._next = 0 if record is None else record.revision

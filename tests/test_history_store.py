@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
+import ctxactors.history_store as history_store_module
 import ctxactors.servers.history as history_module
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.durable import Durability
@@ -19,7 +20,7 @@ from ctxactors.errors import ToolError
 from ctxactors.history_store import KEY, HistorySaver, Stored, StoredCall, unpack
 from ctxactors.servers import Planning
 from ctxactors.servers.history import OperationRecord, SessionHistory, runtime_config
-from ctxactors.state import MemoryStore, SQLiteStore, StateStore, Write
+from ctxactors.state import MemoryStore, SQLiteStore, StateStore, StoreUnavailableError, Write
 from ctxactors.testing import context_args as ctx_args
 
 S = "s1"
@@ -165,6 +166,42 @@ def test_a_call_tells_the_flusher_once_and_reads_the_store_once() -> None:
         A,
         None,
     )
+    durable.close()
+
+
+def test_with_the_store_down_the_calls_of_a_second_try_to_read_the_history_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryStore()
+    loads: list[float] = []
+    down = True
+
+    def failing_load(session: Any, key: Any) -> Any:
+        loads.append(now[0])
+        if down:
+            raise StoreUnavailableError("down")
+        return None
+
+    store.load = failing_load  # type: ignore[method-assign]
+    now = [1000.0]
+    monkeypatch.setattr(history_store_module.time, "monotonic", lambda: now[0])
+    durable = Durability(store, flush_delay=3600)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+        captured: list[Any] = []
+        rt.add_observer(lambda *seen: captured.append(seen), before_reply=True)
+        for n in range(6):
+            call(rt, "create_goal", goal=f"goal {n}")
+    history = SessionHistory(config, HistorySaver(durable, SESSION), rt.tools)
+    for ctx, spec, args, result in captured[:3]:
+        history.record(ctx, spec, args, result)  # the store is down: one read, not three
+    assert loads == [1000.0]
+    now[0] = 1001.0  # a second later, and the store is back: the next call reads it
+    down = False
+    for ctx, spec, args, result in captured[3:]:
+        history.record(ctx, spec, args, result)
+    assert loads == [1000.0, 1001.0]
+    assert len(history.current()) == 6  # nothing recorded meanwhile was lost
     durable.close()
 
 
