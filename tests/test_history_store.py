@@ -65,9 +65,8 @@ def recent(rt: Runtime) -> list[tuple[str, dict[str, Any], bool, dict[str, Any]]
     return [(op["tool"], op["arguments"], op["is_error"], op["metadata"]) for op in ops]
 
 
-def test_each_record_is_encoded_once_however_many_writes_carry_it(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def count_encodings(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every encoding the history makes for the store, from now on, in order."""
     encoded: list[bytes] = []
     real = history_module._encode  # noqa: SLF001
 
@@ -76,6 +75,13 @@ def test_each_record_is_encoded_once_however_many_writes_carry_it(
         return encoded[-1]
 
     monkeypatch.setattr(history_module, "_encode", counting)
+    return encoded
+
+
+def test_each_record_is_encoded_once_however_many_writes_carry_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    encoded = count_encodings(monkeypatch)
     store = SQLiteStore(tmp_path / "state.db")
     written: list[bytes] = []
     with Runtime(servers=[Planning], store=store) as rt:
@@ -99,14 +105,7 @@ def test_each_record_is_encoded_once_however_many_writes_carry_it(
 def test_a_record_the_bound_pushes_out_before_a_write_is_never_encoded(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    encoded: list[bytes] = []
-    real = history_module._encode  # noqa: SLF001
-
-    def counting(value: Any) -> bytes:
-        encoded.append(real(value))
-        return encoded[-1]
-
-    monkeypatch.setattr(history_module, "_encode", counting)
+    encoded = count_encodings(monkeypatch)
     monkeypatch.setenv("CTXACTORS_HISTORY_MAX_OPERATIONS", "3")
     store = SQLiteStore(tmp_path / "state.db")
     with Runtime(servers=[Planning], store=store) as rt:
