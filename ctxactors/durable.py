@@ -187,10 +187,13 @@ class _Saving(Pending):
     def answer(self, outcome: Outcome | StoreError) -> None:
         """In the writing thread, once the store has answered (only for a queued save)."""
         self.outcome = outcome
+        result = self.result
         try:
-            result = self.result
             if type(outcome) is not int:
                 result = self.durability.answer(self.write, outcome, result)
+        except Exception as exc:  # noqa: BLE001 - the caller must get an answer still
+            result = _unavailable(exc)
+        try:
             self.then(result)
         except Exception as exc:  # noqa: BLE001 - one caller must not strand the batch's rest
             self.durability._log.error("save_callback_failed", exc_info=exc)
@@ -414,6 +417,9 @@ class Durability:
         follower = self._followers.pop(session, None)
         if follower is not None:
             follower.close()
+            # A write it handed over just before may not be queued yet: it must land
+            # before the delete, not after (it would bring the session's history back).
+            follower.drain(self.save_timeout)
         for listener in self._listeners:
             listener.deleted(session)
         try:

@@ -40,7 +40,7 @@ import msgspec
 
 from ctxactors.durable import Durability
 from ctxactors.logs import lazy_logger
-from ctxactors.state import SessionRef, StoreError, Write
+from ctxactors.state import SessionRef, StoreError, Write, answering
 from ctxactors.tools import Scope
 
 KEY = ("history",)
@@ -132,6 +132,7 @@ class HistorySaver:
         self._session = session
         self._lock = threading.Lock()  # the history's own, once bound
         self._encodings: Callable[[], list[bytes]] = list
+        self._merge: Callable[[], object] = lambda: None
         self._next = 0  # the revision the next write expects
         self._retry_at = 0.0  # no store read before this (`time.monotonic`): see `load`
         self.loaded = False  # read by the history on every record, under its lock
@@ -144,15 +145,28 @@ class HistorySaver:
         # ago) may still have writes to make: read the store only once they are done.
         self._previous = durable.follow(session, self)
 
-    def bind(self, lock: threading.Lock, encodings: Callable[[], list[bytes]]) -> None:
+    def bind(
+        self,
+        lock: threading.Lock,
+        encodings: Callable[[], list[bytes]],
+        merge: Callable[[], object],
+    ) -> None:
         """Share the history's `lock`; `encodings()` (called with it held) lists the
-        records to write, oldest first, each as msgpack of a `Stored` or `StoredCall`."""
+        records to write, oldest first, each as msgpack of a `Stored` or `StoredCall`;
+        `merge()` (with it held) takes in what the store holds (`load`)."""
         self._lock = lock
         self._encodings = encodings
+        self._merge = merge
 
     def load(self) -> list[tuple[Stored | StoredCall, bytes]] | None:
         """(lock held) What the store holds: each record and its encoding, oldest first;
-        None when the store can't be read now (read it next time)."""
+        None when the store can't be read now (read it next time).
+
+        Never in a thread answering a batch of saves (a record added by a save's caller
+        there): waiting for the previous incarnation's writes would wait for that very
+        thread, so the records wait for the next read (or the flusher's `flush`)."""
+        if answering():
+            return None
         previous, self._previous = self._previous, None
         if previous is not None:
             previous.drain(self._durable.save_timeout)
@@ -189,14 +203,24 @@ class HistorySaver:
         self._durable.defer(self._session, self)
 
     def flush(self) -> None:
-        """Submit the waiting history now, unless a write of it is still under way."""
+        """Submit the waiting history now, unless a write of it is still under way. Not
+        read from the store yet (first used in a writing thread, or after a failed write),
+        it is read and merged first; if the store can't be read, the flusher tries again
+        a delay later (nothing is written blind over what the store holds)."""
         with self._lock:
             if not self._waiting or self._inflight or self._closed:
                 return
-            self._waiting = False
-            self._inflight = True
-            self._idle.clear()
-            records, expected = self._encodings(), self._next
+            if not self.loaded:
+                self._merge()
+            unread = not self.loaded
+            if not unread:
+                self._waiting = False
+                self._inflight = True
+                self._idle.clear()
+                records, expected = self._encodings(), self._next
+        if unread:
+            self.defer()
+            return
         write = Write(self._session, KEY, pack(records), expected)
         self._durable.commit.submit(write, self._done)
 
@@ -204,7 +228,7 @@ class HistorySaver:
         with self._lock:
             if isinstance(outcome, BaseException):  # stale or unavailable: re-read, merge
                 self.loaded = False
-                self._waiting = False  # the next record (or read) writes the merged history
+                self._waiting = True  # written again, merged, by the flusher's next pass
             else:
                 assert isinstance(outcome, int)
                 self._next = outcome
@@ -217,12 +241,18 @@ class HistorySaver:
     def drain(self, timeout: float) -> bool:
         """Write everything waiting and wait until it is written (or `timeout` passes)."""
         deadline = time.monotonic() + timeout
+        merged = False
         while True:
             self.flush()
             with self._lock:
                 if not self._inflight and (not self._waiting or self._closed):
                     return True
-            if not self._idle.wait(max(deadline - time.monotonic(), 0.0)):
+                unread = not self._inflight and not self.loaded
+            if unread:  # a write was refused: the next flush reads and merges first
+                if merged:
+                    return False  # the store can't be read now: nothing to wait for
+                merged = True
+            elif not self._idle.wait(max(deadline - time.monotonic(), 0.0)):
                 return False
 
     def close(self) -> None:

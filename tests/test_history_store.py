@@ -4,6 +4,7 @@ a call read back after a restart made into its record with the tool's own extrac
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from ctxactors.servers import Planning
 from ctxactors.servers.history import OperationRecord, SessionHistory, runtime_config
 from ctxactors.state import MemoryStore, SQLiteStore, StateStore, StoreUnavailableError, Write
 from ctxactors.testing import context_args as ctx_args
+from ctxactors.testing import wait_until
 
 S = "s1"
 A = "a1"
@@ -329,11 +331,128 @@ def test_a_stale_history_write_reloads_and_merges(tmp_path: Path) -> None:
         call(second, "note", text="b")  # second loads [a], adds b
         second.durability.flush()  # revision 2: [a, b]
         call(first, "note", text="c")  # first still expects revision 1
-        first.durability.flush()  # refused as stale: the next record reloads and merges
+        # Refused as stale: re-read, merged and written again by the same flush, with no
+        # later call needed (a session gone quiet after the refusal loses nothing).
+        first.durability.flush()
+        assert [s[2] for s in stored(one)] == [{"text": t} for t in "abc"]
         call(first, "note", text="d")
         first.durability.flush()
         assert [s[2] for s in stored(one)] == [{"text": t} for t in "abcd"]
         record = one.load(SESSION, KEY)
-        assert record is not None and record.revision == 3
+        assert record is not None and record.revision == 4
     one.close()
     two.close()
+
+
+def captured_calls(count: int) -> list[Any]:
+    """`count` real calls (create_goal) as the history's recorder sees them."""
+    with Runtime(servers=[Planning]) as rt:
+        captured: list[Any] = []
+        rt.add_observer(lambda *seen: captured.append(seen), before_reply=True)
+        for n in range(count):
+            call(rt, "create_goal", goal=f"goal {n}")
+    return captured
+
+
+def test_a_history_first_used_while_answering_saves_does_not_hold_up_the_store() -> None:
+    # A save's caller is answered (and its call recorded) in the thread that wrote the
+    # batch. A history first used there must not wait for its previous incarnation's
+    # writes: they are queued behind this very thread (every save stalled save_timeout).
+    durable = Durability(MemoryStore(), save_timeout=60, flush_delay=3600)
+    calls = captured_calls(2)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    previous = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    previous.record(*calls[0])  # the reaped incarnation's record, still to be written
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    other: list[int] = []
+
+    def answered(outcome: object) -> None:
+        threading.Thread(
+            target=lambda: other.append(durable.commit.save(Write((None, "x"), ("k",), b"1", 0)))
+        ).start()
+        history.record(*calls[1])  # in the writing thread, as a save's caller is answered
+
+    durable.commit.submit(Write(SESSION, ("k",), b"1", 0), answered)
+    # Not 60 s behind a drain: the other session's save is written at once.
+    wait_until(lambda: other == [1], 30, interval=0.01)
+    durable.flush()  # the flusher reads, merges and writes both incarnations' records
+    assert [s[2]["goal"] for s in stored(durable.store)] == ["goal 0", "goal 1"]
+    durable.close()
+
+
+def test_a_history_write_under_way_lands_before_its_session_is_ended(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    in_pack, go = threading.Event(), threading.Event()
+    real = history_store_module.pack
+
+    def slow_pack(records: list[bytes]) -> bytes:
+        in_pack.set()
+        go.wait(30)
+        return real(records)
+
+    monkeypatch.setattr(history_store_module, "pack", slow_pack)
+    monkeypatch.setenv("CTXACTORS_HISTORY_WRITE_DELAY", "0.01")
+    store = MemoryStore()
+    # end_session has gone as far as it goes while the write is held: waiting for it
+    # (the fix), or deleting the session (the bug: the write lands after the delete).
+    reached = threading.Event()
+    real_drain, real_delete = HistorySaver.drain, store.delete_session
+
+    def drain(saver: HistorySaver, timeout: float) -> bool:
+        reached.set()
+        return real_drain(saver, timeout)
+
+    def delete_session(session: Any) -> int:
+        reached.set()
+        return real_delete(session)
+
+    monkeypatch.setattr(HistorySaver, "drain", drain)
+    store.delete_session = delete_session  # type: ignore[method-assign]
+    with Runtime(servers=[Notes], store=store) as rt:
+        call(rt, "note", text="hi")
+        assert in_pack.wait(30)  # the flusher took the history and is writing it
+        ended = threading.Thread(target=rt.end_session, args=(S,))
+        ended.start()
+        assert reached.wait(30)
+        go.set()
+        ended.join(30)
+        assert not ended.is_alive()
+        assert rt.durability is not None
+        rt.durability.flush()
+    # The write landed before the delete, not after it: nothing of the session is back.
+    assert store.load(SESSION, KEY) is None
+
+
+def test_stored_records_a_history_never_wrote_are_skipped_and_the_rest_read(
+    tmp_path: Path,
+) -> None:
+    op = OperationRecord("", "note", {}, False, {}, None, None)
+    good = Stored(time.time() - 5, [Scope.SESSION.value, msgspec.to_builtins(op)])
+    records = [
+        msgspec.msgpack.encode(good),
+        msgspec.msgpack.encode(Stored(time.time(), ["no such scope", {}])),
+        msgspec.msgpack.encode(Stored(time.time(), [Scope.SESSION.value, {"tool": 7}])),
+        msgspec.msgpack.encode(Stored(1e300, [Scope.SESSION.value, {"tool": "note"}])),
+        msgspec.msgpack.encode(Stored(float("nan"), [Scope.SESSION.value, {"tool": "note"}])),
+    ]
+    store = SQLiteStore(tmp_path / "state.db")
+    assert store.write([Write(SESSION, KEY, history_store_module.pack(records), 0)]) == [1]
+    with capture_logs() as logs, Runtime(servers=[Notes], store=store) as rt:
+        # The one good record is read, beside the new call; reading the history works.
+        call(rt, "note", text="now")
+        assert [(tool, args) for tool, args, _, _ in recent(rt)] == [
+            ("note", {"text": "now"}),
+            ("note", {}),
+        ]
+    skipped = [e for e in logs if e["event"] == "history_record_unreadable"]
+    assert len(skipped) == 4
+    store.close()
+
+
+def test_a_long_argument_key_is_clipped_in_the_record() -> None:
+    record = history_module.compact({"params": {"k" * 100_000: 1}})
+    (key,) = record["params"]
+    assert len(key) < 600 and key.startswith("k" * 500) and key.endswith("(100000 chars)")
+    assert not history_module._flat_and_small({"k" * 501: 1})  # noqa: SLF001

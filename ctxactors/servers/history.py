@@ -167,7 +167,7 @@ class SessionHistory:
         self._saver = saver  # with a state store: the history is kept there too
         self._tools = tools or {}  # by name: the specs of calls read back from the store
         if saver is not None:
-            saver.bind(self._lock, self._encodings)
+            saver.bind(self._lock, self._encodings, lambda: self._merge_stored(saver))
 
     def add(self, record: _Record | _Pending) -> None:
         saver = self._saver
@@ -282,35 +282,44 @@ class SessionHistory:
         if stored is None:
             return False
         now = self.config.clock()
-        newest = stored[-1][0].wall if stored else float("-inf")
+        loaded: list[_Record | _Pending] = []
+        for item, raw in stored:
+            try:
+                loaded.append(self._from_store(item, raw, now))
+            except (ValueError, TypeError) as exc:  # msgspec's errors are ValueErrors
+                # Not a record this history wrote: skipped (the next write drops it).
+                get_logger("ctxactors.history").warning("history_record_unreadable", error=str(exc))
+        newest = loaded[-1][1] if loaded else float("-inf")
         ours = [r for r in self._ops if r[1] > newest]
         self._ops.clear()
-        for item, raw in stored:
-            clock = wall_to_clock(item.wall, now)
-            if type(item) is Stored:
-                scope, op = item.op
-                record = msgspec.convert(op, OperationRecord)
-                self._ops.append((clock, item.wall, Scope(scope), record, raw))
-            else:
-                call = cast(StoredCall, item)
-                spec = self._tools.get(call.tool, call.tool)
-                self._ops.append(
-                    (
-                        clock,
-                        call.wall,
-                        call.scope,
-                        spec,
-                        call.arguments,
-                        call.text,
-                        call.is_error,
-                        call.structured,
-                        call.assistant_id,
-                        call.thread_id,
-                        raw,
-                    )
-                )
+        self._ops.extend(loaded)
         self._ops.extend(ours)
         return bool(ours)
+
+    def _from_store(self, item: Stored | StoredCall, raw: bytes, now: float) -> _Record | _Pending:
+        """One stored record as this history keeps it (ValueError if it can't be one)."""
+        wall = item.wall
+        if not 0 <= wall <= _LAST_WALL:  # NaN fails this too
+            raise ValueError(f"a record's time is out of range: {wall!r}")
+        clock = wall_to_clock(wall, now)
+        if type(item) is Stored:
+            scope, op = item.op
+            return (clock, wall, Scope(scope), msgspec.convert(op, OperationRecord), raw)
+        call = cast(StoredCall, item)
+        spec = self._tools.get(call.tool, call.tool)
+        return (
+            clock,
+            wall,
+            call.scope,
+            spec,
+            call.arguments,
+            call.text,
+            call.is_error,
+            call.structured,
+            call.assistant_id,
+            call.thread_id,
+            raw,
+        )
 
     def current(self) -> list[_Record]:
         """The records within the TTL, oldest first (expired ones are dropped)."""
@@ -394,6 +403,10 @@ class _Recorder:
             return  # the session was ended meanwhile: nothing to add to
         history.record(ctx, spec, args, result)
 
+
+# The latest wall-clock time a stored record may carry (year 5138): a time a history never
+# wrote would break reading it (`_iso`) and never expire.
+_LAST_WALL = 1e11
 
 # A result text longer than this is made into its record at once (metadata, clipping), so a
 # session's pending records stay small.
@@ -559,7 +572,7 @@ def compact(value: Any, depth: int = 0) -> Any:
         if depth >= MAX_DEPTH:
             return f"<object of {len(value)} keys>"
         items = list(value.items())
-        out = {str(k): compact(v, depth + 1) for k, v in items[:MAX_ITEMS]}
+        out = {_clip(str(k), MAX_STRING): compact(v, depth + 1) for k, v in items[:MAX_ITEMS]}
         if len(items) > MAX_ITEMS:
             out["…"] = f"{len(items) - MAX_ITEMS} more keys"
         return out
@@ -584,8 +597,10 @@ def _flat_and_small(value: dict[Any, Any]) -> bool:
         return False
     for key, item in value.items():
         kind = type(item)
-        if type(key) is not str or (
-            len(item) > MAX_STRING if kind is str else kind not in _SCALARS
+        if (
+            type(key) is not str
+            or len(key) > MAX_STRING
+            or (len(item) > MAX_STRING if kind is str else kind not in _SCALARS)
         ):
             return False
     return True

@@ -18,7 +18,7 @@ from ctxactors.state._base import (
     Write,
     encode_ref,
 )
-from ctxactors.state._commit import Done, GroupCommit, Pending
+from ctxactors.state._commit import Done, GroupCommit, Pending, answering
 from ctxactors.state._memory import MemoryStore
 from ctxactors.state._open import default_data_dir, open_store
 from ctxactors.state._redis import RedisStore
@@ -41,6 +41,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailableError",
     "Write",
+    "answering",
     "default_data_dir",
     "encode_ref",
     "open_store",

@@ -36,6 +36,16 @@ _log = lazy_logger("ctxactors.state")
 # Gives the CPU to the other runnable threads (and the GIL with it).
 _yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
 
+# Set in a thread while it answers a written batch (see `answering`).
+_answering = threading.local()
+
+
+def answering() -> bool:
+    """True in a thread answering a batch of saves: what runs there (a save's callback, a
+    caller's reply) must not wait for another save, which would wait for this thread."""
+    return getattr(_answering, "on", False)
+
+
 # Called in the writing thread with the save's revision, or the error that refused it.
 Done = Callable[[Outcome | StoreError], None]
 
@@ -248,11 +258,15 @@ class GroupCommit:
         self._last = len(batch)
         if self.on_write is not None:
             self.on_write(time.perf_counter() - started, outcomes)
-        for pending, outcome in zip(batch, outcomes, strict=True):
-            if pending.batch is not None:  # the leader: answered by returning, not woken
-                pending.outcome = outcome
-            else:
-                pending.answer(outcome)
+        _answering.on = True
+        try:
+            for pending, outcome in zip(batch, outcomes, strict=True):
+                if pending.batch is not None:  # the leader: answered by returning, not woken
+                    pending.outcome = outcome
+                else:
+                    pending.answer(outcome)
+        finally:
+            _answering.on = False
 
     def close(self) -> None:
         """Refuse new saves and wait until those already queued are written."""
