@@ -94,8 +94,8 @@ _MAX_HISTORY_BYTES = 64 * 1024 * 1024
 
 
 def pack(records: list[bytes]) -> bytes:
-    """The stored form of a history: its records' encodings (each made once, when its call
-    was recorded: msgpack of `Stored` or `StoredCall`), as one compressed array."""
+    """The stored form of a history: its records' encodings (each made once, by the first
+    write that carries it: msgpack of `Stored` or `StoredCall`), as one compressed array."""
     return _ZLIB + zlib.compress(_encode([msgspec.Raw(r) for r in records]), 1)
 
 

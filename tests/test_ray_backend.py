@@ -76,6 +76,17 @@ def sessions_on(shard: int, shards: int, count: int, prefix: str) -> list[str]:
     return found
 
 
+def live_sessions_around_shard_2(front_end: Runtime, prefix: str) -> tuple[list[str], list[str]]:
+    """Six sessions that shard 2 of 3 owns and twelve it does not, each with a live key
+    through `front_end`: (the moving ones, all of them)."""
+    moving = sessions_on(2, 3, 6, prefix)
+    staying = [s for s in (f"{prefix}{i}" for i in range(40)) if owner((None, s), 3) != 2][:12]
+    sessions = moving + staying
+    for session in sessions:
+        front_end.call("get_planning_state", {"__sessionId": session})
+    return moving, sessions
+
+
 def goals(runtime: Runtime, session: str, **kw: Any) -> list[str]:
     result = runtime.call("get_planning_state", {"__sessionId": session}, **kw)
     assert not result.is_error, result.text
@@ -510,11 +521,8 @@ def test_adding_a_shard_under_load_moves_only_its_sessions_and_loses_nothing(
 ) -> None:
     first, backend = front_ends()
     second, other = front_ends()
-    moving = sessions_on(2, 3, 6, "grow-")
-    staying = [s for s in (f"grow-{i}" for i in range(40)) if owner((None, s), 3) != 2][:12]
-    sessions = moving + staying
-    for session in sessions:  # every session has a live key before the shard is added
-        first.call("get_planning_state", {"__sessionId": session})
+    # Every session has a live key before the shard is added.
+    moving, sessions = live_sessions_around_shard_2(first, "grow-")
     added: list[int] = []
     grown = threading.Event()
 
@@ -544,11 +552,8 @@ def test_removing_a_shard_under_load_moves_only_its_sessions_and_loses_nothing(
 
     first, backend = front_ends(shards=3)
     second, other = front_ends(shards=3)
-    moving = sessions_on(2, 3, 6, "shrink-")
-    staying = [s for s in (f"shrink-{i}" for i in range(40)) if owner((None, s), 3) != 2][:12]
-    sessions = moving + staying
-    for session in sessions:  # every session has a live key before the shard is removed
-        first.call("get_planning_state", {"__sessionId": session})
+    # Every session has a live key before the shard is removed.
+    _, sessions = live_sessions_around_shard_2(first, "shrink-")
     removed: list[int] = []
 
     def shrink() -> None:
