@@ -3,6 +3,7 @@
     CtxActorsError                      the base; `code` is its JSON-RPC error code
     ├── UnknownToolError                no tool of that name (-32602)
     ├── InvalidArgumentsError           arguments that aren't a JSON object or don't fit (-32602)
+    ├── NoConversationError             a framework call that names no conversation (-32602)
     ├── CallTimeoutError                no reply in time (-32001)
     ├── RuntimeClosedError              the runtime takes no more calls (-32002)
     ├── ToolError                       raised by a handler: fails its call with this message
@@ -35,6 +36,7 @@ __all__ = [
     "DuplicateToolError",
     "InvalidArgumentsError",
     "ModelError",
+    "NoConversationError",
     "RuntimeClosedError",
     "SandboxUnavailableError",
     "ServerDefinitionError",
@@ -68,6 +70,17 @@ class UnknownToolError(CtxActorsError):
 
 class InvalidArgumentsError(CtxActorsError):
     """The arguments are not a JSON object, or don't fit the tool's schema."""
+
+    code = -32602
+
+
+class NoConversationError(CtxActorsError):
+    """A host framework called a tool without saying which conversation it belongs to.
+
+    Raised by `ctxactors.integrations`, never run under a shared ``default`` session: the
+    message says where that framework carries the conversation's id. Not an
+    `InvalidArgumentsError`, because the model can't fix it by retrying; the host must.
+    """
 
     code = -32602
 

@@ -22,6 +22,7 @@ EXPORTED = [
     "DuplicateToolError",
     "InvalidArgumentsError",
     "ModelError",
+    "NoConversationError",
     "Runtime",
     "RuntimeClosedError",
     "SandboxUnavailableError",
