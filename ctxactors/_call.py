@@ -28,6 +28,7 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
+from ctxactors._tool_loop import ToolLoop, tool_deadline
 from ctxactors.batch.compensation import as_compensation
 from ctxactors.context import ToolContext
 from ctxactors.logs import call_logger, lazy_logger
@@ -101,7 +102,15 @@ class CallHost:
     One per runtime; the lists are the runtime's own, so observers added later apply.
     """
 
-    __slots__ = ("log", "log_call", "durable", "observers", "early_observers", "wrappers")
+    __slots__ = (
+        "log",
+        "log_call",
+        "durable",
+        "observers",
+        "early_observers",
+        "wrappers",
+        "tool_loop",
+    )
 
     def __init__(
         self,
@@ -117,6 +126,7 @@ class CallHost:
         self.observers = observers
         self.early_observers = early_observers
         self.wrappers: tuple[CallWrapper, ...] = ()
+        self.tool_loop = ToolLoop()  # where async tools run (its thread starts on first use)
 
 
 class Envelope:
@@ -156,13 +166,16 @@ _log = lazy_logger("ctxactors.call")
 
 
 def caller_deadline() -> float | None:
-    """When the caller of the call this actor thread is running stops waiting for it.
+    """When the caller of the call this actor thread (or async tool) is running stops
+    waiting for it.
 
     A `time.monotonic` instant, or None when unknown. A handler that starts more work on
     its caller's behalf (the batch tool) ends that work before this, so nothing runs for a
     caller that has given up.
     """
     deadline: float | None = getattr(_running, "deadline", None)
+    if deadline is None:  # an async tool's coroutine, on the runtime's loop
+        deadline = tool_deadline.get()
     return deadline
 
 
@@ -253,6 +266,8 @@ def _handle(envelope: Envelope, server: Any) -> ToolResult:
         compensation = as_compensation(spec.compensate)
         if compensation is not None and reply is not None:
             cast(PriorReply, reply).prior = compensation.prepare(server, call.ctx, args)
+    if spec.is_async:
+        return spec.invoke(server, call.ctx, args, envelope.host.tool_loop, call.deadline)
     return spec.invoke(server, call.ctx, args)
 
 

@@ -31,6 +31,7 @@ import msgspec
 from ctxactors._actors import AsyncReply, ReplyExpired, SyncReply, take_sync_reply
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
+from ctxactors._tool_loop import CancelledResult
 from ctxactors.context import (
     DEFAULT_SESSION,
     ToolContext,
@@ -217,8 +218,8 @@ class Runtime:
         if not reply.wait(wait):
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
         result: ToolResult = reply.recycle()
-        if type(result) is not ToolResult and isinstance(result, CtxActorsError):
-            raise result  # the backend's (a shard that went away)
+        if type(result) is not ToolResult:
+            _raise_odd_reply(result, tool, wait)
         return result
 
     async def acall(
@@ -242,8 +243,8 @@ class Runtime:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s") from None
         finally:
             reply.settle()
-        if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
-            raise result
+        if type(result) is not ToolResult:
+            _raise_odd_reply(result, tool, wait)
         return result
 
     def _dispatch(
@@ -409,6 +410,7 @@ class Runtime:
         self._registry.close(timeout=self.call_timeout)
         if self._backend is not None:
             self._backend.close()
+        self._host.tool_loop.close()  # after the actors: none waits on a coroutine now
         if self._durable is not None:
             self._durable.close()  # after the actors: their last saves are written
 
@@ -422,6 +424,14 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _raise_odd_reply(result: Any, tool: str, wait: float) -> None:
+    """Raise what a reply other than a plain `ToolResult` stands for, if anything."""
+    if isinstance(result, CtxActorsError):  # the backend's (a shard that went away)
+        raise result
+    if isinstance(result, CancelledResult):  # an async tool cancelled at the deadline
+        raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
 
 
 def _trace_if_enabled(runtime: Runtime) -> None:

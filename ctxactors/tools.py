@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from ctxactors._tool_loop import Cancelled, CancelledResult, ToolLoop
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
 from ctxactors.errors import DuplicateToolError, InvalidArgumentsError, ServerDefinitionError
@@ -90,6 +91,7 @@ class ToolSpec:
         "input_schema",
         "extract",
         "compensate",
+        "is_async",
         "_validate",
         "_untyped",
     )
@@ -103,6 +105,14 @@ class ToolSpec:
         self.name = options.name or fn.__name__
         self.server = server
         self.fn = fn
+        if inspect.isasyncgenfunction(fn):
+            raise ServerDefinitionError(
+                f"tool {self.name!r} of {server.__name__} is an async generator: a tool "
+                "returns one result; make it an `async def` that returns it"
+            )
+        # Awaited on the runtime's own loop (`ctxactors._tool_loop`), its key's actor
+        # waiting: one key's calls stay one at a time and in order.
+        self.is_async = inspect.iscoroutinefunction(fn)
         self.description = inspect.cleandoc(fn.__doc__ or "").strip() or self.name
         self.args_type = _args_type(server, fn, self.name)
         self.field_names = tuple(f.name for f in msgspec.structs.fields(self.args_type))
@@ -134,15 +144,31 @@ class ToolSpec:
         except msgspec.ValidationError as exc:
             raise InvalidArgumentsError(f"invalid arguments for {self.name!r}: {exc}") from None
 
-    def invoke(self, instance: Server, ctx: ToolContext, args: Any) -> ToolResult:
+    def invoke(
+        self,
+        instance: Server,
+        ctx: ToolContext,
+        args: Any,
+        loop: ToolLoop | None = None,
+        deadline: float | None = None,
+    ) -> ToolResult:
         """Run the handler on a server instance; whatever it raises becomes an error result.
 
-        A result the encoder can't write becomes an error result too: it would otherwise
-        fail at the transport, or be recorded and break every later history answer.
+        An async handler's coroutine runs on `loop` until it is done, or is cancelled at
+        `deadline` (`time.monotonic`). A result the encoder can't write becomes an error
+        result too: it would otherwise fail at the transport, or be recorded and break
+        every later history answer.
         """
         try:
             value = self.fn(instance, ctx, **_asdict(args))
+            if self.is_async:
+                if loop is None:
+                    value.close()  # never started: no "never awaited" warning
+                    raise RuntimeError("an async tool needs its runtime's event loop")
+                value = loop.run(value, deadline)
             result = ToolResult.ok(value)
+        except Cancelled as exc:
+            return CancelledResult.error(str(exc))
         except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
             result = ToolResult.from_exception(exc)
             text = result.text
