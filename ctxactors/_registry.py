@@ -44,6 +44,8 @@ from ctxactors.tools import Key
 
 # Stop messages sent between two yields of the GIL (see `Registry._stop`).
 _STOP_BATCH = 64
+# Entries one reaper slice looks at with the registry's lock held (see `Registry.reap`).
+_REAP_SLICE = 1024
 
 
 class SessionState:
@@ -93,7 +95,7 @@ class Entry(Lifecycle):
     def __init__(self, key: Key, now: float, shared: SessionState, registry: Registry) -> None:
         super().__init__()
         self.key = key
-        self.actor: KeyActor | None = None
+        self.actor: Any = None  # a `KeyActor` or a `ctxactors._scheduler.PoolActor`
         self.sent = 0
         self.done = 0
         self.sent_at = now
@@ -126,6 +128,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         scan_interval: float | None = None,
         log: Any = None,
+        launch: Callable[[Callable[[], Any], Lifecycle], Any] = KeyActor.launch,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
@@ -137,6 +140,7 @@ class Registry:
         self.max_actors = max_actors
         self.max_actors_per_principal = max_actors_per_principal
         self.clock = clock
+        self._launch = launch  # (factory, lifecycle) -> a started actor of the key
         self._log = log if log is not None else get_logger("ctxactors")
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
@@ -238,7 +242,7 @@ class Registry:
         if shared is None:
             shared = self._session_state[key.session] = SessionState()
         entry = Entry(key, self.clock(), shared, self)
-        entry.actor = KeyActor.launch(factory, entry)
+        entry.actor = self._launch(factory, entry)
         self._entries[key] = entry
         self._by_session.setdefault(key.session, set()).add(key)
         self._by_principal.setdefault(key.principal, OrderedDict())[key] = entry
@@ -300,9 +304,15 @@ class Registry:
 
     def _stop(self, entries: Iterable[Entry]) -> None:
         for n, entry in enumerate(entries, 1):
+            actor = entry.actor
             try:
-                if entry.actor is not None:
-                    entry.actor.stop()  # a plain message after the calls already queued
+                if actor is None:
+                    continue
+                # A pooled actor nobody runs stops here and now: no job for a worker.
+                stop_if_idle = getattr(actor, "stop_if_idle", None)
+                if stop_if_idle is not None and stop_if_idle():
+                    continue
+                actor.stop()  # a plain message after the calls already queued
             except pykka.ActorDeadError:
                 entry.closed.set()
             if n % _STOP_BATCH == 0:
@@ -311,23 +321,35 @@ class Registry:
                 time.sleep(0)
 
     def reap(self) -> int:
-        """One TTL pass: stop every idle actor unused for longer than `ttl`."""
-        with self._lock:
-            cutoff = self.clock() - self.ttl
-            victims = []
-            for entry in self._entries.values():
-                if entry.sent_at > cutoff:
-                    break  # in the order sent: every later entry was sent a call since
-                # idle first: an actor that has finished has already written `last_used`
-                if entry.idle() and entry.last_used <= cutoff:
-                    victims.append(entry)
+        """One TTL pass: stop every idle actor unused for longer than `ttl`.
+
+        In slices of `_REAP_SLICE` entries, the lock let go between them: a million keys
+        expiring together must not hold up every call for the whole pass.
+        """
+        cutoff = self.clock() - self.ttl
+        reaped = 0
+        skip: set[Key] = set()  # expired but busy: passed over, not reaped this pass
+        while True:
+            with self._lock:
+                victims: list[Entry] = []
+                for key, entry in self._entries.items():
+                    if entry.sent_at > cutoff or len(victims) >= _REAP_SLICE:
+                        break  # in the order sent: every later entry was sent a call since
+                    # idle first: an actor that has finished has already written `last_used`
+                    if key not in skip:
+                        if entry.idle() and entry.last_used <= cutoff:
+                            victims.append(entry)
+                        else:
+                            skip.add(key)
+                for entry in victims:
+                    self._retire(entry)
+                self._counts["reaped"] += len(victims)
+            self._stop(victims)
             for entry in victims:
-                self._retire(entry)
-            self._counts["reaped"] += len(victims)
-        self._stop(victims)
-        for entry in victims:
-            self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
-        return len(victims)
+                self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
+            reaped += len(victims)
+            if not victims:
+                return reaped
 
     def end_session(self, session: SessionKey, wait: float | None = None) -> int:
         """Retire every actor of `session` (a ``(principal, session_id)`` pair); with

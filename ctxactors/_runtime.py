@@ -28,9 +28,17 @@ from typing import Any
 
 import msgspec
 
-from ctxactors._actors import AsyncReply, ReplyExpired, SyncReply, take_sync_reply
+from ctxactors._actors import (
+    AsyncReply,
+    KeyActor,
+    Lifecycle,
+    ReplyExpired,
+    SyncReply,
+    take_sync_reply,
+)
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
+from ctxactors._scheduler import BlockingPool, Dispatcher, PoolActor
 from ctxactors._tool_loop import CancelledResult
 from ctxactors.context import (
     DEFAULT_SESSION,
@@ -125,6 +133,14 @@ class Runtime:
             scan_interval = None  # the shards reap their keys; a front end hosts none
         elif scan_interval is None and clock is None:
             scan_interval = min(max(ttl / 4, 0.05), 60.0)
+        actors = self.settings.actors
+        self._dispatcher: Dispatcher | None = None
+        launch: Callable[..., Any] = KeyActor.launch
+        if actors.scheduler == "pool":
+            self._dispatcher = Dispatcher(
+                actors.workers, blocking=BlockingPool(actors.blocking_threads)
+            )
+            launch = functools.partial(_launch_pooled, dispatcher=self._dispatcher)
         self._registry = Registry(
             ttl=ttl,
             max_actors=max_actors,
@@ -132,6 +148,7 @@ class Runtime:
             clock=self.clock,
             scan_interval=scan_interval,
             log=self._log,
+            launch=launch,
         )
         # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
         self._durable = (
@@ -213,9 +230,12 @@ class Runtime:
         ``is_error=True``.
         """
         wait = self.call_timeout if timeout is None else timeout
-        reply = take_sync_reply(_monotonic() + wait)
+        deadline = _monotonic() + wait
+        reply = take_sync_reply(deadline)
         self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
-        if not reply.wait(wait):
+        # A call run here, on this thread (`ctxactors._scheduler`), answers even when late:
+        # past its deadline it is a timeout all the same, as it would have been elsewhere.
+        if not reply.wait(wait) or _monotonic() > deadline:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
         result: ToolResult = reply.recycle()
         if type(result) is not ToolResult:
@@ -411,6 +431,8 @@ class Runtime:
         if self._backend is not None:
             self._backend.close()
         self._host.tool_loop.close()  # after the actors: none waits on a coroutine now
+        if self._dispatcher is not None:
+            self._dispatcher.close()  # after the loop: a cancelled coroutine's actor resumes
         if self._durable is not None:
             self._durable.close()  # after the actors: their last saves are written
 
@@ -424,6 +446,12 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _launch_pooled(
+    factory: Callable[[], Any], lifecycle: Lifecycle, *, dispatcher: Dispatcher
+) -> PoolActor:
+    return PoolActor.launch(factory, lifecycle, dispatcher)
 
 
 def _raise_odd_reply(result: Any, tool: str, wait: float) -> None:

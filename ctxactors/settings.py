@@ -213,6 +213,13 @@ def _mode(name: str, raw: str | None) -> str:
     return mode
 
 
+def _scheduler(name: str, raw: str | None) -> str:
+    scheduler = (raw or "pool").lower()
+    if scheduler not in ("pool", "thread"):
+        raise ValueError(f"{name} must be pool or thread, got {scheduler!r}")
+    return scheduler
+
+
 def _bwrap(name: str, raw: str | None) -> str:
     return raw or shutil.which("bwrap") or "/usr/bin/bwrap"
 
@@ -348,6 +355,17 @@ class WorkspaceSettings(Group, frozen=True):
     sandbox: SandboxSettings = SandboxSettings()
 
 
+class ActorSettings(Group, frozen=True):
+    """How key actors are run (see `ctxactors._scheduler`)."""
+
+    # "pool": on `workers` threads, however many keys (the default); "thread": an OS
+    # thread per live key, as before (bounded by the kernel's pid_max, ~30,000 keys).
+    scheduler: Annotated[Literal["pool", "thread"], var("CTXACTORS_SCHEDULER", _scheduler)] = "pool"
+    workers: Annotated[Count, var("CTXACTORS_WORKERS")] = 8
+    # The elastic pool of `@tool(blocking=True)` calls (subprocesses, batches) at most.
+    blocking_threads: Annotated[Count, var("CTXACTORS_BLOCKING_THREADS")] = 512
+
+
 class MetricsSettings(Group, frozen=True):
     """Bounds of the Prometheus metrics (`ctxactors.metrics`)."""
 
@@ -379,6 +397,7 @@ class Settings(Group, frozen=True):
     history: HistorySettings = HistorySettings()
     workspace: WorkspaceSettings = WorkspaceSettings()
     metrics: MetricsSettings = MetricsSettings()
+    actors: ActorSettings = ActorSettings()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
@@ -391,6 +410,7 @@ DEFAULTS = Settings()
 
 __all__ = [
     "DEFAULTS",
+    "ActorSettings",
     "BatchSettings",
     "Cap",
     "ContentSettings",

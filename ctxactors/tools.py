@@ -92,6 +92,7 @@ class ToolSpec:
         "extract",
         "compensate",
         "is_async",
+        "blocking",
         "_validate",
         "_untyped",
     )
@@ -113,6 +114,9 @@ class ToolSpec:
         # Awaited on the runtime's own loop (`ctxactors._tool_loop`), its key's actor
         # waiting: one key's calls stay one at a time and in order.
         self.is_async = inspect.iscoroutinefunction(fn)
+        # Run apart from the actors' small worker pool (`ctxactors._scheduler`), so a tool
+        # that waits (a subprocess, a file, another key's answer) holds none of its workers.
+        self.blocking = options.blocking
         self.description = inspect.cleandoc(fn.__doc__ or "").strip() or self.name
         self.args_type = _args_type(server, fn, self.name)
         self.field_names = tuple(f.name for f in msgspec.structs.fields(self.args_type))
@@ -167,14 +171,39 @@ class ToolSpec:
                     raise RuntimeError("an async tool needs its runtime's event loop")
                 value = loop.run(value, deadline)
             result = ToolResult.ok(value)
-        except Cancelled as exc:
-            return CancelledResult.error(str(exc))
         except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
-            result = ToolResult.from_exception(exc)
-            text = result.text
-            return result if text.isascii() else ToolResult.error(printable(text))
+            return self.failed(exc)
         if type(value) is dict or not isinstance(value, _UNENCODED):
             return result  # `ToolResult.ok` has encoded it already
+        return self._checked(result)
+
+    def start(self, instance: Server, ctx: ToolContext, args: Any) -> Any:
+        """An async handler's coroutine, not started yet (a scheduler awaits it while its
+        actor is parked), or the error result when the handler could not even make one."""
+        try:
+            return self.fn(instance, ctx, **_asdict(args))
+        except BaseException as exc:  # noqa: BLE001
+            return self.failed(exc)
+
+    def returned(self, value: Any) -> ToolResult:
+        """What `invoke` makes of a handler's value (an awaited coroutine's, here)."""
+        try:
+            result = ToolResult.ok(value)
+        except BaseException as exc:  # noqa: BLE001
+            return self.failed(exc)
+        if type(value) is dict or not isinstance(value, _UNENCODED):
+            return result
+        return self._checked(result)
+
+    def failed(self, exc: BaseException) -> ToolResult:
+        """What `invoke` makes of what a handler raised."""
+        if isinstance(exc, Cancelled):
+            return CancelledResult.error(str(exc))
+        result = ToolResult.from_exception(exc)
+        text = result.text
+        return result if text.isascii() else ToolResult.error(printable(text))
+
+    def _checked(self, result: ToolResult) -> ToolResult:
         problem = result_problem(result)
         if problem is None:
             return result
@@ -202,6 +231,7 @@ class _ToolOptions(msgspec.Struct, frozen=True):
     open_world: bool = False
     extract: Callable[..., Any] | None = None
     compensate: Callable[..., Any] | None = None
+    blocking: bool = False
 
     def annotations(self) -> dict[str, Any]:
         hints: dict[str, Any] = {"readOnlyHint": self.read_only}
@@ -250,6 +280,7 @@ def tool(
     open_world: bool = False,
     extract: Extractor | None = None,
     compensate: Callable[..., Any] | None = None,
+    blocking: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Mark a server method as a tool: ``@tool`` or ``@tool(read_only=True, ...)``.
@@ -257,7 +288,10 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     The options become MCP annotations (``readOnlyHint``, ``destructiveHint``,
     ``idempotentHint``, ``openWorldHint``, ``title``). `extract` is a per-tool metadata
     extractor for the operation history and `compensate` the undo used by transactional
-    batches; see those servers for their signatures.
+    batches; see those servers for their signatures. ``blocking=True`` says a sync tool
+    waits on something outside Python (a subprocess, a file, the network, another key's
+    answer): it then runs on a separate, elastic pool of threads instead of the actors'
+    small worker pool (an ``async def`` tool never needs it: it awaits instead).
     """
     opts = _ToolOptions(**options)
 

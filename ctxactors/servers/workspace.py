@@ -347,6 +347,7 @@ class Workspace(Server):
 
     @tool(
         open_world=True,
+        blocking=True,  # starts a sandbox (fork, exec, namespaces: milliseconds)
         compensate=_undo_execute,
         extract=pick(process_id="processId", status="status"),
     )
@@ -406,7 +407,7 @@ class Workspace(Server):
             "output": proc.output(),
         }
 
-    @tool(destructive=True, idempotent=True, extract=_PROCESS_OUTCOME)
+    @tool(destructive=True, idempotent=True, blocking=True, extract=_PROCESS_OUTCOME)
     def kill_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
         """Kill a running process of this session and everything it started."""
         proc = self._get(processId)
