@@ -38,6 +38,7 @@ Settings (`ctxactors.settings.WorkspaceSettings`, from the runtime's settings):
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import selectors
@@ -53,6 +54,7 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 
 from ctxactors import sandbox as sandboxes
+from ctxactors._launcher import launch
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
@@ -371,7 +373,8 @@ class Workspace(Server):
         process_id = "p_" + secrets.token_urlsafe(12)
         if not self.sandbox.enabled:
             _warn_unsandboxed(self._log, "command_unsandboxed", process_id=process_id)
-        popen = sandboxes.start(self.sandbox, workdir, command)
+        # From the launcher's thread: this one may end before the command does (see there).
+        popen = launch(functools.partial(sandboxes.start, self.sandbox, workdir, command))
         proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, self._finished)
         with self._active_lock:
             self._active += 1
