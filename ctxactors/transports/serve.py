@@ -166,6 +166,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
+    except StoreUnavailableError as exc:  # a damaged or unreadable file: the operator's fix
+        raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
