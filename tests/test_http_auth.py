@@ -530,6 +530,33 @@ def test_bad_jwts_get_401_pointing_at_the_metadata(
     assert_401(httpx.post(f"{jwt_url}/api/v1/tools/list_content", json={}), metadata)
 
 
+def test_a_jwt_whose_principal_is_no_id_gets_401_and_harms_no_one(
+    jwt_url: str, rsa_key: rsa.RSAPrivateKey
+) -> None:
+    """A principal is checked as a session id is: a validly signed token whose principal
+    could not be stored or sent back (a lone surrogate, a control character, 257
+    characters, a number) authenticates no one."""
+    metadata = f"{jwt_url}/.well-known/oauth-protected-resource"
+    for sub in ("\ud800", "alice\x00", "bob\x1b[31m", "a" * 257, " alice", 42, ""):
+        token = make_jwt(rsa_key, sub=sub)
+        for method, path in (
+            ("POST", "/api/v1/tools/create_goal"),
+            ("DELETE", "/api/v1/sessions/s"),
+            ("POST", "/mcp"),
+        ):
+            response = httpx.request(
+                method,
+                f"{jwt_url}{path}",
+                json={"goal": "x"} if method == "POST" else None,
+                headers={**bearer(token), **MCP_ACCEPT, "X-Session-Id": "s"},
+            )
+            assert response.status_code == 401, (sub, path, response.text)
+            assert_401(response, metadata)
+    alice = make_jwt(rsa_key, sub="alice")
+    assert call(jwt_url, "create_goal", {"goal": "ok"}, token=alice, session="s").status_code == 200
+    assert rest_goals(jwt_url, alice, "s") == ["ok"]
+
+
 def _hs256_with(secret: bytes) -> str:
     """A token "signed" with the server's public key as an HMAC secret (alg confusion)."""
     import base64
@@ -691,3 +718,17 @@ def test_a_bad_token_file_exits_2_without_echoing_a_token(
     tokens.write_text(f"{ALICE} alice\n{ALICE} bob\n")
     assert cli_main(["serve", "--transport", "http", "--auth-tokens", str(tokens)]) == 2
     assert "a token is listed twice" in capsys.readouterr().err
+
+
+def test_a_token_file_principal_that_is_no_id_exits_2_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# who\n{ALICE} alice\n{BOB} bob\x07\n", encoding="utf-8")
+    assert cli_main(["serve", "--transport", "http", "--auth-tokens", str(tokens)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"ctxactors serve: --auth-tokens {tokens} line 3: the principal contains the "
+        "character '\\x07', which no header carries\n"
+    )
+    assert BOB not in err

@@ -35,9 +35,11 @@ from pydantic import AnyHttpUrl
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ctxactors.context import MAX_ID, check_id
+from ctxactors.errors import InvalidArgumentsError
 from ctxactors.logs import lazy_logger
 
-MAX_PRINCIPAL = 256
+MAX_PRINCIPAL = MAX_ID  # a principal is checked as an id is
 MIN_TOKEN = 16  # a shorter static token is guessable; refused when the file is read
 JWT_LEEWAY_S = 30  # clock skew allowed between the token issuer and this server
 # Paths anyone may read: a health probe, and the metadata that tells a client how to get a
@@ -78,9 +80,14 @@ def _access_token(token: str, principal: str, scopes: Any = None, **extra: Any) 
 
 
 def _check_principal(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_PRINCIPAL:
-        raise AuthConfigError(f"{where}: a principal must be a string of 1 to {MAX_PRINCIPAL}")
-    return value
+    """`value` if it can be a principal: a string that could be a session id (`check_id`),
+    since it is stored, logged and sent back beside one; else `AuthConfigError`."""
+    if not isinstance(value, str):
+        raise AuthConfigError(f"{where}: a principal must be a string, not {type(value).__name__}")
+    try:
+        return check_id(value, "the principal")
+    except InvalidArgumentsError as exc:
+        raise AuthConfigError(f"{where}: {exc}") from None
 
 
 # -- static tokens ---------------------------------------------------------------------------
