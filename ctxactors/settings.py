@@ -356,6 +356,16 @@ class MetricsSettings(Group, frozen=True):
     max_principals: Annotated[Count, var("CTXACTORS_METRICS_MAX_PRINCIPALS")] = 100
 
 
+class HttpSettings(Group, frozen=True):
+    """What one client or principal may hold of the HTTP server (``serve --transport http``)."""
+
+    # Open stateful MCP sessions of one authenticated principal (the SDK's own cap, 10,000,
+    # is for the whole server: without this one a single principal could take them all).
+    max_sessions_per_principal: Annotated[
+        Count, var("CTXACTORS_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
+    ] = 100
+
+
 class Settings(Group, frozen=True):
     """Every limit of one runtime. Give it to ``Runtime(settings=...)``.
 
@@ -379,6 +389,7 @@ class Settings(Group, frozen=True):
     history: HistorySettings = HistorySettings()
     workspace: WorkspaceSettings = WorkspaceSettings()
     metrics: MetricsSettings = MetricsSettings()
+    http: HttpSettings = HttpSettings()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
@@ -395,6 +406,7 @@ __all__ = [
     "Cap",
     "ContentSettings",
     "HistorySettings",
+    "HttpSettings",
     "MetricsSettings",
     "PlanningSettings",
     "PlaybooksSettings",

@@ -352,7 +352,8 @@ def test_one_principal_holds_at_most_its_cap_of_mcp_sessions(static_url: str) ->
                 assert refused.status_code == 429
                 assert refused.json()["error"]["message"] == (
                     "principal 'alice' already has 2 open MCP sessions, the most allowed; "
-                    "end one (DELETE /mcp with its Mcp-Session-Id) or reuse it"
+                    "end one (DELETE /mcp with its Mcp-Session-Id) or reuse it; an idle one "
+                    "ends by itself after 1800 s"
                 )
                 assert "Mcp-Session-Id" not in refused.headers
                 # Another principal is not affected, and alice's sessions keep working.
@@ -366,6 +367,40 @@ def test_one_principal_holds_at_most_its_cap_of_mcp_sessions(static_url: str) ->
             await _delete_session(reopened)
 
     anyio.run(main)
+
+
+def test_by_default_one_principal_holds_at_most_100_mcp_sessions(tokens: str) -> None:
+    """No flag: the default cap holds one principal to 100 sessions, others still open
+    theirs, and a session that ends gives its place back."""
+    cap = 100  # the documented default (README: http.max_sessions_per_principal)
+    with http_server("--auth-tokens", tokens) as (url, _proc), httpx.Client() as http:
+
+        def initialize(token: str) -> httpx.Response:
+            return http.post(url, json=INITIALIZE, headers={**bearer(token), **MCP_ACCEPT})
+
+        opened = [initialize(ALICE) for _ in range(cap)]
+        assert [r.status_code for r in opened] == [200] * cap
+        refused = initialize(ALICE)
+        assert refused.status_code == 429
+        assert refused.json() == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {
+                "code": -32000,
+                "message": f"principal 'alice' already has {cap} open MCP sessions, the most "
+                "allowed; end one (DELETE /mcp with its Mcp-Session-Id) or reuse it; an idle "
+                "one ends by itself after 1800 s",
+            },
+        }
+        assert "Mcp-Session-Id" not in refused.headers
+        bob = initialize(BOB)
+        assert bob.status_code == 200, bob.text
+        ended = http.delete(
+            url, headers={**bearer(ALICE), "Mcp-Session-Id": opened[0].headers["Mcp-Session-Id"]}
+        )
+        assert ended.status_code == 200
+        assert initialize(ALICE).status_code == 200  # the ended session's place
+        assert initialize(ALICE).status_code == 429
 
 
 async def _delete_session(opened: httpx.Response) -> None:

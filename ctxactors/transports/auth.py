@@ -294,9 +294,11 @@ class PrincipalSessionManager(StreamableHTTPSessionManager):
 class SessionLimit:
     """Turns `SessionLimitExceeded` into a 429 that says what to do (no session was made)."""
 
-    def __init__(self, app: ASGIApp, cap: int) -> None:
+    def __init__(self, app: ASGIApp, manager: PrincipalSessionManager) -> None:
         self.app = app
-        self.cap = cap
+        self.cap = manager.max_sessions_per_principal
+        idle = manager.session_idle_timeout
+        self.idle = "" if idle is None else f"; an idle one ends by itself after {idle:g} s"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -305,6 +307,7 @@ class SessionLimit:
             message = (
                 f"principal {exc.args[0]!r} already has {self.cap} open MCP sessions, the "
                 "most allowed; end one (DELETE /mcp with its Mcp-Session-Id) or reuse it"
+                f"{self.idle}"
             )
             body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
             await JSONResponse(body, 429)(scope, receive, send)

@@ -231,8 +231,9 @@ def session_manager(
     """The SDK's streamable-HTTP session manager for `frontend` (stateful sessions).
 
     With `security`, it checks Host and Origin by the same rules as the app's `RequestGuard`
-    and caps each principal's open sessions. Without, bound to a loopback address, it
-    checks Host and Origin (DNS-rebinding protection), as the SDK's own app does.
+    and, with authentication, caps each principal's open sessions (`session_cap`). Without,
+    bound to a loopback address, it checks Host and Origin (DNS-rebinding protection), as
+    the SDK's own app does.
     """
     settings = security.transport_security() if security is not None else None
     if security is None and host in _LOOPBACK:
@@ -242,10 +243,21 @@ def session_manager(
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
     options: dict[str, Any] = {"security_settings": settings, "max_request_body_size": max_body}
-    cap = security.max_sessions_per_principal if security is not None else None
+    cap = session_cap(frontend, security)
     if cap is not None:
         return PrincipalSessionManager(frontend.server, max_sessions_per_principal=cap, **options)
     return StreamableHTTPSessionManager(frontend.server, **options)
+
+
+def session_cap(frontend: McpFrontend, security: HttpSecurity | None) -> int | None:
+    """How many open MCP sessions one principal may hold: the operator's
+    (``--max-sessions-per-principal``), else the runtime's ``http.max_sessions_per_principal``;
+    None without authentication, where callers are one tenant under the SDK's server-wide
+    cap."""
+    if security is None or security.verifier is None:
+        return None
+    explicit = security.max_sessions_per_principal
+    return explicit or frontend.runtime.settings.http.max_sessions_per_principal
 
 
 def mcp_parts(
@@ -262,8 +274,8 @@ def mcp_parts(
     manager = session_manager(frontend, host=host, max_body=max_body, security=security)
     drain = frontend.runtime.call_timeout
     sdk_app: ASGIApp = StreamableHTTPASGIApp(manager)
-    if security is not None and security.max_sessions_per_principal is not None:
-        sdk_app = SessionLimit(sdk_app, security.max_sessions_per_principal)
+    if isinstance(manager, PrincipalSessionManager):
+        sdk_app = SessionLimit(sdk_app, manager)
     endpoint = _McpEndpoint(sdk_app, frontend)
 
     @contextlib.asynccontextmanager
