@@ -33,7 +33,7 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from pydantic import AnyHttpUrl
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ctxactors.context import MAX_ID, check_id
 from ctxactors.errors import InvalidArgumentsError
@@ -245,7 +245,9 @@ def _algorithms_for(key: Any) -> list[str]:
 
 
 class RequireAuth:
-    """The SDK's `RequireAuthMiddleware` on every HTTP path but the public ones."""
+    """The SDK's `RequireAuthMiddleware` on every HTTP path but the public ones. Its 401
+    closes the connection: a client without a valid token keeps no connection open (the
+    request's body, unread, goes with it)."""
 
     def __init__(self, app: ASGIApp, resource_metadata_url: AnyHttpUrl | None) -> None:
         self.app = app
@@ -254,8 +256,17 @@ class RequireAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or _is_public(scope["path"]):
             await self.app(scope, receive, send)
-        else:
-            await self.required(scope, receive, send)
+            return
+
+        async def close_after_401(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
+            await send(message)
+
+        await self.required(scope, receive, close_after_401)
+
+
+_CLOSE = (b"connection", b"close")
 
 
 def _is_public(path: str) -> bool:
