@@ -29,6 +29,7 @@ import asyncio
 import os
 import queue
 import threading
+import time
 from _thread import allocate_lock
 from collections import deque
 from collections.abc import Callable
@@ -135,7 +136,7 @@ class BlockingPool:
         self._jobs: queue.SimpleQueue[PoolActor | None] = queue.SimpleQueue()
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
-        self._threads = 0
+        self._threads: set[threading.Thread] = set()
         self._closed = False
 
     def submit(self, actor: PoolActor) -> None:
@@ -143,10 +144,11 @@ class BlockingPool:
         if self._idle.acquire(blocking=False):
             return  # a waiting thread will take it
         with self._lock:
-            if self._closed or self._threads >= self.max_threads:
+            if self._closed or len(self._threads) >= self.max_threads:
                 return  # queued: the next thread to finish takes it
-            self._threads += 1
-        threading.Thread(target=self._work, name="ctxactors-blocking", daemon=True).start()
+            thread = threading.Thread(target=self._work, name="ctxactors-blocking", daemon=True)
+            self._threads.add(thread)
+        thread.start()
 
     def _work(self) -> None:
         get = self._jobs.get
@@ -157,23 +159,30 @@ class BlockingPool:
                 # Retire, unless a `submit` took this thread's idle token meanwhile (it then
                 # counts on this thread to take its job).
                 if self._idle.acquire(blocking=False):
-                    with self._lock:
-                        self._threads -= 1
+                    self._retire()
                     return
                 continue
             if actor is None:
-                with self._lock:
-                    self._threads -= 1
+                self._retire()
                 return
             actor.run(True)
             self._idle.release()
 
+    def _retire(self) -> None:
+        with self._lock:
+            self._threads.discard(threading.current_thread())
+
     def close(self) -> None:
+        """Let every thread end once the jobs ahead of it are done, and wait for them."""
         with self._lock:
             self._closed = True
-            threads = self._threads
-        for _ in range(threads):
+            threads = list(self._threads)
+        for _ in threads:
             self._jobs.put(None)
+        deadline = time.monotonic() + 10.0  # one bound for all: a stuck tool holds its thread
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
 
 class PoolActor(pykka.Actor):
