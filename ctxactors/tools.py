@@ -340,11 +340,18 @@ class Server:
 
 def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msgspec.Struct]:
     params = list(inspect.signature(fn).parameters.values())
-    if len(params) < 2 or params[0].name != "self":
+    if not params or params[0].name != "self":
         raise ServerDefinitionError(
             f"tool {tool_name!r} of {server.__name__} must take (self, ctx, ...arguments)"
         )
     hints = typing.get_type_hints(fn, include_extras=True)
+    if len(params) < 2 or not _is_context(params[1], hints):
+        # Without it the call's context would land in the first argument, and every call
+        # fail with "unknown field" on it.
+        raise ServerDefinitionError(
+            f"tool {tool_name!r} of {server.__name__}: its second parameter must be the call "
+            f"context, `ctx: ToolContext`; write `{_with_context(fn, params)}`"
+        )
     fields: list[Any] = []
     for p in params[2:]:
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -362,6 +369,37 @@ def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msg
         forbid_unknown_fields=True,
         module=server.__module__,
     )
+
+
+def _is_context(param: inspect.Parameter, hints: dict[str, Any]) -> bool:
+    """The parameter after ``self`` is the context: annotated `ToolContext`, or unannotated
+    and named ``ctx``."""
+    if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+        return False
+    if param.annotation is param.empty:
+        return param.name == "ctx"
+    hint = hints.get(param.name)
+    return isinstance(hint, type) and issubclass(hint, ToolContext)
+
+
+def _with_context(fn: Callable[..., Any], params: list[inspect.Parameter]) -> str:
+    """The handler's signature with ``ctx: ToolContext`` second, for the refusal to show."""
+    rest = params[2:] if len(params) > 1 and params[1].name == "ctx" else params[1:]
+    ctx = params[0].replace(name="ctx", annotation=_Shown("ToolContext"))
+    shown = [
+        p.replace(annotation=_Shown(p.annotation)) if isinstance(p.annotation, str) else p
+        for p in rest
+    ]
+    prefix = "async def" if inspect.iscoroutinefunction(fn) else "def"
+    return f"{prefix} {fn.__name__}{inspect.Signature([params[0], ctx, *shown])}"
+
+
+class _Shown(str):
+    """An annotation as written (``from __future__ import annotations`` keeps it a string,
+    which a signature would show quoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def input_schema(args_type: Any) -> dict[str, Any]:
