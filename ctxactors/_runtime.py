@@ -34,13 +34,19 @@ from ctxactors._registry import Registry
 from ctxactors._tool_loop import CancelledResult
 from ctxactors.context import (
     DEFAULT_SESSION,
+    NO_SESSION_MESSAGE,
     ToolContext,
     logged_fields,
     parse_arguments,
     split_context,
 )
 from ctxactors.durable import Durability, is_durable
-from ctxactors.errors import CallTimeoutError, CtxActorsError, UnknownToolError
+from ctxactors.errors import (
+    CallTimeoutError,
+    CtxActorsError,
+    InvalidArgumentsError,
+    UnknownToolError,
+)
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings, validate
@@ -260,9 +266,14 @@ class Runtime:
         if spec is None:
             raise UnknownToolError(f"unknown tool {tool!r}")
         raw = arguments if type(arguments) is dict else parse_arguments(arguments)
-        ctx, args, spoofed, defaulted = split_context(
-            raw, meta, principal=principal, fallback=session_fallback
-        )
+        try:
+            ctx, args, spoofed, defaulted = split_context(
+                raw, meta, principal=principal, fallback=session_fallback
+            )
+        except InvalidArgumentsError as exc:
+            if exc.args[0] is NO_SESSION_MESSAGE:  # a client that names no session at all
+                self._log.warning("no_session_refused", tool=tool, principal=principal)
+            raise
         validated = spec.validate(args)
         if spoofed:
             self._log.warning(

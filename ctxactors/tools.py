@@ -22,7 +22,13 @@ import msgspec
 from ctxactors._tool_loop import Cancelled, CancelledResult, ToolLoop
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
-from ctxactors.errors import DuplicateToolError, InvalidArgumentsError, ServerDefinitionError
+from ctxactors.errors import (
+    DuplicateToolError,
+    InvalidArgumentsError,
+    ServerDefinitionError,
+    ToolError,
+)
+from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
 
 _asdict = msgspec.structs.asdict
@@ -31,6 +37,8 @@ _UNENCODED = (str, ToolResult)
 
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
+# Where a handler's exception is logged (only ever on a failing call's path).
+_log = lazy_logger("ctxactors.tools")
 
 
 class Key(tuple[Any, ...]):
@@ -170,6 +178,8 @@ class ToolSpec:
         except Cancelled as exc:
             return CancelledResult.error(str(exc))
         except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
+            if not isinstance(exc, ToolError):  # a refusal's traceback would say nothing
+                _raised(self.name, ctx, exc)
             result = ToolResult.from_exception(exc)
             text = result.text
             return result if text.isascii() else ToolResult.error(printable(text))
@@ -191,6 +201,20 @@ class ToolSpec:
 
     def __repr__(self) -> str:
         return f"<ToolSpec {self.server.name}.{self.name}>"
+
+
+def _raised(tool: str, ctx: ToolContext, exc: BaseException) -> None:
+    """Log a handler's exception with its traceback, at debug: the call's ``tool_call``
+    line already says that it failed and why; this is for whoever has to find the bug."""
+    _log.debug(
+        "tool_raised",
+        tool=tool,
+        principal=ctx.principal,
+        session_id=ctx.session_id,
+        assistant_id=ctx.assistant_id,
+        thread_id=ctx.thread_id,
+        exc_info=exc,
+    )
 
 
 class _ToolOptions(msgspec.Struct, frozen=True):

@@ -2,7 +2,7 @@
 
 Every call writes one ``tool_call`` line (`ctxactors._call.execute`) with ``session_id``,
 ``assistant_id``, ``thread_id``, ``tool``, ``duration_ms``, ``outcome``, ``level`` and an ISO
-``timestamp``; the registry adds ``actor_spawned``/``actor_reaped``/... lines. When something
+``timestamp``, and a failed call the start of its error message as ``error``; the registry adds ``actor_spawned``/``actor_reaped``/... lines. When something
 looks wrong in production, the first questions are "what did this session do?" and "which
 tool is slow or failing?": the filters answer the first, ``--summary`` the second.
 
@@ -245,7 +245,9 @@ def format_line(record: dict[str, Any]) -> str:
     if record.get("event") == "tool_call":
         duration = record.get("duration_ms")
         took = f"{duration:.2f} ms" if isinstance(duration, int | float) else "-"
-        return f"{head}tool_call  {who:30} {record.get('tool', '-'):22} {took:>10}  {record.get('outcome', '-')}"
+        line = f"{head}tool_call  {who:30} {record.get('tool', '-'):22} {took:>10}  {record.get('outcome', '-')}"
+        error = record.get("error")
+        return line if error is None else f"{line}  {error}"
     skip = {"timestamp", "level", "event", "session_id", "assistant_id", "thread_id", "logger"}
     rest = " ".join(f"{k}={v}" for k, v in record.items() if k not in skip)
     return f"{head}{record.get('event', '-')}  {who}  {rest}".rstrip()
