@@ -90,7 +90,7 @@ def test_errors_keep_their_old_homes_and_bases() -> None:
 
 
 SERVERS = ["ALWAYS", "BUILTIN", "Batch", "Content", "History", "Planning", "Playbooks"]
-SERVERS += ["Presets", "Workspace"]
+SERVERS += ["Presets", "Workspace", "builtins_named"]
 CONVERSATION = [
     "LAST_USER_QUERY",
     "SHORTENED_MARK",

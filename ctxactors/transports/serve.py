@@ -98,6 +98,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add a tool server class to the built-in ones (repeatable)",
     )
     parser.add_argument(
+        "--builtins",
+        type=_builtins,
+        metavar="LIST|none",
+        help="the built-in servers to serve, e.g. planning,content (default: all of them); "
+        "none serves only the --server ones. A server left out is neither listed nor "
+        "callable; history, batch and presets are always served",
+    )
+    parser.add_argument(
         "--model-url",
         metavar="URL",
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
@@ -126,6 +134,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _builtins(text: str) -> list[type[Server]]:
+    from ctxactors.servers import builtins_named
+
+    try:
+        return builtins_named(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -150,6 +167,7 @@ def load_server(spec: str) -> type[Server]:
 def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
+    builtin = BUILTIN if args.builtins is None else args.builtins
     extra = [load_server(s) for s in args.server]
     try:
         settings = settings_from_args(
@@ -161,14 +179,14 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
     if args.backend == "ray":
-        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args, settings)
+        return _ray_runtime([*builtin, *(s for s in extra if s not in builtin)], args, settings)
     try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
     try:
         return Runtime(
-            [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
+            [*builtin, *(s for s in extra if s not in builtin)],
             tools=args.tools,
             store=store,
             settings=settings,
