@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from ctxactors._actors import AsyncReply, ReplyExpired, SyncReply, take_sync_reply
+from ctxactors._attribute_state import declare
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
 from ctxactors._tool_loop import CancelledResult
@@ -159,6 +160,20 @@ class Runtime:
         # shards, which attach the servers themselves (this runtime only validates and routes).
         self._backend = backend
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
+        try:
+            for server in self._servers if backend is None else ():
+                server.attach(self)
+            if backend is not None:
+                backend.start(self._servers)
+            elif self._durable is not None:
+                for server in self._servers:  # after `attach`: `create` may need what it set
+                    declare(server, self)  # durable by its attributes, or refused
+        except BaseException:
+            # A server that refuses to start (no sandbox, say) must not leave the reaper
+            # thread and the store's writer running behind a runtime nobody can close.
+            self.close()
+            raise
         # What `_submit` needs of each tool, looked up once: (read_only, durable, scope,
         # the factory of its server's instances).
         self._routes = {
@@ -182,17 +197,6 @@ class Runtime:
 
             # Before the reply (a dict lookup), so a flush after a call sees its use.
             self.add_observer(used, before_reply=True)
-        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
-        try:
-            for server in self._servers if backend is None else ():
-                server.attach(self)
-            if backend is not None:
-                backend.start(self._servers)
-        except BaseException:
-            # A server that refuses to start (no sandbox, say) must not leave the reaper
-            # thread and the store's writer running behind a runtime nobody can close.
-            self.close()
-            raise
 
     # -- calls ---------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from ctxactors import _attribute_state
 from ctxactors._tool_loop import Cancelled, CancelledResult, ToolLoop
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
@@ -298,13 +299,18 @@ class Server:
     One instance holds the state of one key and is only ever touched from that key's actor
     thread, so handlers need no locks. The instance is created inside the actor's thread
     (which matters for thread-bound resources such as SQLite connections).
+
+    With a store, a server is durable: one that declares a `State` saves what its
+    `snapshot` returns; one that doesn't, its public attributes (see
+    `ctxactors._attribute_state`: a runtime with a store makes one instance at
+    registration to check that they can be saved, and refuses the server if not).
     """
 
     name: ClassVar[str]
     scope: ClassVar[Scope] = Scope.SESSION
     tools: ClassVar[dict[str, ToolSpec]] = {}
     # The msgspec type `snapshot` returns and `restore` takes. Set it (with both methods)
-    # and the server is durable: with a store, its state outlives its actor.
+    # to choose what is saved; without it, a store saves the public attributes.
     State: ClassVar[type[Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -347,12 +353,14 @@ class Server:
         """Release what the instance holds. Runs in the actor thread when it stops."""
 
     def snapshot(self) -> Any:
-        """The whole state of this key as a `State` value (durable servers only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not durable")
+        """The whole state of this key as a `State` value (durable servers only); by
+        default its public attributes, for a server that declares no `State`."""
+        return _attribute_state.snapshot(self)
 
     def restore(self, state: Any) -> None:
-        """Replace the whole state of this key with a `snapshot` (durable servers only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not durable")
+        """Replace the whole state of this key with a `snapshot` (durable servers only); by
+        default its public attributes, for a server that declares no `State`."""
+        _attribute_state.restore(self, state)
 
     def is_busy(self) -> bool:
         """True while the instance must not be reaped (e.g. it has running processes).
