@@ -50,7 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summary", action="store_true", help="per session and per tool: calls, errors, p50/p99"
     )
+    parser.add_argument(
+        "--top",
+        type=_count,
+        default=20,
+        metavar="N",
+        help="with --summary: the N sessions and tools with the most calls (default 20; 0: all)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON output (lines, or the summary)")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, got {value}")
+    return value
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -262,9 +276,11 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 class Summary:
-    """Calls, errors and duration percentiles of ``tool_call`` records, by session and tool."""
+    """Calls, errors and duration percentiles of ``tool_call`` records, by session and tool:
+    the `top` rows of each with the most calls (0: every row), and how many were left out."""
 
-    def __init__(self) -> None:
+    def __init__(self, top: int = 0) -> None:
+        self.top = top
         self.by: dict[str, dict[str, list[Any]]] = {
             "session": defaultdict(lambda: [0, 0, []]),
             "tool": defaultdict(lambda: [0, 0, []]),
@@ -283,9 +299,13 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        left_out: dict[str, int] = {}
         for kind, rows in self.by.items():
             table = {}
-            for name, (calls, errors, durations) in sorted(rows.items()):
+            ranked = sorted(rows.items(), key=lambda row: (-row[1][0], row[0]))
+            kept = ranked[: self.top] if self.top else ranked
+            left_out[kind] = len(ranked) - len(kept)
+            for name, (calls, errors, durations) in kept:
                 durations.sort()
                 table[name] = {
                     "calls": calls,
@@ -294,10 +314,13 @@ class Summary:
                     "p99_ms": round(_percentile(durations, 0.99), 3),
                 }
             out[f"by_{kind}"] = table
+        out["left_out"] = left_out
         return out
 
     def render(self, console: Console) -> None:
-        for kind, table_rows in self.to_dict().items():
+        data = self.to_dict()
+        left_out = data.pop("left_out")
+        for kind, table_rows in data.items():
             table = Table(title=f"tool calls {kind.replace('_', ' ')}")
             table.add_column(kind.removeprefix("by_"))
             for column in ("calls", "errors", "p50 ms", "p99 ms"):
@@ -311,6 +334,10 @@ class Summary:
                     f"{row['p99_ms']:.2f}",
                 )
             console.print(table)
+            more = left_out[kind.removeprefix("by_")]
+            if more:
+                what = kind.removeprefix("by_")
+                console.print(f"{more} more {what}s with fewer calls (--top 0 shows all)")
 
 
 def run(
@@ -332,7 +359,7 @@ def run(
         print("ctxactors logs: --follow takes exactly one file and no --summary", file=err)
         return 2
     source = Source()
-    summary = Summary()
+    summary = Summary(args.top)
     status = 0
     try:
         if args.follow:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ from starlette.applications import Starlette
 
 from ctxactors import metrics, tracing
 from ctxactors._runtime import Runtime
-from ctxactors.cli import add_settings_argument, settings_from_args
+from ctxactors.cli import add_settings_argument, import_server, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.errors import StoreUnavailableError
 from ctxactors.logs import get_logger
@@ -152,16 +151,10 @@ def _positive(text: str) -> int:
 
 def load_server(spec: str) -> type[Server]:
     """Import ``module:Class`` and check it is a `Server` subclass."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(f"--server {spec!r}: expected MODULE:CLASS")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"--server {spec!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Server)):
-        raise SystemExit(f"--server {spec!r}: not a ctxactors.Server subclass")
-    return cls
+        return import_server(spec)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def build_runtime(args: argparse.Namespace) -> Runtime:
