@@ -4,12 +4,14 @@ it is registered, naming the attribute."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from mcp_support import SERVE, serve_env
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Server, ServerDefinitionError, ToolContext, tool
@@ -189,3 +191,20 @@ def test_an_attribute_first_set_after_init_is_not_kept_and_a_warning_says_so() -
     ]
     with Runtime([Late], store=store) as rt:
         assert rt.call("bump", context_args("s1")).structured == {"count": 4}
+
+
+def test_serve_refuses_such_a_server_in_one_line() -> None:
+    done = subprocess.run(
+        [*SERVE[:-2], "--server", "test_attribute_state:Locked"],  # the default SQLite store
+        env=serve_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1].startswith(
+        "ctxactors serve: Locked declares no State, so under a store its attributes are its "
+        "state, but its attribute 'lock' holds a _thread.lock"
+    )
+    assert "Traceback" not in done.stderr

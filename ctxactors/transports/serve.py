@@ -30,7 +30,7 @@ from ctxactors import metrics, tracing
 from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, import_server, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
-from ctxactors.errors import StoreUnavailableError
+from ctxactors.errors import ServerDefinitionError, StoreUnavailableError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.settings import Settings
@@ -184,7 +184,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
             store=store,
             settings=settings,
         )
-    except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+    # An operator's fix (no sandbox; a host server whose state can't be kept), not a traceback.
+    except (SandboxUnavailableError, ServerDefinitionError) as exc:
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
