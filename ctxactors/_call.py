@@ -253,7 +253,8 @@ def finish(envelope: Envelope, actor: Finishing, result: ToolResult) -> None:
         envelope.reply.set(result)
     try:
         if host.log_call is not None:
-            host.log_call(call.ctx, call.tool, envelope.started, result.is_error)
+            error = result.text if result.is_error else None  # the line says what failed
+            host.log_call(call.ctx, call.tool, envelope.started, error)
         if call.observe and host.observers:
             _notify(host.observers, envelope, result)
     except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call

@@ -36,19 +36,26 @@ from ctxactors._actors import (
     SyncReply,
     take_sync_reply,
 )
+from ctxactors._attribute_state import declare
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
 from ctxactors._scheduler import BlockingPool, Dispatcher, PoolActor
 from ctxactors._tool_loop import CancelledResult
 from ctxactors.context import (
     DEFAULT_SESSION,
+    NO_SESSION_MESSAGE,
     ToolContext,
     logged_fields,
     parse_arguments,
     split_context,
 )
 from ctxactors.durable import Durability, is_durable
-from ctxactors.errors import CallTimeoutError, CtxActorsError, UnknownToolError
+from ctxactors.errors import (
+    CallTimeoutError,
+    CtxActorsError,
+    InvalidArgumentsError,
+    UnknownToolError,
+)
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings, validate
@@ -170,6 +177,20 @@ class Runtime:
         # shards, which attach the servers themselves (this runtime only validates and routes).
         self._backend = backend
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
+        try:
+            for server in self._servers if backend is None else ():
+                server.attach(self)
+            if backend is not None:
+                backend.start(self._servers)
+            elif self._durable is not None:
+                for server in self._servers:  # after `attach`: `create` may need what it set
+                    declare(server, self)  # durable by its attributes, or refused
+        except BaseException:
+            # A server that refuses to start (no sandbox, say) must not leave the reaper
+            # thread and the store's writer running behind a runtime nobody can close.
+            self.close()
+            raise
         # What `_submit` needs of each tool, looked up once: (read_only, durable, scope,
         # the factory of its server's instances).
         self._routes = {
@@ -193,17 +214,6 @@ class Runtime:
 
             # Before the reply (a dict lookup), so a flush after a call sees its use.
             self.add_observer(used, before_reply=True)
-        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
-        try:
-            for server in self._servers if backend is None else ():
-                server.attach(self)
-            if backend is not None:
-                backend.start(self._servers)
-        except BaseException:
-            # A server that refuses to start (no sandbox, say) must not leave the reaper
-            # thread and the store's writer running behind a runtime nobody can close.
-            self.close()
-            raise
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -280,9 +290,14 @@ class Runtime:
         if spec is None:
             raise UnknownToolError(f"unknown tool {tool!r}")
         raw = arguments if type(arguments) is dict else parse_arguments(arguments)
-        ctx, args, spoofed, defaulted = split_context(
-            raw, meta, principal=principal, fallback=session_fallback
-        )
+        try:
+            ctx, args, spoofed, defaulted = split_context(
+                raw, meta, principal=principal, fallback=session_fallback
+            )
+        except InvalidArgumentsError as exc:
+            if exc.args[0] is NO_SESSION_MESSAGE:  # a client that names no session at all
+                self._log.warning("no_session_refused", tool=tool, principal=principal)
+            raise
         validated = spec.validate(args)
         if spoofed:
             self._log.warning(

@@ -399,7 +399,8 @@ class PoolActor(pykka.Actor):
 
             def done(value: Any, error: BaseException | None) -> None:
                 spec = envelope.spec
-                result = spec.failed(error) if error is not None else spec.returned(value)
+                ctx = envelope.call.ctx
+                result = spec.failed(error, ctx) if error is not None else spec.returned(value)
                 self._resumed = (envelope, result)
                 self._dispatcher.submit(self)  # still scheduled: its worker runs it next
 

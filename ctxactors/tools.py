@@ -19,10 +19,17 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from ctxactors import _attribute_state
 from ctxactors._tool_loop import Cancelled, CancelledResult, ToolLoop
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
-from ctxactors.errors import DuplicateToolError, InvalidArgumentsError, ServerDefinitionError
+from ctxactors.errors import (
+    DuplicateToolError,
+    InvalidArgumentsError,
+    ServerDefinitionError,
+    ToolError,
+)
+from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
 
 _asdict = msgspec.structs.asdict
@@ -31,6 +38,8 @@ _UNENCODED = (str, ToolResult)
 
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
+# Where a handler's exception is logged (only ever on a failing call's path).
+_log = lazy_logger("ctxactors.tools")
 
 
 class Key(tuple[Any, ...]):
@@ -172,7 +181,7 @@ class ToolSpec:
                 value = loop.run(value, deadline)
             result = ToolResult.ok(value)
         except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
-            return self.failed(exc)
+            return self.failed(exc, ctx)
         if type(value) is dict or not isinstance(value, _UNENCODED):
             return result  # `ToolResult.ok` has encoded it already
         return self._checked(result)
@@ -183,22 +192,25 @@ class ToolSpec:
         try:
             return self.fn(instance, ctx, **_asdict(args))
         except BaseException as exc:  # noqa: BLE001
-            return self.failed(exc)
+            return self.failed(exc, ctx)
 
     def returned(self, value: Any) -> ToolResult:
         """What `invoke` makes of a handler's value (an awaited coroutine's, here)."""
         try:
             result = ToolResult.ok(value)
         except BaseException as exc:  # noqa: BLE001
-            return self.failed(exc)
+            return self.failed(exc, None)
         if type(value) is dict or not isinstance(value, _UNENCODED):
             return result
         return self._checked(result)
 
-    def failed(self, exc: BaseException) -> ToolResult:
-        """What `invoke` makes of what a handler raised."""
+    def failed(self, exc: BaseException, ctx: ToolContext | None) -> ToolResult:
+        """What `invoke` makes of what a handler raised (logged with its traceback, at
+        debug, unless it is a `ToolError`: a refusal's traceback would say nothing)."""
         if isinstance(exc, Cancelled):
             return CancelledResult.error(str(exc))
+        if ctx is not None and not isinstance(exc, ToolError):
+            _raised(self.name, ctx, exc)
         result = ToolResult.from_exception(exc)
         text = result.text
         return result if text.isascii() else ToolResult.error(printable(text))
@@ -220,6 +232,20 @@ class ToolSpec:
 
     def __repr__(self) -> str:
         return f"<ToolSpec {self.server.name}.{self.name}>"
+
+
+def _raised(tool: str, ctx: ToolContext, exc: BaseException) -> None:
+    """Log a handler's exception with its traceback, at debug: the call's ``tool_call``
+    line already says that it failed and why; this is for whoever has to find the bug."""
+    _log.debug(
+        "tool_raised",
+        tool=tool,
+        principal=ctx.principal,
+        session_id=ctx.session_id,
+        assistant_id=ctx.assistant_id,
+        thread_id=ctx.thread_id,
+        exc_info=exc,
+    )
 
 
 class _ToolOptions(msgspec.Struct, frozen=True):
@@ -308,13 +334,18 @@ class Server:
     One instance holds the state of one key and is only ever touched from that key's actor
     thread, so handlers need no locks. The instance is created inside the actor's thread
     (which matters for thread-bound resources such as SQLite connections).
+
+    With a store, a server is durable: one that declares a `State` saves what its
+    `snapshot` returns; one that doesn't, its public attributes (see
+    `ctxactors._attribute_state`: a runtime with a store makes one instance at
+    registration to check that they can be saved, and refuses the server if not).
     """
 
     name: ClassVar[str]
     scope: ClassVar[Scope] = Scope.SESSION
     tools: ClassVar[dict[str, ToolSpec]] = {}
     # The msgspec type `snapshot` returns and `restore` takes. Set it (with both methods)
-    # and the server is durable: with a store, its state outlives its actor.
+    # to choose what is saved; without it, a store saves the public attributes.
     State: ClassVar[type[Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -357,12 +388,14 @@ class Server:
         """Release what the instance holds. Runs in the actor thread when it stops."""
 
     def snapshot(self) -> Any:
-        """The whole state of this key as a `State` value (durable servers only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not durable")
+        """The whole state of this key as a `State` value (durable servers only); by
+        default its public attributes, for a server that declares no `State`."""
+        return _attribute_state.snapshot(self)
 
     def restore(self, state: Any) -> None:
-        """Replace the whole state of this key with a `snapshot` (durable servers only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not durable")
+        """Replace the whole state of this key with a `snapshot` (durable servers only); by
+        default its public attributes, for a server that declares no `State`."""
+        _attribute_state.restore(self, state)
 
     def is_busy(self) -> bool:
         """True while the instance must not be reaped (e.g. it has running processes).
@@ -374,11 +407,18 @@ class Server:
 
 def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msgspec.Struct]:
     params = list(inspect.signature(fn).parameters.values())
-    if len(params) < 2 or params[0].name != "self":
+    if not params or params[0].name != "self":
         raise ServerDefinitionError(
             f"tool {tool_name!r} of {server.__name__} must take (self, ctx, ...arguments)"
         )
     hints = typing.get_type_hints(fn, include_extras=True)
+    if len(params) < 2 or not _is_context(params[1], hints):
+        # Without it the call's context would land in the first argument, and every call
+        # fail with "unknown field" on it.
+        raise ServerDefinitionError(
+            f"tool {tool_name!r} of {server.__name__}: its second parameter must be the call "
+            f"context, `ctx: ToolContext`; write `{_with_context(fn, params)}`"
+        )
     fields: list[Any] = []
     for p in params[2:]:
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -396,6 +436,37 @@ def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msg
         forbid_unknown_fields=True,
         module=server.__module__,
     )
+
+
+def _is_context(param: inspect.Parameter, hints: dict[str, Any]) -> bool:
+    """The parameter after ``self`` is the context: annotated `ToolContext`, or unannotated
+    and named ``ctx``."""
+    if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+        return False
+    if param.annotation is param.empty:
+        return param.name == "ctx"
+    hint = hints.get(param.name)
+    return isinstance(hint, type) and issubclass(hint, ToolContext)
+
+
+def _with_context(fn: Callable[..., Any], params: list[inspect.Parameter]) -> str:
+    """The handler's signature with ``ctx: ToolContext`` second, for the refusal to show."""
+    rest = params[2:] if len(params) > 1 and params[1].name == "ctx" else params[1:]
+    ctx = params[0].replace(name="ctx", annotation=_Shown("ToolContext"))
+    shown = [
+        p.replace(annotation=_Shown(p.annotation)) if isinstance(p.annotation, str) else p
+        for p in rest
+    ]
+    prefix = "async def" if inspect.iscoroutinefunction(fn) else "def"
+    return f"{prefix} {fn.__name__}{inspect.Signature([params[0], ctx, *shown])}"
+
+
+class _Shown(str):
+    """An annotation as written (``from __future__ import annotations`` keeps it a string,
+    which a signature would show quoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def input_schema(args_type: Any) -> dict[str, Any]:

@@ -51,7 +51,16 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "core": (
         [
             f"ctxactors/{m}.py"
-            for m in ("context", "tools", "_registry", "_actors", "_call", "_runtime", "encodable")
+            for m in (
+                "context",
+                "tools",
+                "_registry",
+                "_actors",
+                "_call",
+                "_runtime",
+                "encodable",
+                "_attribute_state",
+            )
         ],
         [
             f"tests/test_{t}.py"
@@ -67,6 +76,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "history",
                 "hostile_input",
                 "call_message",
+                "attribute_state",
             )
         ]
         # It starts an MCP stdio server whose stderr is ours, which mutmut has closed.

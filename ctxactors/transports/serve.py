@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -31,9 +30,9 @@ from starlette.applications import Starlette
 
 from ctxactors import metrics, tracing
 from ctxactors._runtime import Runtime
-from ctxactors.cli import add_settings_argument, settings_from_args
+from ctxactors.cli import add_settings_argument, import_server, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
-from ctxactors.errors import StoreUnavailableError
+from ctxactors.errors import ServerDefinitionError, StoreUnavailableError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.settings import Settings
@@ -100,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add a tool server class to the built-in ones (repeatable)",
     )
     parser.add_argument(
+        "--builtins",
+        type=_builtins,
+        metavar="LIST|none",
+        help="the built-in servers to serve, e.g. planning,content (default: all of them); "
+        "none serves only the --server ones. A server left out is neither listed nor "
+        "callable; history, batch and presets are always served",
+    )
+    parser.add_argument(
         "--model-url",
         metavar="URL",
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
@@ -128,6 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _builtins(text: str) -> list[type[Server]]:
+    from ctxactors.servers import builtins_named
+
+    try:
+        return builtins_named(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -137,21 +153,16 @@ def _positive(text: str) -> int:
 
 def load_server(spec: str) -> type[Server]:
     """Import ``module:Class`` and check it is a `Server` subclass."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(f"--server {spec!r}: expected MODULE:CLASS")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"--server {spec!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Server)):
-        raise SystemExit(f"--server {spec!r}: not a ctxactors.Server subclass")
-    return cls
+        return import_server(spec)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
+    builtin = BUILTIN if args.builtins is None else args.builtins
     extra = [load_server(s) for s in args.server]
     try:
         settings = settings_from_args(
@@ -163,7 +174,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
     if args.backend == "ray":
-        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args, settings)
+        return _ray_runtime([*builtin, *(s for s in extra if s not in builtin)], args, settings)
     try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
@@ -172,12 +183,13 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
         return Runtime(
-            [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
+            [*builtin, *(s for s in extra if s not in builtin)],
             tools=args.tools,
             store=store,
             settings=settings,
         )
-    except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+    # An operator's fix (no sandbox; a host server whose state can't be kept), not a traceback.
+    except (SandboxUnavailableError, ServerDefinitionError) as exc:
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
