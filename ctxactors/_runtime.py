@@ -21,6 +21,7 @@ import asyncio
 import functools
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -44,6 +45,8 @@ from ctxactors._tool_loop import CancelledResult
 from ctxactors.context import (
     DEFAULT_SESSION,
     NO_SESSION_MESSAGE,
+    SHARED_SESSION_FIX,
+    Carriers,
     ToolContext,
     logged_fields,
     parse_arguments,
@@ -136,6 +139,11 @@ class Runtime:
         self._definitions = msgspec.json.encode(definitions)
         self.call_timeout = call_timeout
         self._log = get_logger("ctxactors")
+        # The _meta keys that name a call's context: ctxactors/* first, then the hosts'.
+        self._carriers = Carriers.of(self.settings.context_meta)
+        # Taken by the first call that falls back to the session `default`, never released:
+        # that call warns, once per runtime (every later one would repeat the same line).
+        self._default_warned = threading.Lock()
         if backend is not None:
             scan_interval = None  # the shards reap their keys; a front end hosts none
         elif scan_interval is None and clock is None:
@@ -292,7 +300,7 @@ class Runtime:
         raw = arguments if type(arguments) is dict else parse_arguments(arguments)
         try:
             ctx, args, spoofed, defaulted = split_context(
-                raw, meta, principal=principal, fallback=session_fallback
+                raw, meta, principal=principal, fallback=session_fallback, carriers=self._carriers
             )
         except InvalidArgumentsError as exc:
             if exc.args[0] is NO_SESSION_MESSAGE:  # a client that names no session at all
@@ -309,8 +317,14 @@ class Runtime:
                 assistant_id=ctx.assistant_id,
                 thread_id=ctx.thread_id,
             )
-        if defaulted and session_fallback == DEFAULT_SESSION:
-            self._log.warning("no_session_id", tool=tool, fallback=ctx.session_id)
+        if (
+            defaulted
+            and session_fallback == DEFAULT_SESSION
+            and self._default_warned.acquire(blocking=False)
+        ):
+            self._log.warning(
+                "no_session_id", tool=tool, fallback=ctx.session_id, fix=SHARED_SESSION_FIX
+            )
         if self._backend is not None:
             # The call wrappers (metrics, tracing) only when there are some: a backend
             # without them keeps the four-argument seam.

@@ -10,8 +10,11 @@ Precedence (`read_context`), strongest first:
 
 1. the principal, from an authenticated transport only: it namespaces every key, and no
    argument or ``_meta`` field can name or change it;
-2. ``_meta``: when it carries any context key, the context comes from ``_meta`` alone and
+2. ``_meta``: when it carries any context key (``ctxactors/*``, or a carrier: a key a host
+   sends its own conversation id in, `Carriers`), the context comes from ``_meta`` alone and
    every ``__*`` argument is dropped as spoofing (the host did not inject it, the model did);
+   for each part of the context the first key present, ``ctxactors/*`` before the carriers
+   in their configured order, gives it;
 3. otherwise the ``__*`` arguments (camelCase before snake_case);
 4. for the session only, the caller's fallback: the MCP session id over streamable HTTP,
    ``"default"`` for stdio and the embedded runtime, or none at all (the call is refused).
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 import msgspec
 
 from ctxactors.errors import InvalidArgumentsError
 from ctxactors.logs import get_logger
+from ctxactors.settings import HOST_CONTEXT_META
 
 SESSION_ID = "__sessionId"
 ASSISTANT_ID = "__assistantId"
@@ -47,9 +51,52 @@ DEFAULT_SESSION = "default"
 # What a refused context-less call is told (over HTTP there is no shared default session).
 NO_SESSION_MESSAGE = (
     "no session given: pass the conversation's id in the request's _meta under "
-    f"{META_KEYS['session_id']!r} (or as the {SESSION_ID!r} argument that the host's "
-    "inject_context adds), or use a stateful MCP session"
+    f"{META_KEYS['session_id']!r} or a key the server reads (ctxactors serve --context-meta "
+    f"KEY=session), or as the {SESSION_ID!r} argument that the host's inject_context adds, "
+    "or use a stateful MCP session"
 )
+# What the first call that falls back to the session `default` logs (once per runtime).
+SHARED_SESSION_FIX = (
+    f"calls that name no conversation all share the session {DEFAULT_SESSION!r}: have the "
+    f"host send its conversation's id in _meta under {META_KEYS['session_id']!r} (or a key "
+    "given to ctxactors serve --context-meta KEY=session), or add it to the arguments with "
+    "inject_context; ctxactors serve --session-fallback refuse refuses such calls instead. "
+    "Logged once."
+)
+
+
+class Carriers(NamedTuple):
+    """The ``_meta`` keys read for each part of the context, strongest first: the
+    ``ctxactors/*`` key, then the carriers a host sends (`Settings.context_meta`) in order.
+
+    Build it with `Carriers.of` once (a runtime does, from its settings), not per call.
+    """
+
+    session: tuple[str, ...]
+    assistant: tuple[str, ...]
+    thread: tuple[str, ...]
+
+    @classmethod
+    def of(cls, context_meta: Iterable[tuple[str, str]]) -> Carriers:
+        """The carriers of ``(key, role)`` pairs (role: session, assistant or thread), each
+        role's after its ``ctxactors/*`` key."""
+        keys: dict[str, list[str]] = {"session": [], "assistant": [], "thread": []}
+        for key, role in context_meta:
+            if role not in keys:
+                raise ValueError(
+                    f"{key!r}: role must be session, assistant or thread, not {role!r}"
+                )
+            if key not in keys[role]:
+                keys[role].append(key)
+        return cls(
+            (META_KEYS["session_id"], *keys["session"]),
+            (META_KEYS["assistant_id"], *keys["assistant"]),
+            (META_KEYS["thread_id"], *keys["thread"]),
+        )
+
+
+# What `read_context` reads unless told otherwise: as a runtime with default settings.
+DEFAULT_CARRIERS = Carriers.of(HOST_CONTEXT_META)
 
 # A session's identity: (principal, session_id). Principal A's "s1" is not B's "s1".
 SessionKey = tuple[str | None, str]
@@ -124,16 +171,18 @@ def read_context(
     *,
     principal: str | None = None,
     fallback: str | None = DEFAULT_SESSION,
+    carriers: Carriers = DEFAULT_CARRIERS,
 ) -> tuple[ToolContext, list[str] | None, bool]:
     """The context of a call, the ``__*`` arguments dropped as spoofing, and whether the
     session is the `fallback`.
 
-    ``_meta`` with any context key decides the whole context and every ``__*`` argument
-    is dropped (returned, for the caller to log); otherwise the ``__*`` arguments decide.
-    A session named by neither is `fallback`; with ``fallback=None`` that raises
-    `InvalidArgumentsError` saying how to pass one. A non-string context value raises too.
+    ``_meta`` with any context key of `carriers` decides the whole context (each part from
+    the first of its keys present) and every ``__*`` argument is dropped (returned, for the
+    caller to log); otherwise the ``__*`` arguments decide. A session named by neither is
+    `fallback`; with ``fallback=None`` that raises `InvalidArgumentsError` saying how to
+    pass one. A context value that is not a string, or not an id (`check_id`), raises too.
     """
-    if meta and (from_meta := _from_meta(meta)) is not None:
+    if meta and (from_meta := _from_meta(meta, carriers)) is not None:
         session, assistant, thread = from_meta
         spoofed = [name for name in arguments if _reserved(name)] or None
     else:
@@ -180,31 +229,39 @@ def _argument(arguments: Mapping[str, Any], camel: str, snake: str) -> str | Non
         if value is _ABSENT:
             return None
         name = snake
+    return _as_id(value, "reserved field", name)
+
+
+def _as_id(value: Any, source: str, name: str) -> str:
+    """A context value as an id: a plain one at once, another string through `check_id`;
+    anything else is refused naming it (the message is built only then)."""
     if _plain_id(value):
         return value
     if isinstance(value, str):
-        return check_id(value, f"reserved field {name!r}")
-    raise InvalidArgumentsError(
-        f"reserved field {name!r} must be a string, got {type(value).__name__}"
-    )
+        return check_id(value, f"{source} {name!r}")
+    raise InvalidArgumentsError(f"{source} {name!r} must be a string, got {type(value).__name__}")
 
 
-def _from_meta(meta: Mapping[str, Any]) -> tuple[str | None, str | None, str | None] | None:
+def _from_meta(
+    meta: Mapping[str, Any], carriers: Carriers
+) -> tuple[str | None, str | None, str | None] | None:
     """The context in ``_meta``, or None when it carries no context key (null is none)."""
-    found = tuple(_meta_value(meta, key) for key in _META_NAMES)
-    return None if found == (None, None, None) else found  # type: ignore[return-value]
+    found = (
+        _meta_value(meta, carriers.session),
+        _meta_value(meta, carriers.assistant),
+        _meta_value(meta, carriers.thread),
+    )
+    return None if found == (None, None, None) else found
 
 
-def _meta_value(meta: Mapping[str, Any], key: str) -> str | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return check_id(value, f"_meta field {key!r}")
-    raise InvalidArgumentsError(f"_meta field {key!r} must be a string, got {type(value).__name__}")
-
-
-_META_NAMES = tuple(META_KEYS.values())  # session, assistant, thread
+def _meta_value(meta: Mapping[str, Any], keys: tuple[str, ...]) -> str | None:
+    """The first of `keys` present (not null) in `meta`, checked as an id; the later ones
+    are not read (another host's key can't break a call whose context is already named)."""
+    for key in keys:
+        value = meta.get(key)
+        if value is not None:
+            return _as_id(value, "_meta field", key)
+    return None
 
 
 _ABSENT = object()
@@ -216,6 +273,7 @@ def split_context(
     *,
     principal: str | None = None,
     fallback: str | None = DEFAULT_SESSION,
+    carriers: Carriers = DEFAULT_CARRIERS,
 ) -> tuple[ToolContext, dict[str, Any], list[str] | None, bool]:
     """`read_context` and `clean_args` at once, as the router needs them: the context, the
     clean arguments, the ``__*`` arguments dropped as spoofing, and whether the session is
@@ -248,7 +306,9 @@ def split_context(
             and given == 1 + (assistant is not None) + (thread is not None)
         ):
             return ToolContext(session, assistant, thread, principal), clean, None, False
-    ctx, spoofed, defaulted = read_context(arguments, meta, principal=principal, fallback=fallback)
+    ctx, spoofed, defaulted = read_context(
+        arguments, meta, principal=principal, fallback=fallback, carriers=carriers
+    )
     return ctx, clean, spoofed, defaulted
 
 

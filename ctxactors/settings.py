@@ -397,6 +397,78 @@ class HttpSettings(Group, frozen=True):
     ] = 100
 
 
+# -- where a call's conversation comes from ------------------------------------------------
+
+ContextRole = Literal["session", "assistant", "thread"]
+ROLES: tuple[ContextRole, ...] = ("session", "assistant", "thread")
+# An MCP ``_meta`` key name (the specification's grammar): an optional prefix of dotted
+# labels and a slash, then a name that begins and ends with a letter or digit.
+_LABEL = r"[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+META_KEY = rf"^(?:{_LABEL}(?:\.{_LABEL})*/)?[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?$"
+MetaKey = Annotated[str, msgspec.Meta(pattern=META_KEY)]
+ContextMeta = tuple[tuple[MetaKey, ContextRole], ...]
+
+# The ``_meta`` keys with which real MCP hosts name their conversation on ``tools/call``, each
+# seen in the host's own source (none guessed; the README's table says where). A host that
+# sends one of them keeps its conversations apart with no ctxactors-specific setup.
+HOST_CONTEXT_META: ContextMeta = (
+    # VS Code's chat: McpTool._callWithProgress sets it to the chat session's id
+    # (microsoft/vscode, src/vs/workbench/contrib/mcp/common/mcpServer.ts, at 0052d689).
+    # Its neighbour "vscode.requestId" names one request, not the conversation: not read.
+    ("vscode.conversationId", "session"),
+    # OpenCode 2: the invoking Session.ID (anomalyco/opencode#46008, merged into v2;
+    # packages/core/src/mcp/client.ts, callTool).
+    ("sessionID", "session"),
+    # Codex: its thread id, which is its conversation's id, on every MCP tool call
+    # (openai/codex#18093; codex-rs/app-server/src/request_processors/mcp_processor.rs,
+    # at 5886055b). Codex's thread is a whole conversation, so it is the session here.
+    ("threadId", "session"),
+)
+
+
+def context_meta_pair(text: str, source: str = "--context-meta") -> tuple[str, ContextRole]:
+    """``KEY=ROLE`` as a carrier; `ValueError` says what is wrong, naming `source`."""
+    key, sep, role = (part.strip() for part in text.rpartition("="))
+    if not sep or not key:
+        raise ValueError(f"{source}: {text!r}: expected KEY=ROLE (ROLE: {'|'.join(ROLES)})")
+    if role not in ROLES:
+        raise ValueError(f"{source}: {text!r}: ROLE must be session, assistant or thread")
+    check_context_meta(((key, role),), source)
+    return key, role  # type: ignore[return-value]
+
+
+def check_context_meta(pairs: Iterable[tuple[str, str]], source: str = "context_meta") -> None:
+    """`ValueError` unless every key is an MCP ``_meta`` key name outside ``ctxactors/``
+    (those are always read) and no key is given two roles."""
+    roles: dict[str, str] = {}
+    for key, role in pairs:
+        if not re.match(META_KEY, key):
+            raise ValueError(f"{source}: {key!r} is not an MCP _meta key name")
+        if key.startswith("ctxactors/"):
+            raise ValueError(f"{source}: {key!r}: the ctxactors/ keys are always read")
+        if roles.setdefault(key, role) != role:
+            raise ValueError(f"{source}: {key!r} is given two roles, {roles[key]} and {role}")
+
+
+def _context_meta(name: str, raw: str | None) -> Any:
+    """``KEY=ROLE,KEY=ROLE``: the whole list (it replaces the hosts' keys); ``none``: no
+    carrier but ``ctxactors/*``."""
+    if raw is None:
+        return _UNSET
+    if raw.lower() == "none":
+        return ()
+    pairs = tuple(context_meta_pair(item, name) for item in raw.split(",") if item.strip())
+    check_context_meta(pairs, name)
+    return tuple(dict.fromkeys(pairs))
+
+
+def _fallback(name: str, raw: str | None) -> str:
+    value = (raw or "default").lower()
+    if value not in ("default", "refuse"):
+        raise ValueError(f"{name} must be default or refuse, got {value!r}")
+    return value
+
+
 class Settings(Group, frozen=True):
     """Every limit of one runtime. Give it to ``Runtime(settings=...)``.
 
@@ -422,6 +494,19 @@ class Settings(Group, frozen=True):
     metrics: MetricsSettings = MetricsSettings()
     actors: ActorSettings = ActorSettings()
     http: HttpSettings = HttpSettings()
+    # The MCP _meta keys read as the context beside ctxactors/* (which come first), in order:
+    # the first one present for a role gives it (`ctxactors.context.Carriers`).
+    context_meta: Annotated[ContextMeta, var("CTXACTORS_CONTEXT_META", _context_meta)] = (
+        HOST_CONTEXT_META
+    )
+    # A stdio MCP call that names no session: "default" shares the session `default` (one
+    # warning, on the first); "refuse" refuses it, as a stateless HTTP server does.
+    session_fallback: Annotated[
+        Literal["default", "refuse"], var("CTXACTORS_SESSION_FALLBACK", _fallback)
+    ] = "default"
+
+    def __post_init__(self) -> None:
+        check_context_meta(self.context_meta)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
@@ -434,10 +519,12 @@ DEFAULTS = Settings()
 
 __all__ = [
     "DEFAULTS",
+    "HOST_CONTEXT_META",
     "ActorSettings",
     "BatchSettings",
     "Cap",
     "ContentSettings",
+    "ContextRole",
     "HistorySettings",
     "HttpSettings",
     "MetricsSettings",
@@ -447,6 +534,8 @@ __all__ = [
     "Settings",
     "WorkspaceSettings",
     "assign",
+    "check_context_meta",
+    "context_meta_pair",
     "fields",
     "validate",
     "variables",

@@ -26,6 +26,7 @@ from ctxactors import (
 )
 from ctxactors._actors import SyncReply
 from ctxactors._call import CallHost, Envelope, ToolCall
+from ctxactors.context import SHARED_SESSION_FIX
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.tools import Key
@@ -346,20 +347,30 @@ def test_bad_settings_are_refused_with_what_is_wrong() -> None:
         assert str(caught.value) == message
 
 
-def test_a_call_without_a_session_falls_back_to_default_with_a_warning() -> None:
+def test_a_call_without_a_session_falls_back_to_default_with_one_warning() -> None:
     with capture_logs() as logs, Runtime() as rt:
         assert rt.call("create_goal", {"goal": "x"}).structured == {"id": "g1", "goal": "x"}
+        rt.call("create_goal", {"goal": "y"})
+        rt.call("create_goal", {"goal": "z"})
         assert rt.call("get_planning_state", ctx_args("default")).structured["goals"] == [
-            {"id": "g1", "goal": "x"}
+            {"id": "g1", "goal": "x"},
+            {"id": "g2", "goal": "y"},
+            {"id": "g3", "goal": "z"},
         ]
+    # One line for the runtime, on the first such call: it names the hosts' fix.
     warned = [e for e in logs if e["event"] == "no_session_id"]
-    assert warned[0] == {
-        "logger": "ctxactors",
-        "event": "no_session_id",
-        "log_level": "warning",
-        "tool": "create_goal",
-        "fallback": "default",
-    }
+    assert warned == [
+        {
+            "logger": "ctxactors",
+            "event": "no_session_id",
+            "log_level": "warning",
+            "tool": "create_goal",
+            "fallback": "default",
+            "fix": SHARED_SESSION_FIX,
+        }
+    ]
+    assert "'ctxactors/sessionId'" in SHARED_SESSION_FIX
+    assert "--context-meta" in SHARED_SESSION_FIX and "inject_context" in SHARED_SESSION_FIX
 
 
 def test_an_observer_runs_after_the_reply_unless_asked_to_run_before() -> None:

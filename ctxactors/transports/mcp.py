@@ -4,13 +4,15 @@
 `tools/call` hands the raw arguments (``__*`` fields included) and the request's ``_meta``
 to `Runtime.acall`, which reads the context (`ctxactors.context.read_context`):
 
-1. ``_meta`` (``ctxactors/sessionId``, ``ctxactors/assistantId``, ``ctxactors/threadId``),
-   which the model can't write: when it carries any of them, it alone is the context and
-   every ``__*`` argument is dropped as spoofing;
+1. ``_meta`` (``ctxactors/sessionId``, ``ctxactors/assistantId``, ``ctxactors/threadId``,
+   and the keys hosts send their own conversation ids in: `Settings.context_meta`), which
+   the model can't write: when it carries any of them, it alone is the context and every
+   ``__*`` argument is dropped as spoofing;
 2. otherwise the ``__sessionId`` / ``__assistantId`` / ``__threadId`` arguments a host
    injected;
 3. for the session only: on a stateful streamable-HTTP session its ``Mcp-Session-Id``; on
-   stdio (one client) the session ``default``; over HTTP without an MCP session (stateless,
+   stdio (one client) the session ``default`` (``refuse`` in `Settings.session_fallback`
+   refuses such a call instead); over HTTP without an MCP session (stateless,
    protocol 2026-07-28) none, and the call is refused with an error result saying how to
    pass one, so context-less clients never share a session.
 
@@ -79,6 +81,9 @@ class McpFrontend:
     def __init__(self, runtime: Runtime, *, name: str = "ctxactors") -> None:
         self.runtime = runtime
         self._log = get_logger("ctxactors.mcp")
+        # The session of a stdio call that names none: `default`, or none (refused).
+        refuse = runtime.settings.session_fallback == "refuse"
+        self._stdio_fallback = None if refuse else DEFAULT_SESSION
         # Parsed once: the definitions never change for the runtime's lifetime.
         definitions = runtime.list_tools()
         tools = [types.Tool.model_validate(d) for d in definitions]
@@ -134,7 +139,7 @@ class McpFrontend:
                     params.name,
                     params.arguments,
                     meta=params.meta,
-                    session_fallback=session_fallback(ctx),
+                    session_fallback=session_fallback(ctx, self._stdio_fallback),
                     principal=_principal(ctx),
                 )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
@@ -162,18 +167,21 @@ def _version() -> str:
         return "0"
 
 
-def session_fallback(ctx: ServerRequestContext[Any]) -> str | None:
+def session_fallback(
+    ctx: ServerRequestContext[Any], stdio: str | None = DEFAULT_SESSION
+) -> str | None:
     """The session of a call whose ``_meta`` and arguments name none.
 
     It is only a fallback: it never goes into ``_meta`` (a ``_meta`` context key would make
     the runtime drop the host's injected ``__*`` arguments). Without an HTTP request (stdio,
-    one client) it is ``default``; over HTTP it is the ``Mcp-Session-Id``, which the
-    session manager only routes to the session that issued it, so it can't name a session
-    the client doesn't hold; a stateless HTTP request has none, and such a call is refused.
+    one client) it is `stdio` (``default``, or None: refused); over HTTP it is the
+    ``Mcp-Session-Id``, which the session manager only routes to the session that issued it,
+    so it can't name a session the client doesn't hold; a stateless HTTP request has none,
+    and such a call is refused.
     """
     headers = getattr(ctx.request, "headers", None)
     if headers is None:
-        return DEFAULT_SESSION
+        return stdio
     value = headers.get("mcp-session-id")
     return value if isinstance(value, str) and value else None
 

@@ -35,7 +35,7 @@ from ctxactors.conversation import OpenAICompatibleModel
 from ctxactors.errors import ServerDefinitionError, StoreUnavailableError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
-from ctxactors.settings import Settings
+from ctxactors.settings import ContextRole, Settings, check_context_meta, context_meta_pair
 from ctxactors.state import open_store
 from ctxactors.tools import Server
 from ctxactors.transports import access, connections, observe
@@ -85,6 +85,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-actors", type=int, help="cap on live actors (default 10,000)")
     add_settings_argument(parser)
+    parser.add_argument(
+        "--context-meta",
+        action="append",
+        type=_context_meta,
+        default=[],
+        metavar="KEY=ROLE",
+        help="also read the MCP _meta key KEY as the call's session, assistant or thread "
+        "(ROLE), after ctxactors/* and the hosts' keys read by default (repeatable; a key "
+        "read already takes this ROLE)",
+    )
+    parser.add_argument(
+        "--session-fallback",
+        choices=("default", "refuse"),
+        help="a stdio call that names no session: share the session 'default' (the default; "
+        "the first such call logs a warning) or refuse it, as a stateless HTTP server does",
+    )
     parser.add_argument(
         "--tools",
         choices=("all", "unified"),
@@ -144,6 +160,13 @@ def _builtins(text: str) -> list[type[Server]]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _context_meta(text: str) -> tuple[str, ContextRole]:
+    try:
+        return context_meta_pair(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--context-meta: ")) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -170,7 +193,16 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
             ttl=args.ttl,
             max_actors=args.max_actors,
             max_actors_per_principal=args.max_actors_per_principal,
+            session_fallback=args.session_fallback,
         )
+        if args.context_meta:  # added to the keys the settings read (a key read already
+            # takes the role given here)
+            check_context_meta(args.context_meta, "--context-meta")
+            given = {key for key, _ in args.context_meta}
+            kept = [pair for pair in settings.context_meta if pair[0] not in given]
+            settings = settings.replace(
+                context_meta=tuple(dict.fromkeys((*kept, *args.context_meta)))
+            )
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
     if args.backend == "ray":
