@@ -237,11 +237,13 @@ class Runtime:
     ) -> ToolResult:
         """Call a tool and wait for its result.
 
-        The context comes from `meta` (MCP ``_meta``) when it carries any context key, and
-        then every ``__*`` argument is dropped as spoofing; otherwise from the ``__*``
-        arguments. `principal` is for an authenticated transport only: it namespaces every
-        key and nothing in `arguments` or `meta` can change it. `session_fallback` is the
-        session when neither names one; ``None`` refuses such a call.
+        The context comes from `meta` (MCP ``_meta``) when it carries any context key
+        (``ctxactors/*``, or a key of `Settings.context_meta`: the conversation ids hosts
+        send), and then every ``__*`` argument is dropped as spoofing; otherwise from the
+        ``__*`` arguments. `principal` is for an authenticated transport only: it namespaces
+        every key and nothing in `arguments` or `meta` can change it. `session_fallback` is
+        the session when neither names one (the first call of a runtime that falls back to
+        ``default`` logs a warning); ``None`` refuses such a call.
 
         Raises `UnknownToolError`, `InvalidArgumentsError` (nothing ran),
         `CallTimeoutError` or `RuntimeClosedError`; a tool's own failure is a result with

@@ -18,6 +18,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -354,7 +355,26 @@ def test_serve_adds_its_keys_to_the_settings_and_can_give_one_another_role() -> 
     ]
 
 
-# -- stdio: one warning for the shared `default`, or refusal ---------------------------------
+# -- one warning for the shared `default`, or refusal ----------------------------------------
+
+
+def test_calls_from_many_threads_that_fall_back_warn_once() -> None:
+    start = threading.Barrier(8)
+
+    def caller(rt: Runtime) -> None:
+        start.wait()
+        for _ in range(5):
+            assert not rt.call("create_goal", {"goal": "shared"}).is_error
+
+    with capture_logs() as logs, Runtime() as rt:
+        threads = [threading.Thread(target=caller, args=(rt,)) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        goals = rt.call("get_planning_state", {"__sessionId": "default"}).structured["goals"]
+    assert len(goals) == 40  # all in `default`
+    assert [e["fix"] for e in logs if e["event"] == "no_session_id"] == [SHARED_SESSION_FIX]
 
 
 def _log_file(params: Any) -> Path:
