@@ -137,6 +137,7 @@ class BlockingPool:
         self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
         self._threads: set[threading.Thread] = set()
+        self._waiting: set[threading.Thread] = set()  # idle, in `get`
         self._closed = False
 
     def submit(self, actor: PoolActor) -> None:
@@ -152,7 +153,9 @@ class BlockingPool:
 
     def _work(self) -> None:
         get = self._jobs.get
+        me = threading.current_thread()
         while True:
+            self._waiting.add(me)
             try:
                 actor = get(timeout=self._idle_timeout)
             except queue.Empty:
@@ -162,6 +165,8 @@ class BlockingPool:
                     self._retire()
                     return
                 continue
+            finally:
+                self._waiting.discard(me)
             if actor is None:
                 self._retire()
                 return
@@ -173,16 +178,18 @@ class BlockingPool:
             self._threads.discard(threading.current_thread())
 
     def close(self) -> None:
-        """Let every thread end once the jobs ahead of it are done, and wait for them."""
+        """Let every thread end once the jobs ahead of it are done; wait for those that
+        were idle (a busy one may be stuck in a tool or a cleanup the runtime has already
+        stopped waiting for)."""
         with self._lock:
             self._closed = True
             threads = list(self._threads)
+        idle = [t for t in list(self._waiting) if t is not threading.current_thread()]
         for _ in threads:
             self._jobs.put(None)
-        deadline = time.monotonic() + 10.0  # one bound for all: a stuck tool holds its thread
-        for thread in threads:
-            if thread is not threading.current_thread():
-                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        deadline = time.monotonic() + 1.0
+        for thread in idle:
+            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
 
 
 class PoolActor(pykka.Actor):
