@@ -37,9 +37,10 @@ import pykka
 
 from ctxactors._actors import KeyActor, Lifecycle, current_actor
 from ctxactors._call import Envelope
+from ctxactors._scheduler import PoolActor
 from ctxactors.context import SessionKey
 from ctxactors.errors import RuntimeClosedError
-from ctxactors.logs import get_logger
+from ctxactors.logs import get_logger, info_enabled
 from ctxactors.tools import Key
 
 # Stop messages sent between two yields of the GIL (see `Registry._stop`).
@@ -248,7 +249,8 @@ class Registry:
         self._by_principal.setdefault(key.principal, OrderedDict())[key] = entry
         self._counts["spawned"] += 1
         self._peak = max(self._peak, len(self._entries))
-        self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
+        if info_enabled(self._log):
+            self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
         return entry
 
     def drained(self, entry: Entry) -> None:
@@ -303,18 +305,20 @@ class Registry:
         return []  # every actor is busy: the cap is exceeded until some become idle
 
     def _stop(self, entries: Iterable[Entry]) -> None:
-        for n, entry in enumerate(entries, 1):
+        n = 0
+        stop_if_idle = PoolActor.stop_if_idle  # no bound method a key: see `info_enabled`
+        for entry in entries:
             actor = entry.actor
             try:
                 if actor is None:
                     continue
                 # A pooled actor nobody runs stops here and now: no job for a worker.
-                stop_if_idle = getattr(actor, "stop_if_idle", None)
-                if stop_if_idle is not None and stop_if_idle():
+                if type(actor) is PoolActor and stop_if_idle(actor):
                     continue
                 actor.stop()  # a plain message after the calls already queued
             except pykka.ActorDeadError:
                 entry.closed.set()
+            n += 1
             if n % _STOP_BATCH == 0:
                 # Let the actors told so far finish stopping before waking more: thousands
                 # of woken threads queued on the GIL made one pass in a few take 10x longer.
@@ -345,8 +349,9 @@ class Registry:
                     self._retire(entry)
                 self._counts["reaped"] += len(victims)
             self._stop(victims)
-            for entry in victims:
-                self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
+            if victims and info_enabled(self._log):
+                for entry in victims:
+                    self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
             reaped += len(victims)
             if not victims:
                 return reaped

@@ -52,8 +52,11 @@ from ctxactors._actors import (
 from ctxactors._call import Envelope, execute, resume
 from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
+from ctxactors.tools import Server
 
-_log = lazy_logger("ctxactors.scheduler")
+_base_close = Server.close
+
+_log = lazy_logger("ctxactors.actors")
 _SCHED_BATCH: int | None = getattr(os, "SCHED_BATCH", None)  # Linux only
 
 # Messages one worker runs for an actor before handing it back (fairness between keys).
@@ -273,6 +276,8 @@ class PoolActor(pykka.Actor):
             type(reply) is SyncReply
             and not spec.blocking
             and not spec.is_async
+            # What runs after the reply must not hold up its caller (`add_observer`).
+            and not envelope.host.observers
             and _get_running_loop() is None
         ):
             with self._lock:
@@ -289,8 +294,12 @@ class PoolActor(pykka.Actor):
             self.put(_STOP)
 
     def stop_if_idle(self) -> bool:
-        """Stop now, on this thread, if no worker has the actor and nothing is queued
-        (the reaper's way: a million idle keys are a million jobs saved). False otherwise."""
+        """Stop now, on this thread, if no worker has the actor, nothing is queued and its
+        server has no cleanup of its own (the reaper's way: a million idle keys are a
+        million jobs saved; a cleanup that may hang is never run on its caller's thread).
+        False otherwise."""
+        if _has_cleanup(self._server):
+            return False
         with self._lock:
             if self._scheduled or self._queue:
                 return False
@@ -359,11 +368,19 @@ class PoolActor(pykka.Actor):
                 else:
                     execute(message, server, lifecycle, start_error)
             else:
-                pending.popleft()
                 if message is _STOP or isinstance(getattr(message, "message", None), _Stop):
+                    if _has_cleanup(server) and not blocking_thread:
+                        # A cleanup may wait (processes to die, files to go): not here.
+                        self._dispatcher.blocking.submit(self)
+                        return True
+                    pending.popleft()
                     self._stop()
+                    reply_to = getattr(message, "reply_to", None)
+                    if reply_to is not None:  # pykka's `ActorRef.stop(block=True)`
+                        reply_to.set(None)
                     self._answer_rest()
                     return True
+                pending.popleft()
                 self._pykka_message(message)
         return False
 
@@ -410,6 +427,14 @@ class PoolActor(pykka.Actor):
 
 
 _Stop: type = messages._ActorStop  # noqa: SLF001 - pykka's stop, sent through an `ActorRef`
+
+
+def _has_cleanup(server: Any) -> bool:
+    """Whether the server overrides `Server.close` (a cleanup that may take a while)."""
+    if server is None:
+        return False
+    close = getattr(type(server), "close", None)
+    return close is not None and close is not _base_close
 
 
 def _batch_scheduling() -> None:

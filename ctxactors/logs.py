@@ -171,6 +171,18 @@ _nop = structlog.make_filtering_bound_logger(logging.CRITICAL).debug
 CallLog = Callable[[Any, str, float, bool], None]
 
 
+def info_enabled(log: Any) -> bool:
+    """Whether `log` (a logger from `get_logger`) writes info lines now. Asked before a line
+    whose fields cost allocations to build: on a path taken for each of a million keys,
+    those allocations are what sets off the garbage collector's full passes."""
+    if getattr(getattr(log, "info", None), "__func__", None) is _nop:
+        return False
+    inner = getattr(log, "_logger", None)
+    if isinstance(inner, logging.Logger):
+        return inner.isEnabledFor(logging.INFO)
+    return True
+
+
 def call_logger(log: Any) -> CallLog | None:
     """What writes each call's ``tool_call`` line to `log` (a logger bound once, by the
     runtime), or None when its level filters that line out (a call then builds nothing).

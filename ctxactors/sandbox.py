@@ -93,27 +93,32 @@ def clean_env(settings: SandboxSettings, home: str) -> dict[str, str]:
 
 
 @functools.cache
-def _root_dirs() -> tuple[str, ...]:
-    """/bin, /lib...: symlinks into /usr on merged-/usr systems (Debian 12), else directories."""
-    out: list[str] = []
+def _system_dirs(root: str = "/") -> tuple[str, ...]:
+    """The sandbox's system directories, each read-only, as the host under `root` has them:
+    ``/usr``, and /bin, /lib...: symlinks into /usr on merged-/usr systems (Debian 12), made
+    the same symlinks in the sandbox, else directories bound read-only."""
+    out = ["--ro-bind", os.path.join(root, "usr"), "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = "/" + name
+        path = os.path.join(root, name)
         if os.path.islink(path):
-            out += ["--symlink", os.readlink(path), path]
+            out += ["--symlink", os.readlink(path), "/" + name]
         elif os.path.isdir(path):
-            out += ["--ro-bind", path, path]
+            out += ["--ro-bind", path, "/" + name]
     return tuple(out)
 
 
 def bwrap_args(
-    settings: SandboxSettings, workdir_fd: int, passwd_fd: int, group_fd: int
+    settings: SandboxSettings, workdir_fd: int, passwd_fd: int, group_fd: int, *, root: str = "/"
 ) -> list[str]:
-    """The bwrap command line up to and including ``--``: one sandbox around `workdir_fd`."""
+    """The bwrap command line up to and including ``--``: one sandbox around `workdir_fd`.
+
+    `root` is where the host's system directories are looked up (a test passes a fake root
+    to run the branch of a host whose /bin and /lib are not merged into /usr)."""
     args = [settings.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     if settings.network:
         args.append("--share-net")
     args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "workspace"]
-    args += ["--ro-bind", "/usr", "/usr", *_root_dirs()]
+    args += _system_dirs(root)
     for path in _ETC + (_ETC_NET if settings.network else ()):
         args += ["--ro-bind-try", path, path]
     args += ["--ro-bind-data", str(passwd_fd), "/etc/passwd"]

@@ -143,8 +143,9 @@ def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
     return str(started["processId"])
 
 
-def wait_done(rt: Runtime, session: str, process_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
+def wait_done(rt: Runtime, session: str, process_id: str, wait: float = WAIT) -> dict[str, Any]:
+    """Poll until the process has ended, or `wait` seconds (then it is still running)."""
+    deadline = time.monotonic() + wait
     while True:
         polled = call(rt, session, "poll_process", processId=process_id)
         if polled["status"] != "running" or time.monotonic() > deadline:
