@@ -374,6 +374,29 @@ class MetricsSettings(Group, frozen=True):
     max_principals: Annotated[Count, var("CTXACTORS_METRICS_MAX_PRINCIPALS")] = 100
 
 
+class HttpSettings(Group, frozen=True):
+    """What one client or principal may hold of the HTTP server (``serve --transport http``;
+    see `ctxactors.transports.connections`)."""
+
+    # A request's headers must arrive within this of its first byte, its body within
+    # `body_timeout` of its headers, or the connection is closed (a half-sent request
+    # otherwise holds a connection forever).
+    header_timeout: Annotated[Seconds, var("CTXACTORS_HTTP_HEADER_TIMEOUT")] = 10.0
+    body_timeout: Annotated[Seconds, var("CTXACTORS_HTTP_BODY_TIMEOUT")] = 60.0
+    # Connections open at once: the server's (lowered to fit the open-file limit), and one
+    # client address's (behind a proxy, every client has the proxy's: raise it there).
+    max_connections: Annotated[Count, var("CTXACTORS_HTTP_MAX_CONNECTIONS")] = 4096
+    max_connections_per_client: Annotated[
+        Count, var("CTXACTORS_HTTP_MAX_CONNECTIONS_PER_CLIENT")
+    ] = 256
+
+    # Open stateful MCP sessions of one authenticated principal (the SDK's own cap, 10,000,
+    # is for the whole server: without this one a single principal could take them all).
+    max_sessions_per_principal: Annotated[
+        Count, var("CTXACTORS_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
+    ] = 100
+
+
 class Settings(Group, frozen=True):
     """Every limit of one runtime. Give it to ``Runtime(settings=...)``.
 
@@ -398,6 +421,7 @@ class Settings(Group, frozen=True):
     workspace: WorkspaceSettings = WorkspaceSettings()
     metrics: MetricsSettings = MetricsSettings()
     actors: ActorSettings = ActorSettings()
+    http: HttpSettings = HttpSettings()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
@@ -415,6 +439,7 @@ __all__ = [
     "Cap",
     "ContentSettings",
     "HistorySettings",
+    "HttpSettings",
     "MetricsSettings",
     "PlanningSettings",
     "PlaybooksSettings",

@@ -5,9 +5,11 @@ With ``--transport http`` one Starlette app serves MCP at ``/mcp`` beside the RE
 key, if it needs one, comes from ``CTXACTORS_MODEL_API_KEY``, never the command line, where
 other users could read it). Who may connect is `access.HttpSecurity`, built from the
 ``--auth-*``/``--jwt-*``/``--allow-*`` options; without authentication only a loopback
-address is served (unless ``--insecure-no-auth``). Either way, a shutdown (end of stdin,
-SIGTERM, Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every
-actor and kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
+address is served (unless ``--insecure-no-auth``). What slow or many clients may hold
+(deadlines for a request's headers and body, connection caps) is `connections`, from the
+``http.*`` settings. On either transport, a shutdown (end of stdin, SIGTERM, Ctrl-C) lets
+calls in flight answer, then closes the runtime, which stops every actor and kills the
+processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
 stdout, which is the stdio protocol channel.
 """
 
@@ -37,7 +39,7 @@ from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.settings import Settings
 from ctxactors.state import open_store
 from ctxactors.tools import Server
-from ctxactors.transports import access, observe
+from ctxactors.transports import access, connections, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
@@ -166,6 +168,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
+    except StoreUnavailableError as exc:  # a damaged or unreadable file: the operator's fix
+        raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
         return Runtime(
             [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
@@ -302,6 +306,8 @@ def _serve_http(
     )
     if security.verifier is None and not is_loopback(args.host):
         log.warning("no_authentication", host=args.host, risk="anyone who connects runs every tool")
+    limits = connections.fit_to_open_files(runtime.settings.http)
+    admission = connections.Admission(limits)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -309,16 +315,26 @@ def _serve_http(
         lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=_HTTP_GRACE_S,
+        http=connections.guarded_protocol(admission),
+        ws="none",  # no route speaks WebSocket; an upgrade would leave the guarded protocol
+        loop="asyncio",  # its selector loop accepts through the listener's accept (uvloop would not)
     )
+    # The socket is bound here so that its accept is the guard's (`connections`).
+    listener = connections.GuardedListener(config.bind_socket(), admission)
+    listener.set_inheritable(False)  # not into the sandboxes' processes
     server = _DrainingServer(config, frontend, runtime.call_timeout)
     log.info(
         "serving",
         host=args.host,
-        port=args.port,
+        port=listener.getsockname()[1],
         path="/mcp",
         auth=type(security.verifier).__name__ if security.verifier else "none",
+        max_connections=limits.max_connections,
+        max_connections_per_client=limits.max_connections_per_client,
+        header_timeout_s=limits.header_timeout,
+        body_timeout_s=limits.body_timeout,
     )
-    server.run()
+    server.run(sockets=[listener])
 
 
 class _DrainingServer(uvicorn.Server):
