@@ -134,7 +134,7 @@ def fields(cls: type[Group], prefix: str = "") -> list[tuple[str, str | None, An
 
 
 def assign(settings: G, assignments: Iterable[str], *, source: str = "--set") -> G:
-    """`settings` with ``NAME=VALUE`` assignments applied (dotted names, as in the README's
+    """`settings` with ``NAME=VALUE`` assignments applied (dotted names, as in the docs' limits
     table: ``content.max_items=10``); each value is read as its variable's would be, and a
     bad one raises `ValueError` naming it (``--set content.max_items must be ...``)."""
     for item in assignments:
@@ -151,7 +151,7 @@ def _assign(group: G, path: list[str], text: str, label: str) -> G:
     field = known.get(path[0])
     inner = getattr(group, path[0], None)
     if field is None or isinstance(inner, Group) != (len(path) > 1):
-        raise ValueError(f"{label}: no such setting (see the README's limits table)")
+        raise ValueError(f"{label}: no such setting (see the limits table, docs/limits.md)")
     if isinstance(inner, Group):
         return msgspec.structs.replace(group, **{path[0]: _assign(inner, path[1:], text, label)})
     found = _variable(field.type)

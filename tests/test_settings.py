@@ -93,15 +93,15 @@ def test_settings_are_frozen_and_round_trip_through_json() -> None:
     assert again == settings
 
 
-def test_the_readme_table_lists_every_setting_with_its_variable() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+def test_the_docs_limits_table_lists_every_setting_with_its_variable() -> None:
+    limits = (Path(__file__).parent.parent / "docs" / "limits.md").read_text(encoding="utf-8")
     rows = {
         row.split("|")[1].strip(" `"): row.split("|")[2].split()[0].strip("`")
-        for row in readme.splitlines()
+        for row in limits.splitlines()
         if re.match(r"^\| `[a-z_.]+` \|", row)
     }
     for name, variable, _ in fields(Settings):
-        assert name in rows, f"README's limits table has no row for {name}"
+        assert name in rows, f"docs/limits.md's table has no row for {name}"
         assert rows[name] == (variable or "—"), name
 
 
@@ -142,7 +142,7 @@ def test_serve_fills_the_settings_from_its_flags_and_the_environment() -> None:
         (
             ["demo", "--set", "content.nope=1"],
             {},
-            "ctxactors demo: --set content.nope: no such setting (see the README's limits table)",
+            "ctxactors demo: --set content.nope: no such setting (see the limits table, docs/limits.md)",
         ),
     ],
 )

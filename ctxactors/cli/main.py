@@ -32,7 +32,7 @@ EXTRAS = {"serve": "serve", "loadtest": "cli", "logs": "cli", "top": "all"}
 
 
 def add_settings_argument(parser: argparse.ArgumentParser) -> None:
-    """``--set NAME=VALUE``: any setting of the README's limits table, for the runtime a
+    """``--set NAME=VALUE``: any setting of the limits table (docs/limits.md), for the runtime a
     command makes; the others come from the ``CTXACTORS_*`` variables."""
     parser.add_argument(
         "--set",

@@ -134,7 +134,7 @@ LOOPBACK_ONLY = HttpSecurity()
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
-        "HTTP access", "who may reach --transport http (README: Deploying on a network)"
+        "HTTP access", "who may reach --transport http (docs/serving.md: Deploying on a network)"
     )
     add = group.add_argument
     add("--auth-tokens", metavar="FILE", help="bearer tokens, one 'token principal' a line")

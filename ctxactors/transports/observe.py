@@ -65,7 +65,7 @@ _encode = msgspec.json.Encoder().encode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("observability", "README: Operations")
+    group = parser.add_argument_group("observability", "docs/operations.md")
     group.add_argument(
         "--tracing",
         action="store_true",

@@ -138,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     access.add_arguments(parser)
     observe.add_arguments(parser)
-    ray = parser.add_argument_group("Ray backend (key actors in Ray shard actors; see README)")
+    ray = parser.add_argument_group("Ray backend (key actors in Ray shard actors; see docs/ray.md)")
     ray.add_argument("--backend", choices=("embedded", "ray"), default="embedded")
     ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: local)")
     ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
