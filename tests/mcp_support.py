@@ -251,8 +251,14 @@ async def spawn_sleeper(client: Any, session: str) -> int:
     unique duration finds it in the host's /proc instead.
     """
     marker = f"60.{os.getpid()}{time.monotonic_ns() % 10**9}"
-    await client.call_tool(
+    started = await client.call_tool(
         "execute_command", {"command": f"exec sleep {marker}", "__sessionId": session}
     )
-    pids = await await_until(lambda: pids_of(["sleep", marker]), 10, 0.05)
+    assert not started.is_error, started.content
+    pids = await await_until(
+        lambda: pids_of(["sleep", marker]),
+        10,
+        0.05,
+        describe=lambda: f"no sleep {marker} (execute_command said {started.content})",
+    )
     return pids[0]

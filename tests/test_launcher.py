@@ -22,7 +22,7 @@ from ctxactors.settings import SandboxSettings
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 
-COMMAND = "sleep 0.5; echo lived"
+COMMAND = "echo started; sleep 0.5; echo lived"
 
 
 def _start_on_a_thread_that_ends(workdir: Path, *, via_launcher: bool) -> Popen[bytes]:
@@ -31,9 +31,13 @@ def _start_on_a_thread_that_ends(workdir: Path, *, via_launcher: bool) -> Popen[
 
     def ask() -> None:
         if via_launcher:
-            started.append(launch(lambda: sandboxes.start(settings, str(workdir), COMMAND)))
+            popen = launch(lambda: sandboxes.start(settings, str(workdir), COMMAND))
         else:
-            started.append(sandboxes.start(settings, str(workdir), COMMAND))
+            popen = sandboxes.start(settings, str(workdir), COMMAND)
+        # The command's first line: bubblewrap has armed its parent-death signal by then
+        # (before it ran the command), so this thread's end can't slip in ahead of it.
+        assert popen.stdout is not None and popen.stdout.readline() == b"started\n"
+        started.append(popen)
 
     thread = threading.Thread(target=ask)
     thread.start()
@@ -53,4 +57,4 @@ def test_a_command_started_by_the_launcher_outlives_the_thread_that_asked(
 ) -> None:
     popen = _start_on_a_thread_that_ends(tmp_path, via_launcher=True)
     output, _ = popen.communicate(timeout=60)
-    assert (popen.returncode, output) == (0, b"lived\n")
+    assert (popen.returncode, output) == (0, b"lived\n")  # "started" was read above
