@@ -15,11 +15,11 @@ backgrounded, daemonized or re-``setsid`` children included.
 
 Limits are set inside the sandbox with ``prlimit`` (util-linux) on the command's shell, so
 they are inherited by everything it starts and can't be raised (that needs
-``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). No limit sums memory
-over a sandbox's processes (no cgroup is assumed), so ``choom`` gives them the highest
-``oom_score_adj``: if memory runs out, the OOM killer ends a sandboxed process, not the
-server. ``RLIMIT_NPROC`` needs
-care, measured here (kernel 6.18):
+``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). Sums over a
+principal's sandboxes (processes, memory with the tmpfs pages, CPU) are cgroups', where
+the server may make them (`ctxactors.sandbox_limits`); ``choom`` gives sandboxed processes
+the highest ``oom_score_adj`` either way: if memory runs out, the OOM killer ends a
+sandboxed process, not the server. ``RLIMIT_NPROC`` needs care, measured here (kernel 6.18):
 
 - the kernel counts it per (user namespace, real uid) since 5.14, so set *inside* the
   sandbox's fresh user namespace it caps the processes (and threads) of that one sandbox;
@@ -56,14 +56,16 @@ import stat
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
+from ctxactors import cgroups
 from ctxactors.errors import SandboxUnavailableError
 from ctxactors.settings import SandboxSettings
 
 WORKDIR = "/workspace"  # where the session's directory appears inside the sandbox
 PATH = "/usr/local/bin:/usr/bin:/bin"
+_SETPRIV = "/usr/bin/setpriv"  # util-linux, as prlimit and choom
 _PROBE_TIMEOUT = 30.0
 # Always there; the resolver files only with the network on.
 _ETC = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
@@ -183,12 +185,16 @@ def _ids(settings: SandboxSettings) -> tuple[int, int]:
     )
 
 
-def start(settings: SandboxSettings, workdir: str, command: str) -> subprocess.Popen[bytes]:
+def start(
+    settings: SandboxSettings, workdir: str, command: str, *, join: Sequence[str] = ()
+) -> subprocess.Popen[bytes]:
     """Start ``/bin/sh -c command`` (sandboxed unless the mode is ``none``) in its own
-    process group, stdout and stderr on one pipe."""
+    process group, stdout and stderr on one pipe. With `join` (``cgroup.procs`` files, see
+    `ctxactors.cgroups`) its first process joins those groups before it execs anything, as
+    the server's user (who may write them), and then drops to the sandbox's user."""
     if not settings.enabled:
         return subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            [*(cgroups.join_argv(list(join)) if join else ()), "/bin/sh", "-c", command],
             cwd=workdir,
             env=clean_env(settings, workdir),
             stdin=subprocess.DEVNULL,
@@ -201,6 +207,10 @@ def start(settings: SandboxSettings, workdir: str, command: str) -> subprocess.P
     switch = settings.switch_user
     with _sandbox_fds(workdir, uid, gid) as fds:
         argv = [*bwrap_args(settings, *fds), *limit_args(settings), "/bin/sh", "-c", command]
+        if join:
+            drop = [_SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+            argv = [*cgroups.join_argv(list(join)), *(drop if switch else ()), *argv]
+            switch = False  # setpriv switches, after the join
         return subprocess.Popen(
             argv,
             cwd="/",

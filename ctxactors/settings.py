@@ -65,7 +65,7 @@ class Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
             if isinstance(kind, mi.StructType) and issubclass(kind.cls, Group):
                 values[field.name] = kind.cls.from_env(environ)
             elif (found := _variable(kind)) is not None:
-                value = _read(kind.type, *found, environ.get(found[0]))
+                value = _read(_value_type(kind), *found, environ.get(found[0]))
                 if value is not _UNSET:
                     values[field.name] = value
         return validate(cls(**values))
@@ -102,9 +102,11 @@ def _read(kind: Any, name: str, parse: Parser | None, raw: str | None) -> Any:
 
 def _bound_problem(kind: Any, value: Any) -> str | None:
     """What `value` must be to meet the bounds of a numeric type, or None if it does."""
-    ge, gt = getattr(kind, "ge", None), getattr(kind, "gt", None)
+    ge, gt, le = getattr(kind, "ge", None), getattr(kind, "gt", None), getattr(kind, "le", None)
     if ge is not None and not value >= ge:
         return f"at least {ge}"
+    if le is not None and not value <= le:
+        return f"at most {le}"
     if gt is not None and not value > gt:
         return "positive" if gt == 0 else f"above {gt}"
     return None
@@ -285,6 +287,51 @@ class SandboxSettings(Group, frozen=True):
         return self.user is not None and self.user[0] != os.getuid()
 
 
+def _cgroups(name: str, raw: str | None) -> str:
+    mode = (raw or "auto").lower()
+    if mode not in ("auto", "require", "off"):
+        raise ValueError(f"{name} must be auto, require or off, got {mode!r}")
+    return mode
+
+
+def _path(name: str, raw: str | None) -> str | None:
+    if raw is not None and not raw.startswith("/"):
+        raise ValueError(f"{name} must be an absolute path, got {raw!r}")
+    return raw
+
+
+Weight = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+
+
+class BudgetSettings(Group, frozen=True):
+    """What the sandboxes of one principal (across all its sessions), and of the whole
+    server, may use (see `ctxactors.sandbox_limits`). Callers with no principal are one
+    tenant under the server's budget only."""
+
+    # auto: cgroups when the kernel lets the server make them, else the fallback;
+    # require: refuse to start without them; off: the fallback.
+    cgroups: Annotated[
+        Literal["auto", "require", "off"], var("CTXACTORS_WORKSPACE_CGROUPS", _cgroups)
+    ] = "auto"
+    # Where the server's group goes (a path in the hierarchy); None: the server's own group.
+    cgroup_parent: Annotated[str | None, var("CTXACTORS_WORKSPACE_CGROUP_PARENT", _path)] = None
+    principal_processes: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_PROCESSES")] = 1024
+    principal_memory_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_MEMORY_BYTES")] = (
+        2 << 30
+    )
+    principal_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_PRINCIPAL_CPU_WEIGHT")] = 100
+    # Sandboxes running at once, all of a principal's sessions (counted by the server).
+    principal_running: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_RUNNING")] = 32
+    server_processes: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_PROCESSES")] = 8192
+    # None: three quarters of the memory the server may use (the host's, or its cgroup's).
+    server_memory_bytes: Annotated[Count | None, var("CTXACTORS_WORKSPACE_SERVER_MEMORY_BYTES")] = (
+        None
+    )
+    # Every sandbox together, against the server's own threads.
+    server_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_SERVER_CPU_WEIGHT")] = 100
+    server_running: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_RUNNING")] = 512
+
+
 # -- one group per server -------------------------------------------------------------------
 
 
@@ -346,6 +393,7 @@ class WorkspaceSettings(Group, frozen=True):
     max_timeout: Annotated[Seconds, var("CTXACTORS_WORKSPACE_MAX_TIMEOUT")] = 3600.0
     max_running: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_RUNNING")] = 16
     sandbox: SandboxSettings = SandboxSettings()
+    budget: BudgetSettings = BudgetSettings()
 
 
 class MetricsSettings(Group, frozen=True):
@@ -392,6 +440,7 @@ DEFAULTS = Settings()
 __all__ = [
     "DEFAULTS",
     "BatchSettings",
+    "BudgetSettings",
     "Cap",
     "ContentSettings",
     "HistorySettings",

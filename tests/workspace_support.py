@@ -131,31 +131,37 @@ def use_sandbox(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
         monkeypatch.setenv(names[field], text)
 
 
-def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:
-    result = rt.call(tool, ctx_args(session, **args))
+def call(rt: Runtime, session: str, tool: str, *, principal: str | None = None, **args: Any) -> Any:
+    result = rt.call(tool, ctx_args(session, **args), principal=principal)
     assert not result.is_error, result.text
     return result.structured
 
 
-def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
-    started = call(rt, session, "execute_command", command=command, **args)
+def start(
+    rt: Runtime, session: str, command: str, *, principal: str | None = None, **args: Any
+) -> str:
+    started = call(rt, session, "execute_command", command=command, principal=principal, **args)
     assert started["status"] == "running" and started["processId"].startswith("p_")
     return str(started["processId"])
 
 
-def wait_done(rt: Runtime, session: str, process_id: str) -> dict[str, Any]:
+def wait_done(
+    rt: Runtime, session: str, process_id: str, *, principal: str | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT
     while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
+        polled = call(rt, session, "poll_process", processId=process_id, principal=principal)
         if polled["status"] != "running" or time.monotonic() > deadline:
             return dict(polled)
         time.sleep(0.02)
 
 
-def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[str, Any]:
+def wait_output(
+    rt: Runtime, session: str, process_id: str, text: str, *, principal: str | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT
     while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
+        polled = call(rt, session, "poll_process", processId=process_id, principal=principal)
         if text in polled["output"] or time.monotonic() > deadline:
             return dict(polled)
         time.sleep(0.02)

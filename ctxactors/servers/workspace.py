@@ -56,6 +56,7 @@ from ctxactors import sandbox as sandboxes
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
+from ctxactors.sandbox_limits import Lease, SandboxBudgets
 from ctxactors.servers.workspace_dirs import SessionDirs
 from ctxactors.settings import DEFAULTS, WorkspaceSettings
 from ctxactors.tools import Scope, Server, pick, tool
@@ -99,8 +100,10 @@ class _Process:
         timeout: float,
         max_output: int,
         on_done: Any,
+        lease: Lease | None = None,
     ) -> None:
         self.process_id = process_id
+        self.lease = lease  # its place in the principal's budget, released once reaped
         self.command = command
         self.proc = proc
         self.deadline = time.monotonic() + timeout
@@ -127,6 +130,8 @@ class _Process:
             _count_running(-1)
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
+            if self.lease is not None:
+                self.lease.release()
             # Not busy before "done": whoever saw the process finish (kill_process, a
             # poll) must also see the server idle, or a reap right after could skip it.
             self._on_done()
@@ -248,6 +253,8 @@ class Workspace(Server):
 
     # Per runtime with a store: its kept session directories.
     _kept: ClassVar[weakref.WeakKeyDictionary[Any, SessionDirs]] = weakref.WeakKeyDictionary()
+    # Per runtime: the budgets of its principals' sandboxes, across their sessions.
+    _budgets: ClassVar[weakref.WeakKeyDictionary[Any, SandboxBudgets]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
@@ -263,11 +270,31 @@ class Workspace(Server):
         if durability is not None:
             dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox)
             durability.listen(dirs)
+        budgets = cls._budgets[runtime] = SandboxBudgets.open(settings.budget)
+        get_logger("ctxactors.workspace").info(
+            "workspace_budgets",
+            enforcement=budgets.enforcement,
+            **msgspec.structs.asdict(settings.budget),
+        )
+
+    @classmethod
+    def detach(cls, runtime: Any) -> None:
+        """Remove the runtime's cgroups (its sandboxes are killed by now)."""
+        budgets = cls._budgets.pop(runtime, None)
+        left = budgets.close() if budgets is not None else []
+        if left:
+            get_logger("ctxactors.workspace").warning("workspace_cgroups_left", paths=left)
+
+    @classmethod
+    def budgets(cls, runtime: Any) -> SandboxBudgets | None:
+        """The budgets of `runtime`'s sandboxes (None before attach or after close)."""
+        return cls._budgets.get(runtime)
 
     @classmethod
     def create(cls, runtime: Any) -> Workspace:
         workspace = cls(runtime.settings.workspace)
         workspace._dirs = cls._kept.get(runtime)
+        workspace._limits = cls._budgets.get(runtime)
         return workspace
 
     def __init__(self, settings: WorkspaceSettings = DEFAULTS.workspace) -> None:
@@ -281,6 +308,7 @@ class Workspace(Server):
         self._procs: dict[str, _Process] = {}
         self._lost: set[str] = set()  # started by an earlier incarnation: gone with it
         self._dirs: SessionDirs | None = None  # with a store: the session's kept directory
+        self._limits: SandboxBudgets | None = None  # the runtime's, across sessions
         self._dir: str | None = None
         self._active = 0  # watchers still running; read by is_busy() from another thread
         self._active_lock = threading.Lock()
@@ -370,8 +398,17 @@ class Workspace(Server):
         process_id = "p_" + secrets.token_urlsafe(12)
         if not self.sandbox.enabled:
             _warn_unsandboxed(self._log, "command_unsandboxed", process_id=process_id)
-        popen = sandboxes.start(self.sandbox, workdir, command)
-        proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, self._finished)
+        lease = self._limits.enter(ctx.principal) if self._limits is not None else None
+        try:
+            join = lease.procs_files if lease is not None else ()
+            popen = sandboxes.start(self.sandbox, workdir, command, join=join)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        proc = _Process(
+            process_id, command, popen, seconds, self.max_output_bytes, self._finished, lease
+        )
         with self._active_lock:
             self._active += 1
         try:
@@ -383,6 +420,8 @@ class Workspace(Server):
             popen.wait()
             if popen.stdout is not None:
                 popen.stdout.close()
+            if lease is not None:
+                lease.release()
             raise
         self._procs[process_id] = proc
         self._log.info("process_started", process_id=process_id, pid=popen.pid, timeout_s=seconds)
