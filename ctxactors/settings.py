@@ -202,7 +202,6 @@ def _check_bounds(group: Group, prefix: str) -> None:
 
 # -- the sandbox's variables, which are not plain numbers ----------------------------------
 
-NOBODY = (65534, 65534)
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -236,24 +235,25 @@ def _names(name: str, raw: str | None) -> tuple[str, ...]:
     return names
 
 
-def _user(name: str, raw: str | None) -> tuple[int, int] | None:
+FIRST_UID = 2_000_000_000  # the sandbox uids of a root server: far above any login's
+
+
+def _first_uid(name: str, raw: str | None) -> int | None:
     if raw is None:
-        return NOBODY if os.getuid() == 0 else None
-    uid, _, gid = raw.partition(":")
+        return FIRST_UID if os.getuid() == 0 else None
+    if raw.lower() == "none":
+        return None
     try:
-        ids = (int(uid), int(gid or uid))
+        uid = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be UID or UID:GID (numbers), got {raw!r}") from None
-    if min(ids) < 0:
-        raise ValueError(f"{name} must not be negative, got {raw!r}")
-    return ids
+        raise ValueError(f"{name} must be a uid (a number) or none, got {raw!r}") from None
+    if uid < 1:
+        raise ValueError(f"{name} must be at least 1 (never root), got {raw!r}")
+    return uid
 
 
 def _root(name: str, raw: str | None) -> str:
     return raw or os.path.join(tempfile.gettempdir(), "ctxactors-workspaces")
-
-
-Id = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class SandboxSettings(Group, frozen=True):
@@ -274,8 +274,24 @@ class SandboxSettings(Group, frozen=True):
     # RLIMIT_NPROC, per sandbox (processes and threads)
     processes: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_PROCESSES")] = 256
     tmp_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_TMP_BYTES")] = 256 << 20
-    # (uid, gid) that runs bwrap; None: the server's own
-    user: Annotated[tuple[Id, Id] | None, var("CTXACTORS_WORKSPACE_SANDBOX_USER", _user)] = None
+    # A root server runs each principal's sandboxes as a uid (and gid) of its own, the
+    # next free one from uid_first (of uid_count); None: every sandbox as the server's user.
+    uid_first: Annotated[
+        Annotated[int, msgspec.Meta(ge=1)] | None,
+        var("CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST", _first_uid),
+    ] = None
+    uid_count: Annotated[Count, var("CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT")] = 1_000_000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SandboxSettings:
+        environ = os.environ if environ is None else environ
+        if (environ.get(_REPLACED) or "").strip():
+            raise ValueError(
+                f"{_REPLACED} is replaced by CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST and "
+                "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT: each principal's sandboxes run as a "
+                "uid of their own from that range; unset it"
+            )
+        return super().from_env(environ)
 
     @property
     def enabled(self) -> bool:
@@ -283,8 +299,11 @@ class SandboxSettings(Group, frozen=True):
 
     @property
     def switch_user(self) -> bool:
-        """True when bwrap runs as another user than the server (so RLIMIT_NPROC holds)."""
-        return self.user is not None and self.user[0] != os.getuid()
+        """True when bwrap runs as the principal's own uid (a root server with a range)."""
+        return self.enabled and self.uid_first is not None and os.geteuid() == 0
+
+
+_REPLACED = "CTXACTORS_WORKSPACE_SANDBOX_USER"
 
 
 def _cgroups(name: str, raw: str | None) -> str:

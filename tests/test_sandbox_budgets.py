@@ -9,35 +9,34 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 import pytest
 from mcp_support import pids_of
 from structlog.testing import capture_logs
-from workspace_support import WAIT, Leaks, call, closed_runtime, start, wait_done, wait_output
+from workspace_support import WAIT, Leaks, call, grouped_runtime, start, wait_done, wait_output
 
 from ctxactors import Runtime, cgroups
+from ctxactors.sandbox_limits import SandboxBudgets
 from ctxactors.servers.workspace import Workspace
-from ctxactors.settings import Settings
 from ctxactors.testing import context_args, wait_until
 
 pytestmark = pytest.mark.usefixtures("workspace_root")
 
 
-@contextlib.contextmanager
-def budget_runtime(leaks: Leaks, **budget: Any) -> Iterator[Runtime]:
+def budget_runtime(leaks: Leaks, **budget: Any) -> contextlib.AbstractContextManager[Runtime]:
     """A workspace runtime with these budget settings (the rest from the environment)."""
-    settings = Settings.from_env()
-    changed = msgspec.structs.replace(settings.workspace.budget, **budget)
-    workspace = msgspec.structs.replace(settings.workspace, budget=changed)
-    yield from closed_runtime(leaks, msgspec.structs.replace(settings, workspace=workspace))
+    return grouped_runtime(leaks, budget=budget)
+
+
+def budgets_of(rt: Runtime) -> SandboxBudgets:
+    tenants = Workspace.tenants(rt)
+    assert tenants is not None
+    return tenants.budgets
 
 
 def kernel_tree(rt: Runtime, controller: str) -> cgroups.Tree:
-    budgets = Workspace.budgets(rt)
-    assert budgets is not None
+    budgets = budgets_of(rt)
     if budgets.tree is None or controller not in budgets.tree.controllers:
         pytest.skip(f"the kernel's {controller} controller can't be used: {budgets.enforcement}")
     return budgets.tree
@@ -135,8 +134,7 @@ def test_a_principals_running_sandboxes_are_counted_across_its_sessions(leaks: L
     the third refused; alice and callers with no principal are not mallory."""
     marker = f"1000.{os.getpid()}8"
     with budget_runtime(leaks, cgroups="off", principal_running=2, server_running=4) as rt:
-        budgets = Workspace.budgets(rt)
-        assert budgets is not None and budgets.tree is None
+        assert budgets_of(rt).tree is None
         start(rt, "m1", f"sleep {marker}", principal="mallory")
         start(rt, "m2", f"sleep {marker}", principal="mallory")
         assert refusal(rt, "m3", "mallory") == (
@@ -165,9 +163,7 @@ def test_the_startup_log_says_which_enforcement_is_in_force(leaks: Leaks) -> Non
     )
     assert (line["principal_processes"], line["principal_running"]) == (1024, 32)
     with capture_logs() as logs, budget_runtime(leaks) as rt:
-        budgets = Workspace.budgets(rt)
-        assert budgets is not None
-        tree = budgets.tree
+        tree = budgets_of(rt).tree
     line = next(e for e in logs if e["event"] == "workspace_budgets")
     if tree is None:
         assert line["enforcement"].startswith("fallback: ")

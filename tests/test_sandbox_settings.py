@@ -12,9 +12,9 @@ import shutil
 
 import pytest
 
-from ctxactors import sandbox
+from ctxactors import sandbox, sandbox_seccomp
 from ctxactors.sandbox import bwrap_args, clean_env, limit_args
-from ctxactors.settings import NOBODY, SandboxSettings
+from ctxactors.settings import FIRST_UID, SandboxSettings
 
 VARIABLES = [
     "CTXACTORS_WORKSPACE_SANDBOX",
@@ -27,6 +27,8 @@ VARIABLES = [
     "CTXACTORS_WORKSPACE_MAX_PROCESSES",
     "CTXACTORS_WORKSPACE_TMP_BYTES",
     "CTXACTORS_WORKSPACE_SANDBOX_USER",
+    "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
+    "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT",
 ]
 
 
@@ -48,7 +50,8 @@ def test_defaults_when_nothing_is_set() -> None:
         file_bytes=1 << 30,
         processes=256,
         tmp_bytes=256 << 20,
-        user=NOBODY if os.getuid() == 0 else None,
+        uid_first=FIRST_UID if os.getuid() == 0 else None,
+        uid_count=1_000_000,
     )
     assert settings.enabled is True
 
@@ -64,7 +67,8 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
         "CTXACTORS_WORKSPACE_MAX_FILE_BYTES": "9",
         "CTXACTORS_WORKSPACE_MAX_PROCESSES": "10",
         "CTXACTORS_WORKSPACE_TMP_BYTES": "11",
-        "CTXACTORS_WORKSPACE_SANDBOX_USER": " 1234:5678 ",
+        "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST": " 1234 ",
+        "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT": "12",
     }.items():
         monkeypatch.setenv(name, value)
     settings = SandboxSettings.from_env()
@@ -78,7 +82,8 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
         file_bytes=9,
         processes=10,
         tmp_bytes=11,
-        user=(1234, 5678),
+        uid_first=1234,
+        uid_count=12,
     )
     assert settings.enabled is False
 
@@ -138,24 +143,26 @@ def test_bad_values_are_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> Non
             "CTXACTORS_WORKSPACE_ENV: not environment variable names: 1BAD, also-bad",
         ),
         (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
             "nobody",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must be UID or UID:GID (numbers), got 'nobody'",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST must be a uid (a number) or none, got 'nobody'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
+            "0",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST must be at least 1 (never root), got '0'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT",
+            "0",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT must be at least 1, got 0",
         ),
         (
             "CTXACTORS_WORKSPACE_SANDBOX_USER",
-            "10:x",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must be UID or UID:GID (numbers), got '10:x'",
-        ),
-        (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER",
-            "10:-1",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must not be negative, got '10:-1'",
-        ),
-        (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER",
-            "-1",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must not be negative, got '-1'",
+            "65534:65534",
+            "CTXACTORS_WORKSPACE_SANDBOX_USER is replaced by CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST "
+            "and CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT: each principal's sandboxes run as a uid "
+            "of their own from that range; unset it",
         ),
     ]:
         with monkeypatch.context() as env:
@@ -165,19 +172,17 @@ def test_bad_values_are_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> Non
             assert str(bad.value) == message
 
 
-@pytest.mark.parametrize(
-    ("raw", "user"), [("0", (0, 0)), ("1000", (1000, 1000)), ("5:0", (5, 0)), ("7:", (7, 7))]
-)
-def test_sandbox_user(monkeypatch: pytest.MonkeyPatch, raw: str, user: tuple[int, int]) -> None:
-    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX_USER", raw)
-    assert SandboxSettings.from_env().user == user
+@pytest.mark.parametrize(("raw", "first"), [("1", 1), ("100000", 100000), ("None", None)])
+def test_sandbox_uid_first(monkeypatch: pytest.MonkeyPatch, raw: str, first: int | None) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST", raw)
+    assert SandboxSettings.from_env().uid_first == first
 
 
-def test_switch_user_only_for_another_uid() -> None:
-    me = os.getuid()
-    assert SandboxSettings(user=None).switch_user is False
-    assert SandboxSettings(user=(me, me + 1)).switch_user is False
-    assert SandboxSettings(user=(me + 1, me)).switch_user is True
+def test_users_are_switched_only_by_a_root_server_with_a_range() -> None:
+    root = os.geteuid() == 0
+    assert SandboxSettings(uid_first=None).switch_user is False
+    assert SandboxSettings(uid_first=FIRST_UID).switch_user is root
+    assert SandboxSettings(uid_first=FIRST_UID, mode="none").switch_user is False
 
 
 def test_clean_env_copies_only_listed_names_and_pins_home(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -228,9 +233,13 @@ def _root_dirs() -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("network", [False, True])
-def test_bwrap_args_exactly(network: bool) -> None:
+@pytest.mark.parametrize(("network", "seccomp"), [(False, True), (True, False)])
+def test_bwrap_args_exactly(network: bool, seccomp: bool) -> None:
     settings = SandboxSettings(bwrap="/x/bwrap", network=network, tmp_bytes=77)
+    masks = []  # the host-wide /proc files this kernel has, hidden
+    for name in ("keys", "key-users", "timer_list", "sched_debug"):
+        if os.path.exists(f"/proc/{name}"):
+            masks += ["--ro-bind", "/dev/null", f"/proc/{name}"]
     etc = ["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"]
     if network:
         etc += [
@@ -248,19 +257,21 @@ def test_bwrap_args_exactly(network: bool) -> None:
     for path in etc:
         expected += ["--ro-bind-try", path, path]
     expected += ["--ro-bind-data", "8", "/etc/passwd", "--ro-bind-data", "9", "/etc/group"]
-    expected += ["--proc", "/proc", "--dev", "/dev"]
+    expected += ["--proc", "/proc", *masks, "--dev", "/dev"]
     expected += ["--size", "77", "--tmpfs", "/tmp", "--size", "77", "--tmpfs", "/dev/shm"]
     expected += ["--bind-fd", "7", "/workspace", "--chdir", "/workspace"]
+    expected += ["--seccomp", "10"] if seccomp else []
     expected += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
-    assert bwrap_args(settings, 7, 8, 9) == expected
+    assert bwrap_args(settings, 7, 8, 9, 10 if seccomp else None) == expected
 
 
 def test_the_generated_passwd_and_group(tmp_path: os.PathLike[str]) -> None:
-    with sandbox._sandbox_fds(str(tmp_path), 1234, 5678) as (workdir, passwd, group):
+    with sandbox._sandbox_fds(str(tmp_path), 1234, 5678) as fds:
+        workdir, passwd, group, seccomp = fds
         assert os.path.samefile(f"/proc/self/fd/{workdir}", str(tmp_path))
         assert os.read(passwd, 4096) == b"sandbox:x:1234:5678:sandbox:/workspace:/bin/sh\n"
         assert os.read(group, 4096) == b"sandbox:x:5678:\n"
-        fds = (workdir, passwd, group)
+        assert os.read(seccomp, 65536) == sandbox_seccomp.program()
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)

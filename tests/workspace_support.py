@@ -122,6 +122,18 @@ def workspace_runtime(leaks: Leaks, **changes: Any) -> Iterator[Runtime]:
     yield from closed_runtime(leaks, msgspec.structs.replace(settings, workspace=workspace))
 
 
+@contextlib.contextmanager
+def grouped_runtime(leaks: Leaks, **groups: dict[str, Any]) -> Iterator[Runtime]:
+    """`closed_runtime` with fields of the workspace's groups changed (the rest from the
+    environment): ``grouped_runtime(leaks, budget={"cgroups": "off"}, sandbox={...})``."""
+    settings = Settings.from_env()
+    workspace = settings.workspace
+    for group, changes in groups.items():
+        changed = msgspec.structs.replace(getattr(workspace, group), **changes)
+        workspace = msgspec.structs.replace(workspace, **{group: changed})
+    yield from closed_runtime(leaks, msgspec.structs.replace(settings, workspace=workspace))
+
+
 def use_sandbox(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
     """Change the sandbox settings of the runtimes this test makes, through the variables
     a runtime reads when it is made (`Settings.from_env`)."""

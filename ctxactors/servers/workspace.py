@@ -56,8 +56,9 @@ from ctxactors import sandbox as sandboxes
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
-from ctxactors.sandbox_limits import Lease, SandboxBudgets
+from ctxactors.sandbox_limits import Lease
 from ctxactors.servers.workspace_dirs import SessionDirs
+from ctxactors.servers.workspace_tenants import Tenants
 from ctxactors.settings import DEFAULTS, WorkspaceSettings
 from ctxactors.tools import Scope, Server, pick, tool
 
@@ -253,48 +254,47 @@ class Workspace(Server):
 
     # Per runtime with a store: its kept session directories.
     _kept: ClassVar[weakref.WeakKeyDictionary[Any, SessionDirs]] = weakref.WeakKeyDictionary()
-    # Per runtime: the budgets of its principals' sandboxes, across their sessions.
-    _budgets: ClassVar[weakref.WeakKeyDictionary[Any, SandboxBudgets]] = weakref.WeakKeyDictionary()
+    # Per runtime: what holds across its principals' sessions (budgets, uids).
+    _tenants: ClassVar[weakref.WeakKeyDictionary[Any, Tenants]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Refuse to serve commands that can't be sandboxed (probed once, cached) or from an
-        unsafe root."""
+        unsafe root; log how tenants are kept apart."""
         settings: WorkspaceSettings = runtime.settings.workspace
+        log = get_logger("ctxactors.workspace")
         sandboxes.make_root(settings.sandbox, settings.root)  # an unsafe root: refused now
         if settings.sandbox.enabled:
             sandboxes.check(settings.sandbox, settings.root)
         else:
-            _warn_unsandboxed(get_logger("ctxactors.workspace"), "workspace_unsandboxed")
+            _warn_unsandboxed(log, "workspace_unsandboxed")
         durability = getattr(runtime, "durability", None)
         if durability is not None:
             dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox)
             durability.listen(dirs)
-        budgets = cls._budgets[runtime] = SandboxBudgets.open(settings.budget)
-        get_logger("ctxactors.workspace").info(
-            "workspace_budgets",
-            enforcement=budgets.enforcement,
-            **msgspec.structs.asdict(settings.budget),
+        tenants = cls._tenants[runtime] = Tenants(settings)
+        log.info(
+            "workspace_budgets", **tenants.describe(), **msgspec.structs.asdict(settings.budget)
         )
 
     @classmethod
     def detach(cls, runtime: Any) -> None:
         """Remove the runtime's cgroups (its sandboxes are killed by now)."""
-        budgets = cls._budgets.pop(runtime, None)
-        left = budgets.close() if budgets is not None else []
+        tenants = cls._tenants.pop(runtime, None)
+        left = tenants.close() if tenants is not None else []
         if left:
             get_logger("ctxactors.workspace").warning("workspace_cgroups_left", paths=left)
 
     @classmethod
-    def budgets(cls, runtime: Any) -> SandboxBudgets | None:
-        """The budgets of `runtime`'s sandboxes (None before attach or after close)."""
-        return cls._budgets.get(runtime)
+    def tenants(cls, runtime: Any) -> Tenants | None:
+        """What holds across `runtime`'s sessions (None before attach or after close)."""
+        return cls._tenants.get(runtime)
 
     @classmethod
     def create(cls, runtime: Any) -> Workspace:
         workspace = cls(runtime.settings.workspace)
         workspace._dirs = cls._kept.get(runtime)
-        workspace._limits = cls._budgets.get(runtime)
+        workspace._host = cls._tenants.get(runtime)
         return workspace
 
     def __init__(self, settings: WorkspaceSettings = DEFAULTS.workspace) -> None:
@@ -308,7 +308,8 @@ class Workspace(Server):
         self._procs: dict[str, _Process] = {}
         self._lost: set[str] = set()  # started by an earlier incarnation: gone with it
         self._dirs: SessionDirs | None = None  # with a store: the session's kept directory
-        self._limits: SandboxBudgets | None = None  # the runtime's, across sessions
+        self._host: Tenants | None = None  # the runtime's, across sessions
+        self._ids: tuple[int, int] | None = None  # the uid and gid of its principal
         self._dir: str | None = None
         self._active = 0  # watchers still running; read by is_busy() from another thread
         self._active_lock = threading.Lock()
@@ -336,14 +337,23 @@ class Workspace(Server):
     def _workdir(self, ctx: ToolContext) -> str:
         if self._dir is None:
             sandboxes.make_root(self.sandbox, self.root)
+            ids = self._principal_ids(ctx)
             if self._dirs is not None:
-                self._dir = self._dirs.open(ctx.session_key)
+                self._dir = self._dirs.open(ctx.session_key, ids)
             else:
                 self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
-                sandboxes.prepare_directory(self.sandbox, self._dir)
+                sandboxes.prepare_directory(self.sandbox, self._dir, ids)
             self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
-            self._log.info("workspace_created", directory=self._dir)
+            self._log.info("workspace_created", directory=self._dir, uid=ids[0])
         return self._dir
+
+    def _principal_ids(self, ctx: ToolContext) -> tuple[int, int]:
+        if self._ids is None:
+            host = self._host
+            self._ids = (
+                host.ids(ctx.principal) if host is not None else sandboxes.probe_ids(self.sandbox)
+            )
+        return self._ids
 
     def _finished(self) -> None:
         with self._active_lock:
@@ -398,10 +408,13 @@ class Workspace(Server):
         process_id = "p_" + secrets.token_urlsafe(12)
         if not self.sandbox.enabled:
             _warn_unsandboxed(self._log, "command_unsandboxed", process_id=process_id)
-        lease = self._limits.enter(ctx.principal) if self._limits is not None else None
+        tenant, lease = (
+            self._host.enter(ctx.principal, self._principal_ids(ctx))
+            if self._host is not None
+            else (sandboxes.Tenant(self._principal_ids(ctx)), None)
+        )
         try:
-            join = lease.procs_files if lease is not None else ()
-            popen = sandboxes.start(self.sandbox, workdir, command, join=join)
+            popen = sandboxes.start(self.sandbox, workdir, command, tenant)
         except BaseException:
             if lease is not None:
                 lease.release()
