@@ -36,7 +36,7 @@ WAIT = 20.0  # generous: the machine is shared and loaded
 def temporary_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """For an autouse fixture: the workspace root of one test, removed after it."""
     # Not under tmp_path: pytest makes its parents 0700, and a root server's sandbox runs
-    # as nobody, which must be able to enter the root's parents.
+    # as the principals' uids, which must be able to enter the root's parents.
     root = tempfile.mkdtemp(prefix="ctxactors-test-ws-")
     monkeypatch.setenv("CTXACTORS_WORKSPACE_ROOT", root)  # read by each runtime made
     yield root
