@@ -355,10 +355,12 @@ class BudgetSettings(Group, frozen=True):
 
 
 class ContentSettings(Group, frozen=True):
-    """The content server's limits, per session."""
+    """The content server's limits, per session and per principal."""
 
     max_item_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEM_BYTES")] = 1 << 20
     max_session_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_SESSION_BYTES")] = 64 << 20
+    # All of one principal's sessions together (callers with no principal: not capped).
+    max_principal_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES")] = 512 << 20
     max_items: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEMS")] = 100_000
 
 
