@@ -79,6 +79,7 @@ class Tree:
         self._homes = dict(homes)
         self.name = f"ctxactors-{os.getpid()}-{next(_counter)}"
         self._groups: set[str] = set()
+        self._limits = Limits()  # the server-wide group's, once open
 
     def describe(self) -> str:
         where = sorted({os.path.join(h, self.name) for h in self._homes.values()})
@@ -93,6 +94,7 @@ class Tree:
         """Make the server-wide group (sweeping groups a dead process of ours left)."""
         for home in set(self._homes.values()):
             _sweep(home)
+        self._limits = limits
         self._make(None, limits)
         if self.version == "v2":
             enable = " ".join(f"+{c}" for c in self.controllers)
@@ -100,6 +102,9 @@ class Tree:
 
     def make(self, group: str, limits: Limits) -> None:
         """Make (or find, left from before) a principal's group, with these limits."""
+        if not all(os.path.isdir(d) for d in self._dirs(None).values()):
+            # Gone: swept as a dead process's by a server in another PID namespace.
+            self.open(self._limits)
         self._make(group, limits)
         self._groups.add(group)
 
