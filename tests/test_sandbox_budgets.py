@@ -170,3 +170,19 @@ def test_the_startup_log_says_which_enforcement_is_in_force(leaks: Leaks) -> Non
     else:
         assert line["enforcement"] == f"kernel: {tree.describe()}"
         assert line["enforcement"].startswith(f"kernel: cgroup {tree.version} (pids, memory")
+
+
+def test_the_servers_process_budget_holds_for_every_principal_together(leaks: Leaks) -> None:
+    marker = f"1000.{os.getpid()}6"
+    with budget_runtime(leaks, server_processes=48) as rt:
+        tree = kernel_tree(rt, "pids")
+        sleepers(rt, "a1", 42, marker, "alice")
+        assert wait_until(lambda: tree.processes() == 45, WAIT), tree.processes()
+        assert refusal(rt, "b1", "bob") == (
+            "the server's sandboxes hold 45 processes: the limit is 48 "
+            "(CTXACTORS_WORKSPACE_SERVER_PROCESSES); try again later"
+        )
+        assert rt.end_session("a1", principal="alice") == 1
+        assert wait_until(lambda: tree.processes() == 0, WAIT), tree.processes()
+        ok = run(rt, "b1", "echo ok", "bob")
+        assert (ok["status"], ok["exitCode"], ok["output"]) == ("exited", 0, "ok\n")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -16,7 +17,8 @@ from mcp_support import pids_of
 from workspace_support import WAIT, Leaks, grouped_runtime, start, wait_done, wait_output
 
 from ctxactors import Runtime
-from ctxactors.settings import FIRST_UID
+from ctxactors.servers.workspace_dirs import SessionDirs
+from ctxactors.settings import FIRST_UID, SandboxSettings
 from ctxactors.testing import context_args, wait_until
 
 pytestmark = pytest.mark.usefixtures("workspace_root")
@@ -150,3 +152,31 @@ def test_without_cgroups_the_uids_process_limit_holds_across_its_sandboxes(
         assert rt.end_session("m1", principal="mallory") == 1
         assert wait_until(lambda: not uid_processes(uid), WAIT)
         assert run(rt, "m2", "echo back", "mallory") == "back\n"
+
+
+@root_only
+def test_a_kept_directory_of_the_old_shared_user_is_handed_to_its_principal(
+    tmp_path: Path,
+) -> None:
+    """Directories kept by a version that ran every sandbox as nobody: on their next use
+    everything in them goes to the principal's uid, and a link planted inside can't point
+    the chown at anything outside."""
+    root = tmp_path / "root"
+    root.mkdir(mode=0o711)
+    dirs = SessionDirs(str(root), SandboxSettings(uid_first=FIRST_UID))
+    kept = Path(dirs.path(("alice", "s1")))
+    (kept / "sub").mkdir(parents=True)
+    (kept / "sub" / "file").write_text("x")
+    outside = tmp_path / "outside"
+    outside.write_text("the host's")
+    (kept / "link").symlink_to(outside)
+    for path in (kept, kept / "sub", kept / "sub" / "file", kept / "link"):
+        os.chown(path, 65534, 65534, follow_symlinks=False)
+    ids = (FIRST_UID + 7, FIRST_UID + 7)
+    assert dirs.open(("alice", "s1"), ids) == str(kept)
+    owners = {
+        p.relative_to(kept).as_posix(): (p.lstat().st_uid, p.lstat().st_gid)
+        for p in (kept, kept / "sub", kept / "sub" / "file", kept / "link")
+    }
+    assert owners == dict.fromkeys([".", "sub", "sub/file", "link"], ids)
+    assert (outside.stat().st_uid, outside.read_text()) == (0, "the host's")
