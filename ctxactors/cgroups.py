@@ -16,6 +16,11 @@ with ``EAGAIN``), memory with the pages of its tmpfs ``/tmp`` and ``/dev/shm`` (
 the group of the process that touches them; past the limit the kernel reclaims, then the OOM
 killer ends a process *of that group*), and CPU time by weight against the other groups.
 
+CPU without cgroups is already shared per sandbox, not per process: each sandbox is a
+session of its own (``--new-session``), and the kernel's autogroup weighs a session as one
+task. The cpu weight makes that per principal, and caps every sandbox together at
+``server_cpu_weight`` against the server's own threads.
+
 cgroup v2 forbids processes in a group whose controllers are enabled for its children, so
 when ``<home>`` is the server's own group (systemd's ``Delegate=yes`` hands a service its
 own group) the server first moves its processes into ``<home>/server``, as systemd's

@@ -39,7 +39,7 @@ class Tenants:
             "uids": (
                 f"one per principal from {sandbox.uid_first} ({sandbox.uid_count:,})"
                 if self.uids is not None
-                else f"every sandbox as the server's uid {os.getuid()} (not root)"
+                else f"every sandbox as the server's uid {os.getuid()} (not root, or no range)"
             ),
             "seccomp": (
                 f"{len(sandbox_seccomp.DENIED)} system calls denied"
