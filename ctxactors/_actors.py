@@ -52,6 +52,50 @@ def current_actor() -> Lifecycle | None:
     return actor
 
 
+def set_actor(actor: Lifecycle | None) -> Lifecycle | None:
+    """Say which actor this thread runs now (a pool worker, or a caller running a call
+    in place); returns the one it ran before, to be set back."""
+    previous: Lifecycle | None = getattr(_here, "actor", None)
+    _here.actor = actor
+    return previous
+
+
+class Flag:
+    """A one-way flag with `threading.Event`'s ``is_set``/``set``/``wait``, whose Event
+    (a Condition and its lock: several hundred bytes) is made only if someone waits.
+
+    A million idle keys each hold two of these (stopped, closed).
+    """
+
+    __slots__ = ("_set", "_event")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: threading.Event | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True  # before the event is read: a waiter making one sees it set
+        event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        with _flag_lock:
+            if self._event is None:
+                self._event = threading.Event()
+        if self._set:
+            return True
+        return self._event.wait(timeout)
+
+
+_flag_lock = threading.Lock()
+
+
 class SyncReply:
     """A one-shot slot a blocking caller waits on (a lock handoff: no Condition, no queue).
 
@@ -311,7 +355,7 @@ class Lifecycle:
     def __init__(self) -> None:
         self.thread: threading.Thread | None = None
         self.server: Any = None
-        self.closed = threading.Event()  # set when the server's close() has finished
+        self.closed = Flag()  # set when the server's close() has finished
 
     def finished(self) -> None:
         """Called in the actor's thread after each message, before its reply."""
@@ -402,29 +446,11 @@ class KeyActor(pykka.ThreadingActor):
 
     def _pykka_message(self, envelope: Any) -> None:
         """One of pykka's own envelopes (a stop, say), as pykka's loop handles it."""
-        reply_to = envelope.reply_to
-        try:
-            response = self._handle_receive(envelope.message)
-            if reply_to is not None:
-                reply_to.set(response)
-        except Exception:
-            if reply_to is not None:
-                reply_to.set_exception()
-            else:
-                self._handle_failure(*sys.exc_info())
-        except BaseException:  # noqa: BLE001 - as pykka: stop this actor, not the process's
-            self._stop()
+        pykka_message(self, envelope)
 
     def _actor_loop_teardown(self) -> None:
-        # The registry sends no call after the stop; should one be there all the same, its
-        # caller gets an answer rather than a wait until its timeout.
         while not self.actor_inbox.empty():
-            message = self.actor_inbox.get()
-            if type(message) is Envelope:
-                if message.reply is not None:
-                    message.reply.set(ToolResult.error("the key's actor stopped before the call"))
-            elif message.reply_to is not None:
-                message.reply_to.set(None)
+            answer_unrun(self.actor_inbox.get())
 
     def post(self, envelope: Envelope) -> None:
         """Send a call: into the inbox as it is (`_actor_loop_running` runs it)."""
@@ -438,10 +464,44 @@ class KeyActor(pykka.ThreadingActor):
         inbox.put(envelope)
 
     def on_stop(self) -> None:
-        try:
-            if self._server is not None:
-                self._server.close()
-        except BaseException as exc:  # noqa: BLE001
-            _log.error("server_close_failed", exc_info=exc)
-        finally:
-            self._lifecycle.closed.set()
+        close_server(self._server, self._lifecycle)
+
+
+def pykka_message(actor: pykka.Actor, envelope: Any) -> None:
+    """One of pykka's own envelopes (a stop, an ``ask`` of a proxy), as pykka's own loop
+    handles it, except that a `BaseException` stops only this actor (pykka would stop every
+    actor in the process)."""
+    reply_to = envelope.reply_to
+    try:
+        response = actor._handle_receive(envelope.message)
+        if reply_to is not None:
+            reply_to.set(response)
+    except Exception:
+        if reply_to is not None:
+            reply_to.set_exception()
+        else:
+            actor._handle_failure(*sys.exc_info())
+    except BaseException:  # noqa: BLE001
+        actor._stop()
+
+
+def answer_unrun(message: Any) -> None:
+    """Answer a message found in a stopped actor's inbox. The registry sends no call after
+    the stop; should one be there all the same, its caller gets an answer rather than a
+    wait until its timeout."""
+    if type(message) is Envelope:
+        if message.reply is not None:
+            message.reply.set(ToolResult.error("the key's actor stopped before the call"))
+    elif getattr(message, "reply_to", None) is not None:
+        message.reply_to.set(None)
+
+
+def close_server(server: Any, lifecycle: Lifecycle) -> None:
+    """A stopping actor's cleanup: its server's `close`, then `lifecycle.closed`."""
+    try:
+        if server is not None:
+            server.close()
+    except BaseException as exc:  # noqa: BLE001
+        _log.error("server_close_failed", exc_info=exc)
+    finally:
+        lifecycle.closed.set()

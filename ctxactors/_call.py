@@ -179,13 +179,24 @@ def caller_deadline() -> float | None:
     return deadline
 
 
+# Parks an actor whose async tool is awaiting: ``park(envelope, coroutine)`` runs the
+# coroutine without holding the actor's thread, and calls `resume` once it is done.
+Park = Callable[["Envelope", Any], None]
+
+
 def execute(
-    envelope: Envelope, server: Any, actor: Finishing, start_error: BaseException | None
+    envelope: Envelope,
+    server: Any,
+    actor: Finishing,
+    start_error: BaseException | None,
+    park: Park | None = None,
 ) -> None:
     """Run one call in its key's actor (the module docstring lists the steps).
 
-    Never raises: a failing handler, store or observer gives an error result or a log line,
-    and the actor goes on serving its key.
+    Given `park`, an async tool's coroutine is handed to it after step 1, and the call
+    goes on in `resume` (steps 3-7) once the coroutine is done; without it, the actor's
+    thread waits for the coroutine. Never raises: a failing handler, store or observer
+    gives an error result or a log line, and the actor goes on serving its key.
     """
     call = envelope.call
     _running.deadline = call.deadline
@@ -195,16 +206,35 @@ def execute(
         if envelope.body is not None:
             result = envelope.body(server)
         elif call.durable:  # steps 1-3
-            saved = _run(envelope, server, actor)
+            saved = _run(envelope, server, actor, park)
             if saved is None:
-                return  # being saved: `finish` runs once the store has answered
+                return  # being saved (`finish` runs once the store has answered), or parked
             result = saved
         else:  # without a store, step 2 only
-            result = _handle(envelope, server)
+            handled = _handle(envelope, server, park)
+            if handled is None:
+                return  # parked
+            result = handled
     except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down
         result = ToolResult.from_exception(exc)
     finally:
         _running.deadline = None
+    finish(envelope, actor, result)
+
+
+def resume(envelope: Envelope, server: Any, actor: Finishing, result: ToolResult) -> None:
+    """Go on with a parked call once its coroutine is done: steps 3-7. Never raises."""
+    call = envelope.call
+    try:
+        durable = envelope.host.durable if call.durable else None
+        if durable is not None and not call.read_only:
+            then = functools.partial(finish, envelope, actor)
+            saved: ToolResult | None = durable.save(server, envelope.key, result, then)
+            if saved is None:
+                return
+            result = saved
+    except BaseException as exc:  # noqa: BLE001
+        result = ToolResult.from_exception(exc)
     finish(envelope, actor, result)
 
 
@@ -223,18 +253,22 @@ def finish(envelope: Envelope, actor: Finishing, result: ToolResult) -> None:
         envelope.reply.set(result)
     try:
         if host.log_call is not None:
-            host.log_call(call.ctx, call.tool, envelope.started, result.is_error)
+            error = result.text if result.is_error else None  # the line says what failed
+            host.log_call(call.ctx, call.tool, envelope.started, error)
         if call.observe and host.observers:
             _notify(host.observers, envelope, result)
     except Exception as exc:  # noqa: BLE001 - bookkeeping never fails a call
         _log.error("after_call_failed", exc_info=exc)
 
 
-def _run(envelope: Envelope, server: Any, actor: Finishing | None = None) -> ToolResult | None:
+def _run(
+    envelope: Envelope, server: Any, actor: Finishing | None = None, park: Park | None = None
+) -> ToolResult | None:
     """Steps 1-3: the handler between the load and the save of a durable key's state.
 
     Given the `actor` (no call wrapper waits for the body's result), the save goes on
-    without the actor and None means `finish` is called once the store has answered.
+    without the actor and None means `finish` is called once the store has answered (or,
+    for a parked call, `resume` once its coroutine is done).
     """
     call = envelope.call
     durable = envelope.host.durable if call.durable else None
@@ -242,7 +276,9 @@ def _run(envelope: Envelope, server: Any, actor: Finishing | None = None) -> Too
         failed: ToolResult | None = durable.load(server, envelope.key)
         if failed is not None:
             return failed
-    result = _handle(envelope, server)
+    result = _handle(envelope, server, park)
+    if result is None:
+        return None  # parked
     if durable is not None and not call.read_only:
         then = None if actor is None else functools.partial(finish, envelope, actor)
         saved: ToolResult | None = durable.save(server, envelope.key, result, then)
@@ -250,7 +286,7 @@ def _run(envelope: Envelope, server: Any, actor: Finishing | None = None) -> Too
     return result
 
 
-def _handle(envelope: Envelope, server: Any) -> ToolResult:
+def _handle(envelope: Envelope, server: Any, park: Park | None = None) -> ToolResult | None:
     call, spec, args = envelope.call, envelope.spec, envelope.validated
     if call.undo is not None:
         undo = as_compensation(spec.compensate)
@@ -267,7 +303,13 @@ def _handle(envelope: Envelope, server: Any) -> ToolResult:
         if compensation is not None and reply is not None:
             cast(PriorReply, reply).prior = compensation.prepare(server, call.ctx, args)
     if spec.is_async:
-        return spec.invoke(server, call.ctx, args, envelope.host.tool_loop, call.deadline)
+        if park is None:  # this thread waits for the coroutine
+            return spec.invoke(server, call.ctx, args, envelope.host.tool_loop, call.deadline)
+        coroutine = spec.start(server, call.ctx, args)
+        if isinstance(coroutine, ToolResult):
+            return coroutine
+        park(envelope, coroutine)
+        return None
     return spec.invoke(server, call.ctx, args)
 
 

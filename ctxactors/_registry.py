@@ -37,13 +37,16 @@ import pykka
 
 from ctxactors._actors import KeyActor, Lifecycle, current_actor
 from ctxactors._call import Envelope
+from ctxactors._scheduler import PoolActor
 from ctxactors.context import SessionKey
 from ctxactors.errors import RuntimeClosedError
-from ctxactors.logs import get_logger
+from ctxactors.logs import get_logger, info_enabled
 from ctxactors.tools import Key
 
 # Stop messages sent between two yields of the GIL (see `Registry._stop`).
 _STOP_BATCH = 64
+# Entries one reaper slice looks at with the registry's lock held (see `Registry.reap`).
+_REAP_SLICE = 1024
 
 
 class SessionState:
@@ -93,7 +96,7 @@ class Entry(Lifecycle):
     def __init__(self, key: Key, now: float, shared: SessionState, registry: Registry) -> None:
         super().__init__()
         self.key = key
-        self.actor: KeyActor | None = None
+        self.actor: Any = None  # a `KeyActor` or a `ctxactors._scheduler.PoolActor`
         self.sent = 0
         self.done = 0
         self.sent_at = now
@@ -126,6 +129,7 @@ class Registry:
         clock: Callable[[], float] = time.monotonic,
         scan_interval: float | None = None,
         log: Any = None,
+        launch: Callable[[Callable[[], Any], Lifecycle], Any] = KeyActor.launch,
     ) -> None:
         if ttl <= 0:
             raise ValueError("ttl must be positive")
@@ -137,6 +141,7 @@ class Registry:
         self.max_actors = max_actors
         self.max_actors_per_principal = max_actors_per_principal
         self.clock = clock
+        self._launch = launch  # (factory, lifecycle) -> a started actor of the key
         self._log = log if log is not None else get_logger("ctxactors")
         self._lock = threading.Lock()
         self._entries: OrderedDict[Key, Entry] = OrderedDict()
@@ -238,13 +243,14 @@ class Registry:
         if shared is None:
             shared = self._session_state[key.session] = SessionState()
         entry = Entry(key, self.clock(), shared, self)
-        entry.actor = KeyActor.launch(factory, entry)
+        entry.actor = self._launch(factory, entry)
         self._entries[key] = entry
         self._by_session.setdefault(key.session, set()).add(key)
         self._by_principal.setdefault(key.principal, OrderedDict())[key] = entry
         self._counts["spawned"] += 1
         self._peak = max(self._peak, len(self._entries))
-        self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
+        if info_enabled(self._log):
+            self._log.info("actor_spawned", **_describe(key), actors=len(self._entries))
         return entry
 
     def drained(self, entry: Entry) -> None:
@@ -299,35 +305,56 @@ class Registry:
         return []  # every actor is busy: the cap is exceeded until some become idle
 
     def _stop(self, entries: Iterable[Entry]) -> None:
-        for n, entry in enumerate(entries, 1):
+        n = 0
+        stop_if_idle = PoolActor.stop_if_idle  # no bound method a key: see `info_enabled`
+        for entry in entries:
+            actor = entry.actor
             try:
-                if entry.actor is not None:
-                    entry.actor.stop()  # a plain message after the calls already queued
+                if actor is None:
+                    continue
+                # A pooled actor nobody runs stops here and now: no job for a worker.
+                if type(actor) is PoolActor and stop_if_idle(actor):
+                    continue
+                actor.stop()  # a plain message after the calls already queued
             except pykka.ActorDeadError:
                 entry.closed.set()
+            n += 1
             if n % _STOP_BATCH == 0:
                 # Let the actors told so far finish stopping before waking more: thousands
                 # of woken threads queued on the GIL made one pass in a few take 10x longer.
                 time.sleep(0)
 
     def reap(self) -> int:
-        """One TTL pass: stop every idle actor unused for longer than `ttl`."""
-        with self._lock:
-            cutoff = self.clock() - self.ttl
-            victims = []
-            for entry in self._entries.values():
-                if entry.sent_at > cutoff:
-                    break  # in the order sent: every later entry was sent a call since
-                # idle first: an actor that has finished has already written `last_used`
-                if entry.idle() and entry.last_used <= cutoff:
-                    victims.append(entry)
-            for entry in victims:
-                self._retire(entry)
-            self._counts["reaped"] += len(victims)
-        self._stop(victims)
-        for entry in victims:
-            self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
-        return len(victims)
+        """One TTL pass: stop every idle actor unused for longer than `ttl`.
+
+        In slices of `_REAP_SLICE` entries, the lock let go between them: a million keys
+        expiring together must not hold up every call for the whole pass.
+        """
+        cutoff = self.clock() - self.ttl
+        reaped = 0
+        skip: set[Key] = set()  # expired but busy: passed over, not reaped this pass
+        while True:
+            with self._lock:
+                victims: list[Entry] = []
+                for key, entry in self._entries.items():
+                    if entry.sent_at > cutoff or len(victims) >= _REAP_SLICE:
+                        break  # in the order sent: every later entry was sent a call since
+                    # idle first: an actor that has finished has already written `last_used`
+                    if key not in skip:
+                        if entry.idle() and entry.last_used <= cutoff:
+                            victims.append(entry)
+                        else:
+                            skip.add(key)
+                for entry in victims:
+                    self._retire(entry)
+                self._counts["reaped"] += len(victims)
+            self._stop(victims)
+            if victims and info_enabled(self._log):
+                for entry in victims:
+                    self._log.info("actor_reaped", **_describe(entry.key), reason="ttl")
+            reaped += len(victims)
+            if not victims:
+                return reaped
 
     def end_session(self, session: SessionKey, wait: float | None = None) -> int:
         """Retire every actor of `session` (a ``(principal, session_id)`` pair); with

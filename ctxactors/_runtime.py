@@ -28,19 +28,34 @@ from typing import Any
 
 import msgspec
 
-from ctxactors._actors import AsyncReply, ReplyExpired, SyncReply, take_sync_reply
+from ctxactors._actors import (
+    AsyncReply,
+    KeyActor,
+    Lifecycle,
+    ReplyExpired,
+    SyncReply,
+    take_sync_reply,
+)
+from ctxactors._attribute_state import declare
 from ctxactors._call import CallHost, CallWrapper, Envelope, Observer, Reply, ToolCall, Undo
 from ctxactors._registry import Registry
+from ctxactors._scheduler import BlockingPool, Dispatcher, PoolActor
 from ctxactors._tool_loop import CancelledResult
 from ctxactors.context import (
     DEFAULT_SESSION,
+    NO_SESSION_MESSAGE,
     ToolContext,
     logged_fields,
     parse_arguments,
     split_context,
 )
 from ctxactors.durable import Durability, is_durable
-from ctxactors.errors import CallTimeoutError, CtxActorsError, UnknownToolError
+from ctxactors.errors import (
+    CallTimeoutError,
+    CtxActorsError,
+    InvalidArgumentsError,
+    UnknownToolError,
+)
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.settings import Settings, validate
@@ -125,6 +140,14 @@ class Runtime:
             scan_interval = None  # the shards reap their keys; a front end hosts none
         elif scan_interval is None and clock is None:
             scan_interval = min(max(ttl / 4, 0.05), 60.0)
+        actors = self.settings.actors
+        self._dispatcher: Dispatcher | None = None
+        launch: Callable[..., Any] = KeyActor.launch
+        if actors.scheduler == "pool":
+            self._dispatcher = Dispatcher(
+                actors.workers, blocking=BlockingPool(actors.blocking_threads)
+            )
+            launch = functools.partial(_launch_pooled, dispatcher=self._dispatcher)
         self._registry = Registry(
             ttl=ttl,
             max_actors=max_actors,
@@ -132,6 +155,7 @@ class Runtime:
             clock=self.clock,
             scan_interval=scan_interval,
             log=self._log,
+            launch=launch,
         )
         # Key state beyond its actor (see ctxactors.durable); None: ephemeral, as before.
         self._durable = (
@@ -153,6 +177,20 @@ class Runtime:
         # shards, which attach the servers themselves (this runtime only validates and routes).
         self._backend = backend
         self._host = CallHost(self._log, self._durable, self._observers, self._early_observers)
+        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
+        try:
+            for server in self._servers if backend is None else ():
+                server.attach(self)
+            if backend is not None:
+                backend.start(self._servers)
+            elif self._durable is not None:
+                for server in self._servers:  # after `attach`: `create` may need what it set
+                    declare(server, self)  # durable by its attributes, or refused
+        except BaseException:
+            # A server that refuses to start (no sandbox, say) must not leave the reaper
+            # thread and the store's writer running behind a runtime nobody can close.
+            self.close()
+            raise
         # What `_submit` needs of each tool, looked up once: (read_only, durable, scope,
         # the factory of its server's instances).
         self._routes = {
@@ -176,17 +214,6 @@ class Runtime:
 
             # Before the reply (a dict lookup), so a flush after a call sees its use.
             self.add_observer(used, before_reply=True)
-        _trace_if_enabled(self)  # only with a tracer provider installed: no cost
-        try:
-            for server in self._servers if backend is None else ():
-                server.attach(self)
-            if backend is not None:
-                backend.start(self._servers)
-        except BaseException:
-            # A server that refuses to start (no sandbox, say) must not leave the reaper
-            # thread and the store's writer running behind a runtime nobody can close.
-            self.close()
-            raise
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -213,9 +240,12 @@ class Runtime:
         ``is_error=True``.
         """
         wait = self.call_timeout if timeout is None else timeout
-        reply = take_sync_reply(_monotonic() + wait)
+        deadline = _monotonic() + wait
+        reply = take_sync_reply(deadline)
         self._dispatch(tool, arguments, meta, principal, session_fallback, reply)
-        if not reply.wait(wait):
+        # A call run here, on this thread (`ctxactors._scheduler`), answers even when late:
+        # past its deadline it is a timeout all the same, as it would have been elsewhere.
+        if not reply.wait(wait) or _monotonic() > deadline:
             raise CallTimeoutError(f"tool {tool!r} did not answer within {wait:g} s")
         result: ToolResult = reply.recycle()
         if type(result) is not ToolResult:
@@ -260,9 +290,14 @@ class Runtime:
         if spec is None:
             raise UnknownToolError(f"unknown tool {tool!r}")
         raw = arguments if type(arguments) is dict else parse_arguments(arguments)
-        ctx, args, spoofed, defaulted = split_context(
-            raw, meta, principal=principal, fallback=session_fallback
-        )
+        try:
+            ctx, args, spoofed, defaulted = split_context(
+                raw, meta, principal=principal, fallback=session_fallback
+            )
+        except InvalidArgumentsError as exc:
+            if exc.args[0] is NO_SESSION_MESSAGE:  # a client that names no session at all
+                self._log.warning("no_session_refused", tool=tool, principal=principal)
+            raise
         validated = spec.validate(args)
         if spoofed:
             self._log.warning(
@@ -413,6 +448,8 @@ class Runtime:
         for server in self._servers if self._backend is None else ():
             server.detach(self)  # after the actors: nothing of theirs runs now
         self._host.tool_loop.close()  # after the actors: none waits on a coroutine now
+        if self._dispatcher is not None:
+            self._dispatcher.close()  # after the loop: a cancelled coroutine's actor resumes
         if self._durable is not None:
             self._durable.close()  # after the actors: their last saves are written
 
@@ -426,6 +463,12 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _launch_pooled(
+    factory: Callable[[], Any], lifecycle: Lifecycle, *, dispatcher: Dispatcher
+) -> PoolActor:
+    return PoolActor.launch(factory, lifecycle, dispatcher)
 
 
 def _raise_odd_reply(result: Any, tool: str, wait: float) -> None:

@@ -18,7 +18,7 @@ import asyncio
 import contextvars
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from ctxactors.results import ToolResult
@@ -78,6 +78,33 @@ class ToolLoop:
             if task.cancelled():
                 raise Cancelled("the tool was cancelled: its caller's deadline passed")
         return box[0].result()
+
+    def submit(
+        self,
+        coro: Coroutine[Any, Any, Any],
+        deadline: float | None,
+        done: Callable[[Any, BaseException | None], None],
+    ) -> None:
+        """Run the coroutine on this loop without waiting for it; `done(value, error)` is
+        called on the loop's thread when it has finished (`Cancelled` past `deadline`)."""
+        loop = self._start()
+
+        def finished(task: asyncio.Task[Any]) -> None:
+            if task.cancelled():
+                done(None, Cancelled("the tool was cancelled: its caller's deadline passed"))
+                return
+            error = task.exception()
+            done(None if error is not None else task.result(), error)
+
+        def begin() -> None:
+            context = contextvars.copy_context()
+            context.run(tool_deadline.set, deadline)
+            task = loop.create_task(coro, context=context)
+            task.add_done_callback(finished)
+            if deadline is not None:
+                loop.call_at(loop.time() + max(deadline - time.monotonic(), 0.0), _cancel, [task])
+
+        loop.call_soon_threadsafe(begin)
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = self._loop

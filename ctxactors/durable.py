@@ -1,7 +1,8 @@
 """Key state beyond its actor: loaded on the key's first call, saved after every change.
 
 A server is durable when it declares ``State`` (a msgspec type) with ``snapshot()`` and
-``restore(state)``. With a store, each call to a durable key is run between
+``restore(state)``, or, declaring none, has public attributes, which are then its state
+(`ctxactors._attribute_state`). With a store, each call to a durable key is run between
 `Durability.load` and `Durability.save`:
 
 - before the first call of an incarnation the key's state is loaded from the store and the
@@ -43,6 +44,7 @@ from typing import Any, Protocol, cast
 
 import msgspec
 
+from ctxactors._attribute_state import state_type
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
 from ctxactors.state import (
@@ -67,7 +69,9 @@ _decoders: dict[type[Server], msgspec.msgpack.Decoder[Any]] = {}
 
 
 def is_durable(server: type[Server]) -> bool:
-    return getattr(server, "State", None) is not None
+    """Whether the server's keys have state to keep (after `declare`, for a server without
+    a ``State``)."""
+    return state_type(server) is not None
 
 
 class Parted(Protocol):
@@ -114,7 +118,7 @@ def encode_state(server: Server) -> bytes:
 def decode_state(server: type[Server], data: bytes) -> Any:
     decoder = _decoders.get(server)
     if decoder is None:
-        decoder = _decoders[server] = msgspec.msgpack.Decoder(server.State)
+        decoder = _decoders[server] = msgspec.msgpack.Decoder(state_type(server))
     return decoder.decode(data)
 
 
@@ -297,7 +301,14 @@ class Durability:
         to its next message, whose `load` first waits for this outcome (see `_Saving`).
         """
         slot: _Slot = getattr(server, _SLOT)
-        data = _encode(server.snapshot())
+        try:
+            data = _encode(server.snapshot())
+        except TypeError as exc:  # a value set since registration that msgspec can't encode
+            self._roll_back(server, slot)
+            return ToolResult.error(
+                f"not saved: the state of {type(server).__name__} can't be encoded ({exc}); "
+                "nothing was changed"
+            )
         if slot.parted is None:
             if data == slot.data:
                 self.used(slot.session)  # no save to restart the session's retention

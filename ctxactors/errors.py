@@ -5,7 +5,7 @@
     ├── InvalidArgumentsError           arguments that aren't a JSON object or don't fit (-32602)
     ├── NoConversationError             a framework call that names no conversation (-32602)
     ├── CallTimeoutError                no reply in time (-32001)
-    ├── RuntimeClosedError              the runtime takes no more calls (-32002)
+    ├── RuntimeClosedError              the runtime takes no more calls (-32014)
     ├── ToolError                       raised by a handler: fails its call with this message
     ├── ServerDefinitionError (TypeError)   a server class that can't be registered
     │   └── DuplicateToolError (ValueError)  two tools of one name
@@ -92,9 +92,13 @@ class CallTimeoutError(CtxActorsError):
 
 
 class RuntimeClosedError(CtxActorsError):
-    """The runtime was closed; it takes no more calls."""
+    """The runtime was closed; it takes no more calls.
 
-    code = -32002
+    -32014, beside the store and shard codes: the MCP specification reserves -32002 (and
+    everything from -32020 to -32099) for its own errors.
+    """
+
+    code = -32014
 
 
 class ToolError(CtxActorsError):

@@ -166,9 +166,23 @@ def _direct_logger(level: int) -> type[Any]:
 
 # What structlog's filtering logger has for a level it filters out.
 _nop = structlog.make_filtering_bound_logger(logging.CRITICAL).debug
-# `call_logger`'s function: (the call's context, tool, its `time.perf_counter` start, whether
-# it failed).
-CallLog = Callable[[Any, str, float, bool], None]
+# `call_logger`'s function: (the call's context, tool, its `time.perf_counter` start, and
+# None when it succeeded or else its error result's text).
+CallLog = Callable[[Any, str, float, str | None], None]
+# A failed call's line holds this much of its error message: enough to tell what failed.
+_ERROR_CHARS = 300
+
+
+def info_enabled(log: Any) -> bool:
+    """Whether `log` (a logger from `get_logger`) writes info lines now. Asked before a line
+    whose fields cost allocations to build: on a path taken for each of a million keys,
+    those allocations are what sets off the garbage collector's full passes."""
+    if getattr(getattr(log, "info", None), "__func__", None) is _nop:
+        return False
+    inner = getattr(log, "_logger", None)
+    if isinstance(inner, logging.Logger):
+        return inner.isEnabledFor(logging.INFO)
+    return True
 
 
 def call_logger(log: Any) -> CallLog | None:
@@ -184,7 +198,8 @@ def call_logger(log: Any) -> CallLog | None:
         return None
     perf_counter = time.perf_counter
 
-    def generic(ctx: Any, tool: str, started: float, is_error: bool) -> None:
+    def generic(ctx: Any, tool: str, started: float, error: str | None) -> None:
+        fields = {} if error is None else {"error": _clip(error)}
         log.info(
             "tool_call",
             principal=ctx.principal,
@@ -193,7 +208,8 @@ def call_logger(log: Any) -> CallLog | None:
             thread_id=ctx.thread_id,
             tool=tool,
             duration_ms=_milliseconds(perf_counter() - started),
-            outcome="error" if is_error else "ok",
+            outcome="ok" if error is None else "error",
+            **fields,
         )
 
     writer = getattr(log, "_logger", None)
@@ -206,18 +222,23 @@ def call_logger(log: Any) -> CallLog | None:
     name = context.get("logger") if len(context) == 1 else None
     name = name if type(name) is str else None
 
-    def direct(ctx: Any, tool: str, started: float, is_error: bool) -> None:
+    def direct(ctx: Any, tool: str, started: float, error: str | None) -> None:
         if len(processors) != 3 or processors[2] is not _stamp or contextvars._CONTEXT_VARS:
-            generic(ctx, tool, started, is_error)
+            generic(ctx, tool, started, error)
         else:
             ended = perf_counter()
-            append((name, context, ctx, tool, started, ended, is_error), sys.stderr)
+            append((name, context, ctx, tool, started, ended, error), sys.stderr)
 
     return direct
 
 
-class _CallLine(msgspec.Struct):
-    """A ``tool_call`` line, its fields in the order the generic chain writes them."""
+def _clip(error: str) -> str:
+    return error if len(error) <= _ERROR_CHARS else f"{error[:_ERROR_CHARS]}..."
+
+
+class _CallLine(msgspec.Struct, omit_defaults=True):
+    """A ``tool_call`` line, its fields in the order the generic chain writes them (a
+    failed call's `error` last)."""
 
     logger: str
     principal: str | None
@@ -230,13 +251,14 @@ class _CallLine(msgspec.Struct):
     event: str
     level: str
     timestamp: str
+    error: str | None = None
 
 
 def _call_event(item: tuple[Any, ...], offset: float) -> dict[str, Any]:
     """A `call_logger` tuple as the event dict the generic chain makes (`offset` turns
     its `time.perf_counter` instants into `time.time` ones)."""
-    _, context, ctx, tool, started, ended, is_error = item
-    return {
+    _, context, ctx, tool, started, ended, error = item
+    event = {
         **context,
         "principal": ctx.principal,
         "session_id": ctx.session_id,
@@ -244,11 +266,14 @@ def _call_event(item: tuple[Any, ...], offset: float) -> dict[str, Any]:
         "thread_id": ctx.thread_id,
         "tool": tool,
         "duration_ms": _milliseconds(ended - started),
-        "outcome": "error" if is_error else "ok",
+        "outcome": "ok" if error is None else "error",
         "event": "tool_call",
         "level": "info",
         "timestamp": ended + offset,
     }
+    if error is not None:
+        event["error"] = _clip(error)
+    return event
 
 
 def _milliseconds(seconds: float) -> float:
@@ -392,7 +417,7 @@ class _Writer:
         offset = time.time() - time.perf_counter()  # the lines' instants as wall-clock time
         made = []
         second, text = -1, ""
-        for name, _, ctx, tool, started, ended, is_error in items:
+        for name, _, ctx, tool, started, ended, error in items:
             stamp = ended + offset
             whole = int(stamp)
             if whole != second:
@@ -406,10 +431,11 @@ class _Writer:
                     ctx.thread_id,
                     tool,
                     int((ended - started) * 1e6 + 0.5) / 1000,  # `_milliseconds`, inline
-                    "error" if is_error else "ok",
+                    "ok" if error is None else "error",
                     "tool_call",
                     "info",
                     f"{text}.{int((stamp - whole) * 1e6):06d}Z",  # as `_iso` writes it
+                    None if error is None else _clip(error),
                 )
             )
         try:

@@ -106,15 +106,17 @@ def clean_env(settings: SandboxSettings, home: str) -> dict[str, str]:
 
 
 @functools.cache
-def _root_dirs() -> tuple[str, ...]:
-    """/bin, /lib...: symlinks into /usr on merged-/usr systems (Debian 12), else directories."""
-    out: list[str] = []
+def _system_dirs(root: str = "/") -> tuple[str, ...]:
+    """The sandbox's system directories, each read-only, as the host under `root` has them:
+    ``/usr``, and /bin, /lib...: symlinks into /usr on merged-/usr systems (Debian 12), made
+    the same symlinks in the sandbox, else directories bound read-only."""
+    out = ["--ro-bind", os.path.join(root, "usr"), "/usr"]
     for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = "/" + name
+        path = os.path.join(root, name)
         if os.path.islink(path):
-            out += ["--symlink", os.readlink(path), path]
+            out += ["--symlink", os.readlink(path), "/" + name]
         elif os.path.isdir(path):
-            out += ["--ro-bind", path, path]
+            out += ["--ro-bind", path, "/" + name]
     return tuple(out)
 
 
@@ -124,19 +126,25 @@ def bwrap_args(
     passwd_fd: int,
     group_fd: int,
     seccomp_fd: int | None = None,
+    *,
+    root: str = "/",
 ) -> list[str]:
     """The bwrap command line up to and including ``--``: one sandbox around `workdir_fd`,
-    under the seccomp program readable from `seccomp_fd` (`ctxactors.sandbox_seccomp`)."""
+    under the seccomp program readable from `seccomp_fd` (`ctxactors.sandbox_seccomp`).
+
+    `root` is where the host's system directories and /proc files are looked up (a test
+    passes a fake root to run the branch of a host whose /bin and /lib are not merged into
+    /usr, or whose kernel has other /proc files)."""
     args = [settings.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     if settings.network:
         args.append("--share-net")
     args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "workspace"]
-    args += ["--ro-bind", "/usr", "/usr", *_root_dirs()]
+    args += _system_dirs(root)
     for path in _ETC + (_ETC_NET if settings.network else ()):
         args += ["--ro-bind-try", path, path]
     args += ["--ro-bind-data", str(passwd_fd), "/etc/passwd"]
     args += ["--ro-bind-data", str(group_fd), "/etc/group"]
-    args += ["--proc", "/proc", *_proc_masks(), "--dev", "/dev"]
+    args += ["--proc", "/proc", *_proc_masks(root), "--dev", "/dev"]
     for tmpfs in ("/tmp", "/dev/shm"):
         args += ["--size", str(settings.tmp_bytes), "--tmpfs", tmpfs]
     args += ["--bind-fd", str(workdir_fd), WORKDIR, "--chdir", WORKDIR]
@@ -149,13 +157,13 @@ def bwrap_args(
 
 
 @functools.cache
-def _proc_masks() -> tuple[str, ...]:
+def _proc_masks(root: str = "/") -> tuple[str, ...]:
     """/proc files that show host-wide state, hidden as Docker hides them: every uid's keys
-    and key quotas, every CPU's timers and tasks (only those this kernel has: bwrap can't
-    make a file in /proc)."""
+    and key quotas, every CPU's timers and tasks (only those the kernel under `root` has:
+    bwrap can't make a file in /proc)."""
     out: list[str] = []
     for name in ("keys", "key-users", "timer_list", "sched_debug"):
-        if os.path.exists(f"/proc/{name}"):
+        if os.path.exists(os.path.join(root, "proc", name)):
             out += ["--ro-bind", "/dev/null", f"/proc/{name}"]
     return tuple(out)
 

@@ -214,6 +214,13 @@ def _mode(name: str, raw: str | None) -> str:
     return mode
 
 
+def _scheduler(name: str, raw: str | None) -> str:
+    scheduler = (raw or "pool").lower()
+    if scheduler not in ("pool", "thread"):
+        raise ValueError(f"{name} must be pool or thread, got {scheduler!r}")
+    return scheduler
+
+
 def _bwrap(name: str, raw: str | None) -> str:
     return raw or shutil.which("bwrap") or "/usr/bin/bwrap"
 
@@ -417,12 +424,46 @@ class WorkspaceSettings(Group, frozen=True):
     budget: BudgetSettings = BudgetSettings()
 
 
+class ActorSettings(Group, frozen=True):
+    """How key actors are run (see `ctxactors._scheduler`)."""
+
+    # "pool": on `workers` threads, however many keys (the default); "thread": an OS
+    # thread per live key, as before (bounded by the kernel's pid_max, ~30,000 keys).
+    scheduler: Annotated[Literal["pool", "thread"], var("CTXACTORS_SCHEDULER", _scheduler)] = "pool"
+    workers: Annotated[Count, var("CTXACTORS_WORKERS")] = 8
+    # The elastic pool of `@tool(blocking=True)` calls (subprocesses, batches) at most.
+    blocking_threads: Annotated[Count, var("CTXACTORS_BLOCKING_THREADS")] = 512
+
+
 class MetricsSettings(Group, frozen=True):
     """Bounds of the Prometheus metrics (`ctxactors.metrics`)."""
 
     # Distinct principal label values (``--metrics-principal-label``); the rest are counted
     # under ``other``, so a tenant minting tokens can't grow the series without bound.
     max_principals: Annotated[Count, var("CTXACTORS_METRICS_MAX_PRINCIPALS")] = 100
+
+
+class HttpSettings(Group, frozen=True):
+    """What one client or principal may hold of the HTTP server (``serve --transport http``;
+    see `ctxactors.transports.connections`)."""
+
+    # A request's headers must arrive within this of its first byte, its body within
+    # `body_timeout` of its headers, or the connection is closed (a half-sent request
+    # otherwise holds a connection forever).
+    header_timeout: Annotated[Seconds, var("CTXACTORS_HTTP_HEADER_TIMEOUT")] = 10.0
+    body_timeout: Annotated[Seconds, var("CTXACTORS_HTTP_BODY_TIMEOUT")] = 60.0
+    # Connections open at once: the server's (lowered to fit the open-file limit), and one
+    # client address's (behind a proxy, every client has the proxy's: raise it there).
+    max_connections: Annotated[Count, var("CTXACTORS_HTTP_MAX_CONNECTIONS")] = 4096
+    max_connections_per_client: Annotated[
+        Count, var("CTXACTORS_HTTP_MAX_CONNECTIONS_PER_CLIENT")
+    ] = 256
+
+    # Open stateful MCP sessions of one authenticated principal (the SDK's own cap, 10,000,
+    # is for the whole server: without this one a single principal could take them all).
+    max_sessions_per_principal: Annotated[
+        Count, var("CTXACTORS_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
+    ] = 100
 
 
 class Settings(Group, frozen=True):
@@ -448,6 +489,8 @@ class Settings(Group, frozen=True):
     history: HistorySettings = HistorySettings()
     workspace: WorkspaceSettings = WorkspaceSettings()
     metrics: MetricsSettings = MetricsSettings()
+    actors: ActorSettings = ActorSettings()
+    http: HttpSettings = HttpSettings()
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with `changes` (the runtime's keywords: None leaves a field as it is)."""
@@ -460,11 +503,13 @@ DEFAULTS = Settings()
 
 __all__ = [
     "DEFAULTS",
+    "ActorSettings",
     "BatchSettings",
     "BudgetSettings",
     "Cap",
     "ContentSettings",
     "HistorySettings",
+    "HttpSettings",
     "MetricsSettings",
     "PlanningSettings",
     "PlaybooksSettings",

@@ -19,10 +19,17 @@ from typing import Any, ClassVar
 
 import msgspec
 
+from ctxactors import _attribute_state
 from ctxactors._tool_loop import Cancelled, CancelledResult, ToolLoop
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.encodable import argument_problem, may_hold_untyped, printable, result_problem
-from ctxactors.errors import DuplicateToolError, InvalidArgumentsError, ServerDefinitionError
+from ctxactors.errors import (
+    DuplicateToolError,
+    InvalidArgumentsError,
+    ServerDefinitionError,
+    ToolError,
+)
+from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
 
 _asdict = msgspec.structs.asdict
@@ -31,6 +38,8 @@ _UNENCODED = (str, ToolResult)
 
 # Property names (lower-cased, underscores removed) that would carry the context.
 _CONTEXT_NAMES = frozenset({"sessionid", "assistantid", "threadid"})
+# Where a handler's exception is logged (only ever on a failing call's path).
+_log = lazy_logger("ctxactors.tools")
 
 
 class Key(tuple[Any, ...]):
@@ -92,6 +101,7 @@ class ToolSpec:
         "extract",
         "compensate",
         "is_async",
+        "blocking",
         "_validate",
         "_untyped",
     )
@@ -113,6 +123,9 @@ class ToolSpec:
         # Awaited on the runtime's own loop (`ctxactors._tool_loop`), its key's actor
         # waiting: one key's calls stay one at a time and in order.
         self.is_async = inspect.iscoroutinefunction(fn)
+        # Run apart from the actors' small worker pool (`ctxactors._scheduler`), so a tool
+        # that waits (a subprocess, a file, another key's answer) holds none of its workers.
+        self.blocking = options.blocking
         self.description = inspect.cleandoc(fn.__doc__ or "").strip() or self.name
         self.args_type = _args_type(server, fn, self.name)
         self.field_names = tuple(f.name for f in msgspec.structs.fields(self.args_type))
@@ -167,14 +180,42 @@ class ToolSpec:
                     raise RuntimeError("an async tool needs its runtime's event loop")
                 value = loop.run(value, deadline)
             result = ToolResult.ok(value)
-        except Cancelled as exc:
-            return CancelledResult.error(str(exc))
         except BaseException as exc:  # noqa: BLE001 - a tool must never take its actor down
-            result = ToolResult.from_exception(exc)
-            text = result.text
-            return result if text.isascii() else ToolResult.error(printable(text))
+            return self.failed(exc, ctx)
         if type(value) is dict or not isinstance(value, _UNENCODED):
             return result  # `ToolResult.ok` has encoded it already
+        return self._checked(result)
+
+    def start(self, instance: Server, ctx: ToolContext, args: Any) -> Any:
+        """An async handler's coroutine, not started yet (a scheduler awaits it while its
+        actor is parked), or the error result when the handler could not even make one."""
+        try:
+            return self.fn(instance, ctx, **_asdict(args))
+        except BaseException as exc:  # noqa: BLE001
+            return self.failed(exc, ctx)
+
+    def returned(self, value: Any) -> ToolResult:
+        """What `invoke` makes of a handler's value (an awaited coroutine's, here)."""
+        try:
+            result = ToolResult.ok(value)
+        except BaseException as exc:  # noqa: BLE001
+            return self.failed(exc, None)
+        if type(value) is dict or not isinstance(value, _UNENCODED):
+            return result
+        return self._checked(result)
+
+    def failed(self, exc: BaseException, ctx: ToolContext | None) -> ToolResult:
+        """What `invoke` makes of what a handler raised (logged with its traceback, at
+        debug, unless it is a `ToolError`: a refusal's traceback would say nothing)."""
+        if isinstance(exc, Cancelled):
+            return CancelledResult.error(str(exc))
+        if ctx is not None and not isinstance(exc, ToolError):
+            _raised(self.name, ctx, exc)
+        result = ToolResult.from_exception(exc)
+        text = result.text
+        return result if text.isascii() else ToolResult.error(printable(text))
+
+    def _checked(self, result: ToolResult) -> ToolResult:
         problem = result_problem(result)
         if problem is None:
             return result
@@ -193,6 +234,20 @@ class ToolSpec:
         return f"<ToolSpec {self.server.name}.{self.name}>"
 
 
+def _raised(tool: str, ctx: ToolContext, exc: BaseException) -> None:
+    """Log a handler's exception with its traceback, at debug: the call's ``tool_call``
+    line already says that it failed and why; this is for whoever has to find the bug."""
+    _log.debug(
+        "tool_raised",
+        tool=tool,
+        principal=ctx.principal,
+        session_id=ctx.session_id,
+        assistant_id=ctx.assistant_id,
+        thread_id=ctx.thread_id,
+        exc_info=exc,
+    )
+
+
 class _ToolOptions(msgspec.Struct, frozen=True):
     name: str | None = None
     title: str | None = None
@@ -202,6 +257,7 @@ class _ToolOptions(msgspec.Struct, frozen=True):
     open_world: bool = False
     extract: Callable[..., Any] | None = None
     compensate: Callable[..., Any] | None = None
+    blocking: bool = False
 
     def annotations(self) -> dict[str, Any]:
         hints: dict[str, Any] = {"readOnlyHint": self.read_only}
@@ -250,6 +306,7 @@ def tool(
     open_world: bool = False,
     extract: Extractor | None = None,
     compensate: Callable[..., Any] | None = None,
+    blocking: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]: ...
 def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     """Mark a server method as a tool: ``@tool`` or ``@tool(read_only=True, ...)``.
@@ -257,7 +314,10 @@ def tool(fn: Callable[..., Any] | None = None, /, **options: Any) -> Any:
     The options become MCP annotations (``readOnlyHint``, ``destructiveHint``,
     ``idempotentHint``, ``openWorldHint``, ``title``). `extract` is a per-tool metadata
     extractor for the operation history and `compensate` the undo used by transactional
-    batches; see those servers for their signatures.
+    batches; see those servers for their signatures. ``blocking=True`` says a sync tool
+    waits on something outside Python (a subprocess, a file, the network, another key's
+    answer): it then runs on a separate, elastic pool of threads instead of the actors'
+    small worker pool (an ``async def`` tool never needs it: it awaits instead).
     """
     opts = _ToolOptions(**options)
 
@@ -274,13 +334,18 @@ class Server:
     One instance holds the state of one key and is only ever touched from that key's actor
     thread, so handlers need no locks. The instance is created inside the actor's thread
     (which matters for thread-bound resources such as SQLite connections).
+
+    With a store, a server is durable: one that declares a `State` saves what its
+    `snapshot` returns; one that doesn't, its public attributes (see
+    `ctxactors._attribute_state`: a runtime with a store makes one instance at
+    registration to check that they can be saved, and refuses the server if not).
     """
 
     name: ClassVar[str]
     scope: ClassVar[Scope] = Scope.SESSION
     tools: ClassVar[dict[str, ToolSpec]] = {}
     # The msgspec type `snapshot` returns and `restore` takes. Set it (with both methods)
-    # and the server is durable: with a store, its state outlives its actor.
+    # to choose what is saved; without it, a store saves the public attributes.
     State: ClassVar[type[Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -328,12 +393,14 @@ class Server:
         """Release what the instance holds. Runs in the actor thread when it stops."""
 
     def snapshot(self) -> Any:
-        """The whole state of this key as a `State` value (durable servers only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not durable")
+        """The whole state of this key as a `State` value (durable servers only); by
+        default its public attributes, for a server that declares no `State`."""
+        return _attribute_state.snapshot(self)
 
     def restore(self, state: Any) -> None:
-        """Replace the whole state of this key with a `snapshot` (durable servers only)."""
-        raise NotImplementedError(f"{type(self).__name__} is not durable")
+        """Replace the whole state of this key with a `snapshot` (durable servers only); by
+        default its public attributes, for a server that declares no `State`."""
+        _attribute_state.restore(self, state)
 
     def is_busy(self) -> bool:
         """True while the instance must not be reaped (e.g. it has running processes).
@@ -345,11 +412,18 @@ class Server:
 
 def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msgspec.Struct]:
     params = list(inspect.signature(fn).parameters.values())
-    if len(params) < 2 or params[0].name != "self":
+    if not params or params[0].name != "self":
         raise ServerDefinitionError(
             f"tool {tool_name!r} of {server.__name__} must take (self, ctx, ...arguments)"
         )
     hints = typing.get_type_hints(fn, include_extras=True)
+    if len(params) < 2 or not _is_context(params[1], hints):
+        # Without it the call's context would land in the first argument, and every call
+        # fail with "unknown field" on it.
+        raise ServerDefinitionError(
+            f"tool {tool_name!r} of {server.__name__}: its second parameter must be the call "
+            f"context, `ctx: ToolContext`; write `{_with_context(fn, params)}`"
+        )
     fields: list[Any] = []
     for p in params[2:]:
         if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
@@ -367,6 +441,37 @@ def _args_type(server: type, fn: Callable[..., Any], tool_name: str) -> type[msg
         forbid_unknown_fields=True,
         module=server.__module__,
     )
+
+
+def _is_context(param: inspect.Parameter, hints: dict[str, Any]) -> bool:
+    """The parameter after ``self`` is the context: annotated `ToolContext`, or unannotated
+    and named ``ctx``."""
+    if param.kind not in (param.POSITIONAL_ONLY, param.POSITIONAL_OR_KEYWORD):
+        return False
+    if param.annotation is param.empty:
+        return param.name == "ctx"
+    hint = hints.get(param.name)
+    return isinstance(hint, type) and issubclass(hint, ToolContext)
+
+
+def _with_context(fn: Callable[..., Any], params: list[inspect.Parameter]) -> str:
+    """The handler's signature with ``ctx: ToolContext`` second, for the refusal to show."""
+    rest = params[2:] if len(params) > 1 and params[1].name == "ctx" else params[1:]
+    ctx = params[0].replace(name="ctx", annotation=_Shown("ToolContext"))
+    shown = [
+        p.replace(annotation=_Shown(p.annotation)) if isinstance(p.annotation, str) else p
+        for p in rest
+    ]
+    prefix = "async def" if inspect.iscoroutinefunction(fn) else "def"
+    return f"{prefix} {fn.__name__}{inspect.Signature([params[0], ctx, *shown])}"
+
+
+class _Shown(str):
+    """An annotation as written (``from __future__ import annotations`` keeps it a string,
+    which a signature would show quoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
 
 
 def input_schema(args_type: Any) -> dict[str, Any]:

@@ -10,7 +10,10 @@ Creates `.venv` beside the project on first use and installs the project into it
 standard library so it works before anything is installed. Before the tests it installs,
 from Debian, the programs and libraries they run for real when they are missing (bubblewrap
 and libseccomp2 for the workspace sandbox, redis-server for the Redis store, tmux for
-`ctxactors top`), as root or through sudo.
+`ctxactors top`), as root or through sudo, and builds `.venv-mcp1`: langchain-mcp-adapters
+needs ``mcp<2`` while `ctxactors serve` needs ``mcp>=2.3``, so the adapter's client runs from
+that second environment (the project's core and the adapter, no `[serve]`) against `serve`
+from `.venv`.
 """
 
 from __future__ import annotations
@@ -43,6 +46,30 @@ def ensure_venv() -> None:
     STAMP.touch()
 
 
+VENV_MCP1 = ROOT / ".venv-mcp1"
+STAMP_MCP1 = VENV_MCP1 / ".ctxactors-installed"
+# What the LangChain MCP test's client (tests/langchain_mcp_client.py) imports there.
+MCP1_PACKAGES = ["langchain-mcp-adapters>=0.3,<0.4", "langgraph>=1"]
+
+
+def ensure_mcp1_venv() -> None:
+    """`.venv-mcp1`, the project's core (no extras: `[serve]` would pull in mcp 2) beside
+    langchain-mcp-adapters and its mcp 1.x, reinstalled when pyproject.toml or this script
+    changes."""
+    py = VENV_MCP1 / "bin" / "python"
+    if not py.exists():
+        print(f"creating {VENV_MCP1} ...", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True).create(VENV_MCP1)
+    newest = max(p.stat().st_mtime for p in (ROOT / "pyproject.toml", Path(__file__)))
+    if STAMP_MCP1.exists() and STAMP_MCP1.stat().st_mtime >= newest:
+        return
+    print("installing langchain-mcp-adapters into .venv-mcp1 ...", file=sys.stderr)
+    pip = [str(py), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "--upgrade", "pip"], check=True)
+    subprocess.run([*pip, "-e", str(ROOT), *MCP1_PACKAGES], check=True)
+    STAMP_MCP1.touch()
+
+
 # program the tests run -> the Debian package that has it
 TEST_PROGRAMS = {"bwrap": "bubblewrap", "redis-server": "redis-server", "tmux": "tmux"}
 # library loaded at run time -> its Debian package (libseccomp: the sandbox's seccomp filter)
@@ -68,6 +95,7 @@ def main(argv: list[str]) -> int:
     cmd = argv or ["demo"]
     if cmd[0] == "test":
         ensure_test_programs()
+        ensure_mcp1_venv()
         run = [str(PY), "-m", "pytest", *cmd[1:]]
     else:
         run = [str(VENV / "bin" / "ctxactors"), *cmd]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -143,16 +144,26 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def http_server(
-    *extra: str, env: dict[str, str] | None = None
+    *extra: str,
+    env: dict[str, str] | None = None,
+    open_files: int | None = None,
+    stderr: Any = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """``ctxactors serve --transport http`` on a free loopback port; yields (url, process).
-    `env` adds to the server's environment."""
+    `env` adds to the server's environment; `open_files` is its open-file limit (soft and
+    hard, as a service manager sets it); `stderr` takes its standard error."""
+
+    def limit_files() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     for _attempt in range(3):
         port = free_port()
         proc = subprocess.Popen(
             [*SERVE, "--transport", "http", "--port", str(port), *extra],
             env={**serve_env(), **(env or {})},
             stdin=subprocess.DEVNULL,
+            stderr=stderr,
+            preexec_fn=None if open_files is None else limit_files,
         )
         url = f"http://127.0.0.1:{port}/mcp"
         if _wait_listening(proc, port):

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.batch import engine as batch_engine
 from ctxactors.errors import ToolError
 from ctxactors.testing import context_args as ctx_args
 
@@ -64,6 +65,33 @@ class Ledger(Server):
         """A read that fails."""
         self.reads += 1
         raise ToolError(f"broken read {self.reads}")
+
+
+class Late(Server):
+    """A write, on a key of its own, that writes only once the test opens `gate`."""
+
+    name = "late"
+    scope = Scope.SESSION
+
+    gate = threading.Event()
+
+    def __init__(self) -> None:
+        self.entries: list[str] = []
+
+    def _undo_add(self, ctx: ToolContext, args: Any, result: dict[str, Any]) -> None:
+        self.entries.remove(result["value"])
+
+    @tool(compensate=_undo_add)
+    def late_add(self, ctx: ToolContext, value: str) -> dict[str, Any]:
+        """Wait for the gate, then add an entry."""
+        Late.gate.wait(20)
+        self.entries.append(value)
+        return {"value": value}
+
+    @tool(read_only=True)
+    def late_look(self, ctx: ToolContext) -> dict[str, Any]:
+        """The entries."""
+        return {"entries": list(self.entries)}
 
 
 @pytest.fixture
@@ -277,3 +305,67 @@ def test_a_timed_out_operation_is_timed_from_its_own_start(rt: Runtime) -> None:
     assert result.structured is not None
     (only,) = result.structured["results"]
     assert only["status"] == "failed" and only["metadata"]["durationMs"] >= 50  # of ~100
+
+
+def test_a_timed_out_write_that_answers_before_the_rollback_starts_is_rolled_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The window: `w` times out, then writes and answers while `s` still runs, so its
+    # answer comes in before the rollback starts (the engine keeps it for the rollback).
+    Late.gate.clear()
+    Ledger.stalled.clear()
+    Ledger.release.clear()
+    gave_up = threading.Event()  # the batch gave up on an operation still running
+    abandon = batch_engine._OpReply.abandon  # noqa: SLF001
+
+    def abandoning(reply: Any, on_late: Any) -> bool:
+        abandoned = abandon(reply, on_late)
+        if abandoned:
+            gave_up.set()
+        return abandoned
+
+    monkeypatch.setattr(batch_engine._OpReply, "abandon", abandoning)  # noqa: SLF001
+    ops = [
+        {"id": "a", "tool": "add", "arguments": {"value": "one"}},
+        {"id": "w", "tool": "late_add", "arguments": {"value": "late"}, "timeout": 100},
+        {"id": "s", "tool": "stall", "arguments": {}},
+    ]
+    options = {"parallel": True, "transactional": True}
+    with Runtime([Ledger, Late], call_timeout=20) as rt:
+        answered: list[Any] = []
+        batch = threading.Thread(
+            target=lambda: answered.append(
+                rt.call("batch", ctx_args("s", "a1", operations=ops, options=options))
+            )
+        )
+        batch.start()
+        try:
+            assert gave_up.wait(20) and Ledger.stalled.wait(20)  # `w` timed out, `s` runs
+            Late.gate.set()
+            # Behind `w` on its key: once this answers, `w` has written and answered.
+            assert rt.call("late_look", ctx_args("s")).structured == {"entries": ["late"]}
+            assert batch.is_alive()  # `s` still runs: the rollback has not started
+        finally:
+            Late.gate.set()
+            Ledger.release.set()
+            batch.join(20)
+        (result,) = answered
+        assert result.is_error and result.structured is not None
+        assert [
+            {k: v for k, v in r.items() if k != "duration"} for r in result.structured["results"]
+        ] == [
+            {"id": "a", "tool": "add", "status": "rolled_back", "data": {"value": "one"}},
+            {
+                "id": "w",
+                "tool": "late_add",
+                "status": "failed",
+                "error": {"code": "timeout", "message": "the operation ran out of time"},
+            },
+            {"id": "s", "tool": "stall", "status": "rolled_back", "data": {"stalled": True}},
+        ]
+        summary = {k: v for k, v in result.structured["summary"].items() if k != "executionTime"}
+        assert summary == {"total": 3, "successful": 0, "failed": 1, "skipped": 0, "rolledBack": 2}
+        # The undo of `w` was sent to its key before the batch answered: this call runs
+        # after it. Nothing the batch wrote is left.
+        assert rt.call("late_look", ctx_args("s")).structured == {"entries": []}
+        assert rt.call("look", ctx_args("s")).structured == {"entries": [], "reads": 1}

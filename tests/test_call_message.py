@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
-from ctxactors._actors import SyncReply
+from ctxactors._actors import SyncReply, current_actor
 from ctxactors._call import Body, CallWrapper, Envelope, ToolCall, Undo
 from ctxactors.batch.compensation import Compensation
 from ctxactors.errors import ToolError
@@ -164,7 +164,8 @@ def test_call_wrappers_wrap_the_body_the_actor_runs_the_last_added_outermost(
             seen.append((label, "wrap", spec.name, ctx.session_id, ctx.assistant_id))
 
             def run(server: Any) -> ToolResult:
-                in_actor = threading.current_thread() is not caller
+                # Run by the key's actor: a worker, or the caller's thread in its stead.
+                in_actor = current_actor() is not None
                 seen.append((label, "run", type(server).__name__, in_actor))
                 result = body(server)
                 seen.append((label, "ran", result.structured))

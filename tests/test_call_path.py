@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -13,10 +14,11 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import Runtime, Scope, Server, Settings, ToolContext, tool
 from ctxactors.context import clean_args, read_context, split_context
 from ctxactors.errors import CallTimeoutError, InvalidArgumentsError
 from ctxactors.logs import configure_logging, flush_logs
+from ctxactors.settings import ActorSettings
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.testing import wait_until
 
@@ -118,11 +120,27 @@ def test_a_late_reply_lands_in_its_abandoned_slot_never_in_a_later_call_of_the_t
 @pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
 def test_actor_threads_are_scheduled_as_batch_work_and_the_callers_thread_is_untouched() -> None:
     before = os.sched_getscheduler(0)
-    with Runtime([Held]) as rt:
+    thread_per_key = Settings(actors=ActorSettings(scheduler="thread"))
+    with Runtime([Held], settings=thread_per_key) as rt:
         assert rt.call("echo", ctx_args("s1", tag="x")).structured == {"tag": "x"}
         [entry] = rt._registry._entries.values()
         assert entry.thread is not None and entry.thread.native_id is not None
         assert os.sched_getscheduler(entry.thread.native_id) == os.SCHED_BATCH
+    assert os.sched_getscheduler(0) == before
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="Linux scheduling policies")
+def test_pool_workers_are_scheduled_as_batch_work_and_the_callers_thread_is_untouched() -> None:
+    before = os.sched_getscheduler(0)
+    with Runtime([Held]) as rt:
+
+        async def main() -> Any:  # from a loop: the call goes to a worker, not run here
+            return await rt.acall("echo", ctx_args("s1", tag="x"))
+
+        assert asyncio.run(main()).structured == {"tag": "x"}
+        workers = [t for t in threading.enumerate() if "-worker-" in t.name]
+        assert workers and all(t.native_id is not None for t in workers)
+        assert {os.sched_getscheduler(t.native_id or 0) for t in workers} == {os.SCHED_BATCH}
     assert os.sched_getscheduler(0) == before
 
 

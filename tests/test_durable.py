@@ -234,6 +234,63 @@ def test_end_session_deletes_the_stored_state(
         assert kept == {"goals": [{"id": "g1", "goal": "kept"}], "todos": []}
 
 
+# Three tenants of one store, each with documents of its own (a document is a part of the
+# session's one content key, ``("content",)``): two sessions of no principal, and a
+# principal's session of the same id as the first. Each has a different number of them,
+# and words no other has, so a load that handed one tenant another's parts would show.
+TENANTS: dict[tuple[str | None, str], list[tuple[str, str]]] = {
+    (None, "s1"): [("s1-plan.md", "alpha apple"), ("s1-notes.md", "alpha apricot")],
+    (None, "s2"): [
+        ("s2-plan.md", "bravo banana"),
+        ("s2-notes.md", "bravo blueberry"),
+        ("s2-log.md", "bravo bilberry"),
+    ],
+    ("alice", "s1"): [
+        ("alice-plan.md", "charlie cherry"),
+        ("alice-notes.md", "charlie cranberry"),
+        ("alice-log.md", "charlie currant"),
+        ("alice-todo.md", "charlie citron"),
+    ],
+}
+MARKERS = {(None, "s1"): "alpha", (None, "s2"): "bravo", ("alice", "s1"): "charlie"}
+
+
+def tenant_call(rt: Runtime, tenant: tuple[str | None, str], tool_name: str, **args: Any) -> Any:
+    principal, session = tenant
+    return rt.call(tool_name, ctx_args(session, A, **args), principal=principal)
+
+
+def test_sessions_reloaded_from_one_store_each_see_only_their_own_documents(
+    open_store: Callable[[], StateStore],
+) -> None:
+    with Runtime(store=open_store()) as rt:
+        for tenant, docs in TENANTS.items():
+            for filename, content in docs:
+                assert not tenant_call(
+                    rt, tenant, "add_content", filename=filename, content=content
+                ).is_error
+    with Runtime(store=open_store()) as rt:  # a restart: every tenant is loaded from the store
+        for tenant, docs in TENANTS.items():
+            ids = [f"c{n}" for n in range(1, len(docs) + 1)]
+            listed = tenant_call(rt, tenant, "list_content").structured
+            assert listed == {
+                "items": [
+                    {"id": cid, "filename": name, "size": len(text)}
+                    for cid, (name, text) in zip(ids, docs, strict=True)
+                ],
+                "count": len(docs),
+            }
+            for cid, (name, text) in zip(ids, docs, strict=True):
+                read = tenant_call(rt, tenant, "read_content", id=cid).structured
+                assert read == {"id": cid, "filename": name, "content": text}
+            beyond = tenant_call(rt, tenant, "read_content", id=f"c{len(docs) + 1}")
+            assert beyond.is_error, beyond.text
+            for other, word in MARKERS.items():
+                found = tenant_call(rt, tenant, "search_content", query=word).structured
+                hits = sorted(r["id"] for r in found["results"])
+                assert hits == (ids if other == tenant else []), (tenant, word)
+
+
 def test_retention_forgets_a_session_and_the_reaper_purges_it(
     tmp_path: Path, clock: ManualClock
 ) -> None:

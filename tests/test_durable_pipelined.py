@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import pytest
 from ctxactors import Runtime, ToolContext
 from ctxactors.servers import Planning
 from ctxactors.servers.planning import Goal, PlanningState
+from ctxactors.settings import HistorySettings, Settings
 from ctxactors.state import Outcome, SQLiteStore, Write
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.testing import wait_until
@@ -157,6 +159,67 @@ def test_a_save_still_queued_when_the_next_call_stops_waiting_is_never_written(
     store.close()
 
 
+def test_end_session_deletes_after_the_saves_already_queued_for_the_session(
+    tmp_path: Path,
+) -> None:
+    store = HeldStore(tmp_path / "state.db")
+    results: dict[str, Any] = {}
+
+    def send(name: str, run: Callable[[], Any]) -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.__setitem__(name, run()))
+        thread.start()
+        return thread
+
+    def goal(session: str, text: str, thread: str | None = None) -> Any:
+        return rt.call("create_goal", ctx_args(session, A, thread, goal=text), timeout=30)
+
+    # The histories are written only when the session ends or the runtime closes (the
+    # history's own test covers end_session): the save queued here is the planning one.
+    settings = Settings(history=HistorySettings(write_delay=600))
+    # call_timeout is how long end_session waits for the session's calls (here, one whose
+    # save waits in the store's queue) before it deletes: it gives up on it at once.
+    with Runtime([Planning], store=store, settings=settings, call_timeout=0.2) as rt:
+        assert rt.durability is not None
+        # How long the delete then waits for what is queued before it: long, so this test
+        # never has to beat it (a loaded machine must not turn a pass into a failure).
+        rt.durability.save_timeout = 30
+        assert goal(S, "kept", "t0").structured == {"id": "g1", "goal": "kept"}  # stored
+        store.held = True
+        busy = send("other", lambda: goal("s2", "other"))
+        assert store.inside.wait(30)  # s2's save is being written: the store is busy
+        # The first save of another key of the session (a row to insert): it waits its
+        # turn in the store's queue while the session ends.
+        second = send("second", lambda: goal(S, "second"))
+        queue = rt.durability.commit._queue  # noqa: SLF001
+        wait_until(lambda: any(p.write.key == KEY for p in list(queue)), 30, interval=0.001)
+        ending = send("ended", lambda: rt.end_session(S))
+        # end_session either waits behind that save (its barrier is queued after it) or
+        # has returned already: either way the store goes on only now.
+        wait_until(
+            lambda: not ending.is_alive() or any(p.write.key == ("",) for p in list(queue)),
+            30,
+            interval=0.001,
+        )
+        store.gate.set()
+        for thread in (busy, second, ending):
+            thread.join(30)
+        assert results["ended"] == 2  # the actors of threads t0 and None
+        assert results["second"].structured == {"id": "g1", "goal": "second"}  # then deleted
+        # Once every save of the session is answered, nothing of it is in the store...
+        with sqlite3.connect(tmp_path / "state.db") as db:
+            for table in ("state", "parts", "sessions"):
+                rows = db.execute(f"SELECT * FROM {table} WHERE session = ?", ('[null,"s1"]',))
+                assert rows.fetchall() == [], table
+            kept = db.execute("SELECT key FROM state WHERE session = ?", ('[null,"s2"]',))
+            assert kept.fetchall() == [('["planning","a1",null]',)]
+        # ...so the session's next calls start from nothing.
+        for thread in (None, "t0"):
+            state = rt.call("get_planning_state", ctx_args(S, A, thread), timeout=30)
+            assert state.structured == {"goals": [], "todos": []}
+        assert goal(S, "anew").structured == {"id": "g1", "goal": "anew"}
+    store.close()
+
+
 # A runtime in its own process, no call wrappers (so saves go on without their actors),
 # 16 sessions of load; each call is printed before it is sent and once it is answered.
 _CHILD = """
@@ -197,7 +260,10 @@ def test_sigkill_of_an_embedded_runtime_loses_no_acknowledged_call(tmp_path: Pat
     acked: dict[str, list[str]] = {}
     in_flight: dict[str, str | None] = {}
     assert child.stdout is not None
+    killed = False
     try:
+        # Read to the end: lines the child wrote before the kill landed, still in the pipe,
+        # are calls it acknowledged too.
         for line in child.stdout:
             verb, session, goal = line.split(maxsplit=2)
             assert verb != "error", line  # a call failed: no crash needed to fail the test
@@ -206,9 +272,9 @@ def test_sigkill_of_an_embedded_runtime_loses_no_acknowledged_call(tmp_path: Pat
             else:
                 acked.setdefault(session, []).append(goal.strip())
                 in_flight[session] = None
-                if sum(len(a) for a in acked.values()) >= kill_after:
+                if not killed and sum(len(a) for a in acked.values()) >= kill_after:
                     os.kill(child.pid, signal.SIGKILL)
-                    break
+                    killed = True
     finally:
         if child.poll() is None:
             child.kill()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mcp_support import http_server
+from mcp_support import SERVE, http_server, serve_env
 from state_support import RedisServer, redis_server
 
 from ctxactors.state import SQLiteStore, default_data_dir, open_store
@@ -133,3 +134,29 @@ def test_sigkill_under_load_loses_no_acknowledged_call(
                 assert found == goals, session
             assert [g["id"] for g in state["goals"]] == [f"g{i + 1}" for i in range(len(found))]
     assert 0 <= in_doubt_present <= sessions
+
+
+@pytest.mark.parametrize(
+    "garbage", [os.urandom(8192), b"SQLite format 3\0" + b"\xff" * 4080], ids=["noise", "header"]
+)
+def test_a_damaged_store_file_is_one_line_naming_the_file_and_the_fix(
+    tmp_path: Path, garbage: bytes
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "state.db").write_bytes(garbage)
+    done = subprocess.run(
+        [*SERVE, "--data-dir", str(data)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        env=serve_env(),
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert done.stdout == b""  # the stdio protocol channel stays clean
+    assert done.stderr.decode() == (
+        f"ctxactors serve: the state store {data / 'state.db'} is damaged (file is not a "
+        "database): move it aside to start with an empty store, or restore it from a "
+        "backup\n"
+    )
+    assert (data / "state.db").read_bytes() == garbage  # nothing was written to it

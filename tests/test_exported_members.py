@@ -89,8 +89,18 @@ def test_errors_keep_their_old_homes_and_bases() -> None:
     assert codes == {"StoreError": -32010, "StaleStateError": -32011}
 
 
+def test_every_server_error_code_is_one_the_mcp_specification_leaves_to_servers() -> None:
+    # -32000..-32019 are the server's, but for -32002; -32020..-32099 are the specification's.
+    errors = [getattr(ctxactors.errors, name) for name in ctxactors.errors.__all__]
+    codes = {e.__name__: e.code for e in errors}
+    ours = set(range(-32019, -31999)) - {-32002}
+    assert {code for code in codes.values() if -32099 <= code <= -32000} <= ours
+    assert codes["RuntimeClosedError"] == -32014
+    assert codes["ShardUnavailableError"] == -32013
+
+
 SERVERS = ["ALWAYS", "BUILTIN", "Batch", "Content", "History", "Planning", "Playbooks"]
-SERVERS += ["Presets", "Workspace"]
+SERVERS += ["Presets", "Workspace", "builtins_named"]
 CONVERSATION = [
     "LAST_USER_QUERY",
     "SHORTENED_MARK",

@@ -456,3 +456,76 @@ def test_a_long_argument_key_is_clipped_in_the_record() -> None:
     (key,) = record["params"]
     assert len(key) < 600 and key.startswith("k" * 500) and key.endswith("(100000 chars)")
     assert not history_module._flat_and_small({"k" * 501: 1})  # noqa: SLF001
+
+
+def test_a_reloaded_history_shows_each_assistant_and_thread_what_it_saw_before(
+    tmp_path: Path,
+) -> None:
+    long = "y" * 600  # a call with a long argument is stored as its record (`Stored`)
+    ops = [{"tool": "note", "arguments": {"text": "in a preset"}}]
+    calls: list[tuple[str, str | None, str | None, str, dict[str, Any]]] = [
+        (S, A, "t1", "create_goal", {"goal": "A's t1 goal"}),  # per thread
+        (S, A, "t1", "add_todo", {"name": long, "goal_id": "g1"}),
+        (S, A, "t2", "create_goal", {"goal": "A's t2 goal"}),
+        (S, A, "t1", "note", {"text": "A's note"}),  # the session's tool
+        (S, A, "t2", "note", {"text": long}),
+        (S, A, "t1", "save_preset", {"name": "p", "operations": ops}),  # per assistant
+        (S, A, "t2", "list_presets", {}),
+        (S, "B", "t1", "create_goal", {"goal": "B's goal"}),
+        (S, "B", "t1", "note", {"text": "B's note"}),
+        (S, None, None, "note", {"text": "everyone's note"}),  # no assistant: everyone's
+        ("s2", A, "t1", "note", {"text": "s2's note"}),
+    ]
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(servers=[Planning, Notes], store=store) as rt:
+        for session, assistant, thread, tool_name, args in calls:
+            result = rt.call(tool_name, ctx_args(session, assistant, thread, **args))
+            assert not result.is_error, result.text
+    # Both stored kinds are read back: a common call as the call, the others as records.
+    record = store.load(SESSION, KEY)
+    assert record is not None
+    kinds = [
+        "call" if isinstance(item, StoredCall) else "record" for item, _ in unpack(record.data)
+    ]
+    assert kinds == ["call", "record", "call", "call", "record", "record", *["call"] * 4]
+
+    def seen(rt: Runtime, session: str, assistant: str | None, thread: str | None) -> list[Any]:
+        """(tool, its first argument's first 12 characters, assistant, thread), newest first."""
+        result = rt.call("get_recent_context", ctx_args(session, assistant, thread, limit=50))
+        assert result.structured is not None, result.text
+        return [
+            (
+                op["tool"],
+                next(iter(op["arguments"].values()), "")[:12],
+                op.get("assistant_id"),
+                op.get("thread_id"),
+            )
+            for op in result.structured["operations"]
+        ]
+
+    everyone = ("note", "everyone's n", None, None)
+    a_session = [
+        everyone,
+        ("list_presets", "", A, "t2"),
+        ("save_preset", "p", A, "t1"),
+        ("note", "yyyyyyyyyyyy", A, "t2"),
+        ("note", "A's note", A, "t1"),
+    ]
+    with Runtime(servers=[Planning, Notes], store=store) as rt:  # every history read back
+        assert seen(rt, S, A, "t1") == [
+            *a_session,
+            ("add_todo", "yyyyyyyyyyyy", A, "t1"),
+            ("create_goal", "A's t1 goal", A, "t1"),
+        ]
+        assert seen(rt, S, A, "t2") == [*a_session, ("create_goal", "A's t2 goal", A, "t2")]
+        assert seen(rt, S, "B", "t1") == [
+            everyone,
+            ("note", "B's note", "B", "t1"),
+            ("create_goal", "B's goal", "B", "t1"),
+        ]
+        assert seen(rt, S, "B", "t2") == [everyone, ("note", "B's note", "B", "t1")]
+        assert seen(rt, S, None, None) == [everyone]
+        assert seen(rt, "s2", A, "t1") == [("note", "s2's note", A, "t1")]
+        assert seen(rt, "s2", "B", "t1") == []
+        assert seen(rt, "s3", A, "t1") == []
+    store.close()

@@ -352,7 +352,8 @@ def test_one_principal_holds_at_most_its_cap_of_mcp_sessions(static_url: str) ->
                 assert refused.status_code == 429
                 assert refused.json()["error"]["message"] == (
                     "principal 'alice' already has 2 open MCP sessions, the most allowed; "
-                    "end one (DELETE /mcp with its Mcp-Session-Id) or reuse it"
+                    "end one (DELETE /mcp with its Mcp-Session-Id) or reuse it; an idle one "
+                    "ends by itself after 1800 s"
                 )
                 assert "Mcp-Session-Id" not in refused.headers
                 # Another principal is not affected, and alice's sessions keep working.
@@ -366,6 +367,40 @@ def test_one_principal_holds_at_most_its_cap_of_mcp_sessions(static_url: str) ->
             await _delete_session(reopened)
 
     anyio.run(main)
+
+
+def test_by_default_one_principal_holds_at_most_100_mcp_sessions(tokens: str) -> None:
+    """No flag: the default cap holds one principal to 100 sessions, others still open
+    theirs, and a session that ends gives its place back."""
+    cap = 100  # the documented default (README: http.max_sessions_per_principal)
+    with http_server("--auth-tokens", tokens) as (url, _proc), httpx.Client() as http:
+
+        def initialize(token: str) -> httpx.Response:
+            return http.post(url, json=INITIALIZE, headers={**bearer(token), **MCP_ACCEPT})
+
+        opened = [initialize(ALICE) for _ in range(cap)]
+        assert [r.status_code for r in opened] == [200] * cap
+        refused = initialize(ALICE)
+        assert refused.status_code == 429
+        assert refused.json() == {
+            "jsonrpc": "2.0",
+            "id": None,
+            "error": {
+                "code": -32000,
+                "message": f"principal 'alice' already has {cap} open MCP sessions, the most "
+                "allowed; end one (DELETE /mcp with its Mcp-Session-Id) or reuse it; an idle "
+                "one ends by itself after 1800 s",
+            },
+        }
+        assert "Mcp-Session-Id" not in refused.headers
+        bob = initialize(BOB)
+        assert bob.status_code == 200, bob.text
+        ended = http.delete(
+            url, headers={**bearer(ALICE), "Mcp-Session-Id": opened[0].headers["Mcp-Session-Id"]}
+        )
+        assert ended.status_code == 200
+        assert initialize(ALICE).status_code == 200  # the ended session's place
+        assert initialize(ALICE).status_code == 429
 
 
 async def _delete_session(opened: httpx.Response) -> None:
@@ -530,6 +565,33 @@ def test_bad_jwts_get_401_pointing_at_the_metadata(
     assert_401(httpx.post(f"{jwt_url}/api/v1/tools/list_content", json={}), metadata)
 
 
+def test_a_jwt_whose_principal_is_no_id_gets_401_and_harms_no_one(
+    jwt_url: str, rsa_key: rsa.RSAPrivateKey
+) -> None:
+    """A principal is checked as a session id is: a validly signed token whose principal
+    could not be stored or sent back (a lone surrogate, a control character, 257
+    characters, a number) authenticates no one."""
+    metadata = f"{jwt_url}/.well-known/oauth-protected-resource"
+    for sub in ("\ud800", "alice\x00", "bob\x1b[31m", "a" * 257, " alice", 42, ""):
+        token = make_jwt(rsa_key, sub=sub)
+        for method, path in (
+            ("POST", "/api/v1/tools/create_goal"),
+            ("DELETE", "/api/v1/sessions/s"),
+            ("POST", "/mcp"),
+        ):
+            response = httpx.request(
+                method,
+                f"{jwt_url}{path}",
+                json={"goal": "x"} if method == "POST" else None,
+                headers={**bearer(token), **MCP_ACCEPT, "X-Session-Id": "s"},
+            )
+            assert response.status_code == 401, (sub, path, response.text)
+            assert_401(response, metadata)
+    alice = make_jwt(rsa_key, sub="alice")
+    assert call(jwt_url, "create_goal", {"goal": "ok"}, token=alice, session="s").status_code == 200
+    assert rest_goals(jwt_url, alice, "s") == ["ok"]
+
+
 def _hs256_with(secret: bytes) -> str:
     """A token "signed" with the server's public key as an HMAC secret (alg confusion)."""
     import base64
@@ -691,3 +753,17 @@ def test_a_bad_token_file_exits_2_without_echoing_a_token(
     tokens.write_text(f"{ALICE} alice\n{ALICE} bob\n")
     assert cli_main(["serve", "--transport", "http", "--auth-tokens", str(tokens)]) == 2
     assert "a token is listed twice" in capsys.readouterr().err
+
+
+def test_a_token_file_principal_that_is_no_id_exits_2_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# who\n{ALICE} alice\n{BOB} bob\x07\n", encoding="utf-8")
+    assert cli_main(["serve", "--transport", "http", "--auth-tokens", str(tokens)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"ctxactors serve: --auth-tokens {tokens} line 3: the principal contains the "
+        "character '\\x07', which no header carries\n"
+    )
+    assert BOB not in err

@@ -33,7 +33,7 @@ class Hold(Server):
     def __init__(self) -> None:
         self.n = 0
 
-    @tool
+    @tool(blocking=True)  # it waits on a gate: never on its caller's thread
     def hold(self, ctx: ToolContext, name: str) -> dict[str, Any]:
         """Block until the test releases `name`."""
         Hold.entered[name].set()

@@ -154,6 +154,32 @@ def test_summary_per_session_and_tool(tmp_path: Path) -> None:
     assert "tool calls by session" in table and "s2" in table and "s1 " not in table
 
 
+def test_summary_keeps_the_sessions_with_the_most_calls_and_says_how_many_it_left_out(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "busy.log"
+    # Session sNN makes NN calls: the busiest are s25, s24, ...
+    lines = [call_line(f"s{n:02d}", "add_todo", 1.0) for n in range(1, 26) for _ in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+    code, out, _ = run(str(path), "--summary", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert list(data["by_session"]) == [f"s{n:02d}" for n in range(25, 5, -1)]  # the top 20
+    assert data["left_out"] == {"session": 5, "tool": 0}
+    data = json.loads(run(str(path), "--summary", "--json", "--top", "3")[1])
+    assert list(data["by_session"]) == ["s25", "s24", "s23"]
+    assert data["by_session"]["s23"]["calls"] == 23
+    assert data["left_out"] == {"session": 22, "tool": 0}
+    data = json.loads(run(str(path), "--summary", "--json", "--top", "0")[1])
+    assert len(data["by_session"]) == 25 and data["left_out"] == {"session": 0, "tool": 0}
+    _, table, _ = run(str(path), "--summary", "--top", "2")
+    assert "\n23 more sessions with fewer calls (--top 0 shows all)\n" in table
+    assert "more tools" not in table
+    assert " s25 " in table and " s24 " in table and " s23 " not in table
+    with pytest.raises(SystemExit):
+        parse(str(path), "--summary", "--top", "-1")
+
+
 def test_follow_prints_appended_lines_and_survives_truncation_and_rotation(tmp_path: Path) -> None:
     path = tmp_path / "live.log"
     path.write_text(call_line("s1", "create_goal", 1.0) + "\n")

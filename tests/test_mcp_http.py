@@ -199,6 +199,7 @@ def test_sigterm_lets_the_call_in_flight_answer(tmp_path: Path) -> None:
                         await client.call_tool("list_content", {})
                     except MCPError as refused:
                         assert refused.message == "the server is shutting down; no new calls"
+                        assert refused.code == -32014  # RuntimeClosedError's
                         break
                 release_fifo(writer, "answered")
                 return await call, child

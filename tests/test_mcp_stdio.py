@@ -210,6 +210,7 @@ def test_sigterm_lets_the_call_in_flight_answer_then_stops(tmp_path: Path) -> No
                     await client.call_tool("list_content", {"__sessionId": "late"})
                 except MCPError as refused:
                     assert refused.message == "the server is shutting down; no new calls"
+                    assert refused.code == -32014  # RuntimeClosedError's
                     break
             release_fifo(writer, "answered")
             return await call, server_pid, child

@@ -44,10 +44,14 @@ def configure(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
     use_sandbox(monkeypatch, **changes)
 
 
-def run(rt: Runtime, session: str, command: str, **args: Any) -> dict[str, Any]:
-    return wait_done(rt, session, start(rt, session, command, **args))
+def run(rt: Runtime, session: str, command: str, wait: float = WAIT, **args: Any) -> dict[str, Any]:
+    return wait_done(rt, session, start(rt, session, command, **args), wait)
 
 
+# `find /` walks everything the sandbox sees, the host's whole /usr included: 3 s alone
+# here, past 20 s on a loaded machine. The test waits for the command to end; the bound
+# (and pytest's own timeout above it) only stops a command that hangs.
+@pytest.mark.timeout(300)
 def test_a_session_reaches_no_other_sessions_files_nor_the_host(
     rt: Runtime, workspace_root: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,7 +66,8 @@ def test_a_session_reaches_no_other_sessions_files_nor_the_host(
         "for d in / /usr /etc /bin /dev /proc; do touch $d/x 2>/dev/null && echo $d; done; "
         "echo end"
     )
-    bob = run(rt, "bob", probe)
+    bob = run(rt, "bob", probe, wait=240)
+    assert bob["status"] == "exited", bob
     assert bob["output"] == (
         "cat: '../*/secret.txt': No such file or directory\nfind:\nhost:\nwritable:\nend\n"
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -222,47 +223,222 @@ def test_limit_args_exactly() -> None:
     ]
 
 
-def _root_dirs() -> list[str]:
-    out: list[str] = []
-    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
-        path = "/" + name
-        if os.path.islink(path):
-            out += ["--symlink", os.readlink(path), path]
-        elif os.path.isdir(path):
-            out += ["--ro-bind", path, path]
-    return out
+def fake_root(root: Path, merged: bool) -> str:
+    """A host's system directories: Debian 12's merged /usr (/bin a symlink to usr/bin...),
+    or real /bin, /sbin, /lib, /lib32 and /lib64 beside /usr (and a file named libx32). Its
+    /proc: a 6.x kernel's (sched_debug moved to debugfs in 5.13) on the merged host, an
+    older kernel's on the other."""
+    for name in ("bin", "sbin", "lib", "lib64"):
+        (root / "usr" / name).mkdir(parents=True)
+        if merged:
+            (root / name).symlink_to(f"usr/{name}")
+        else:
+            (root / name).mkdir()
+    if not merged:
+        (root / "lib32").mkdir()
+        (root / "libx32").write_text("not a directory")
+    (root / "proc").mkdir()
+    for name in ("keys", "key-users", "timer_list") + (() if merged else ("sched_debug",)):
+        (root / "proc" / name).write_text("")
+    return str(root)
 
 
-@pytest.mark.parametrize(("network", "seccomp"), [(False, True), (True, False)])
-def test_bwrap_args_exactly(network: bool, seccomp: bool) -> None:
-    settings = SandboxSettings(bwrap="/x/bwrap", network=network, tmp_bytes=77)
-    masks = []  # the host-wide /proc files this kernel has, hidden
-    for name in ("keys", "key-users", "timer_list", "sched_debug"):
-        if os.path.exists(f"/proc/{name}"):
-            masks += ["--ro-bind", "/dev/null", f"/proc/{name}"]
-    etc = ["/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime"]
-    if network:
-        etc += [
-            "/etc/resolv.conf",
-            "/etc/hosts",
-            "/etc/nsswitch.conf",
-            "/etc/gai.conf",
-            "/etc/ssl",
-            "/etc/ca-certificates",
-        ]
-    expected = ["/x/bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
-    expected += ["--share-net"] if network else []
-    expected += ["--die-with-parent", "--new-session", "--cap-drop", "ALL"]
-    expected += ["--hostname", "workspace", "--ro-bind", "/usr", "/usr", *_root_dirs()]
-    for path in etc:
-        expected += ["--ro-bind-try", path, path]
-    expected += ["--ro-bind-data", "8", "/etc/passwd", "--ro-bind-data", "9", "/etc/group"]
-    expected += ["--proc", "/proc", *masks, "--dev", "/dev"]
-    expected += ["--size", "77", "--tmpfs", "/tmp", "--size", "77", "--tmpfs", "/dev/shm"]
-    expected += ["--bind-fd", "7", "/workspace", "--chdir", "/workspace"]
-    expected += ["--seccomp", "10"] if seccomp else []
-    expected += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
-    assert bwrap_args(settings, 7, 8, 9, 10 if seccomp else None) == expected
+def test_bwrap_args_exactly_on_a_merged_usr_host(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, merged=True)
+    settings = SandboxSettings(bwrap="/x/bwrap", network=False, tmp_bytes=77)
+    assert bwrap_args(settings, 7, 8, 9, 10, root=root) == [
+        "/x/bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "workspace",
+        "--ro-bind",
+        f"{root}/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/sbin",
+        "/sbin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+        "--ro-bind-try",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.cache",
+        "--ro-bind-try",
+        "/etc/alternatives",
+        "/etc/alternatives",
+        "--ro-bind-try",
+        "/etc/localtime",
+        "/etc/localtime",
+        "--ro-bind-data",
+        "8",
+        "/etc/passwd",
+        "--ro-bind-data",
+        "9",
+        "/etc/group",
+        "--proc",
+        "/proc",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/keys",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/key-users",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/timer_list",
+        "--dev",
+        "/dev",
+        "--size",
+        "77",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        "77",
+        "--tmpfs",
+        "/dev/shm",
+        "--bind-fd",
+        "7",
+        "/workspace",
+        "--chdir",
+        "/workspace",
+        "--seccomp",
+        "10",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--",
+    ]
+
+
+def test_bwrap_args_exactly_on_a_host_whose_bin_and_lib_are_directories(tmp_path: Path) -> None:
+    root = fake_root(tmp_path, merged=False)
+    settings = SandboxSettings(bwrap="/x/bwrap", network=True, tmp_bytes=77)
+    args = bwrap_args(settings, 7, 8, 9, root=root)
+    assert args == [
+        "/x/bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--share-net",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        "workspace",
+        "--ro-bind",
+        f"{root}/usr",
+        "/usr",
+        "--ro-bind",
+        f"{root}/bin",
+        "/bin",
+        "--ro-bind",
+        f"{root}/sbin",
+        "/sbin",
+        "--ro-bind",
+        f"{root}/lib",
+        "/lib",
+        "--ro-bind",
+        f"{root}/lib32",
+        "/lib32",
+        "--ro-bind",
+        f"{root}/lib64",
+        "/lib64",
+        "--ro-bind-try",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.cache",
+        "--ro-bind-try",
+        "/etc/alternatives",
+        "/etc/alternatives",
+        "--ro-bind-try",
+        "/etc/localtime",
+        "/etc/localtime",
+        "--ro-bind-try",
+        "/etc/resolv.conf",
+        "/etc/resolv.conf",
+        "--ro-bind-try",
+        "/etc/hosts",
+        "/etc/hosts",
+        "--ro-bind-try",
+        "/etc/nsswitch.conf",
+        "/etc/nsswitch.conf",
+        "--ro-bind-try",
+        "/etc/gai.conf",
+        "/etc/gai.conf",
+        "--ro-bind-try",
+        "/etc/ssl",
+        "/etc/ssl",
+        "--ro-bind-try",
+        "/etc/ca-certificates",
+        "/etc/ca-certificates",
+        "--ro-bind-data",
+        "8",
+        "/etc/passwd",
+        "--ro-bind-data",
+        "9",
+        "/etc/group",
+        "--proc",
+        "/proc",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/keys",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/key-users",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/timer_list",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/sched_debug",
+        "--dev",
+        "/dev",
+        "--size",
+        "77",
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        "77",
+        "--tmpfs",
+        "/dev/shm",
+        "--bind-fd",
+        "7",
+        "/workspace",
+        "--chdir",
+        "/workspace",
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--",
+    ]
+    # Said once more as the rule: every system directory read-only, nothing but the
+    # session's own directory (by descriptor) writable.
+    for name in ("usr", "bin", "sbin", "lib", "lib32", "lib64"):
+        at = args.index(f"{root}/{name}")
+        assert args[at - 1 : at + 2] == ["--ro-bind", f"{root}/{name}", f"/{name}"]
+    assert [a for a in args if a.startswith("--bind")] == ["--bind-fd"]
+
+
+def test_this_hosts_system_directories_are_read_only_too() -> None:
+    args = bwrap_args(SandboxSettings(bwrap="/x/bwrap"), 7, 8, 9)
+    system = args[10 : args.index("--ro-bind-try")]  # /usr, then /bin, /lib... as found
+    assert system[:3] == ["--ro-bind", "/usr", "/usr"]
+    assert {system[i] for i in range(0, len(system), 3)} <= {"--ro-bind", "--symlink"}
+    assert [a for a in args if a.startswith("--bind")] == ["--bind-fd"]
 
 
 def test_the_generated_passwd_and_group(tmp_path: os.PathLike[str]) -> None:

@@ -17,6 +17,7 @@ from ctxactors import (
     Runtime,
     Scope,
     Server,
+    ServerDefinitionError,
     ToolContext,
     tool,
 )
@@ -264,7 +265,10 @@ def test_bad_handler_signatures_are_refused_clearly() -> None:
             def f(self) -> dict[str, Any]:
                 return {}
 
-    assert str(caught.value) == "tool 'f' of NoCtx must take (self, ctx, ...arguments)"
+    assert str(caught.value) == (
+        "tool 'f' of NoCtx: its second parameter must be the call context, "
+        "`ctx: ToolContext`; write `def f(self, ctx: ToolContext)`"
+    )
     with pytest.raises(TypeError) as caught:
 
         class NotSelf(Server):
@@ -281,6 +285,48 @@ def test_bad_handler_signatures_are_refused_clearly() -> None:
                 return {}
 
     assert str(caught.value) == "tool 'f': parameter 'rest' must be a named one"
+
+
+def test_a_tool_without_its_context_parameter_is_refused_saying_what_to_write() -> None:
+    # Without the refusal, the context would take `x`'s place and every call would fail
+    # with "unknown field 'x'".
+    with pytest.raises(ServerDefinitionError) as caught:
+
+        class Notes(Server):
+            @tool(name="add")
+            def add_note(self, x: int, tags: list[str] | None = None, *, why: str = "") -> dict:
+                return {}
+
+    assert str(caught.value) == (
+        "tool 'add' of Notes: its second parameter must be the call context, "
+        "`ctx: ToolContext`; write `def add_note(self, ctx: ToolContext, x: int, "
+        "tags: list[str] | None = None, *, why: str = '')`"
+    )
+    with pytest.raises(ServerDefinitionError) as caught:
+
+        class Typed(Server):
+            @tool
+            async def ask(self, ctx: dict[str, Any], q: str) -> dict[str, Any]:
+                return {}
+
+    assert str(caught.value) == (
+        "tool 'ask' of Typed: its second parameter must be the call context, "
+        "`ctx: ToolContext`; write `async def ask(self, ctx: ToolContext, q: str)`"
+    )
+
+    class Fine(Server):
+        @tool
+        def unannotated(self, ctx, q: str) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+            return {"session": ctx.session_id, "q": q}
+
+        @tool
+        def renamed(self, context: ToolContext, q: str) -> dict[str, Any]:
+            return {"session": context.session_id, "q": q}
+
+    with Runtime([Fine]) as rt:
+        for name in ("unannotated", "renamed"):
+            result = rt.call(name, ctx_args("s1", q="hi"))
+            assert result.structured == {"session": "s1", "q": "hi"}
 
 
 def test_subclasses_inherit_and_override_tools() -> None:

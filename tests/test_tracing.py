@@ -89,17 +89,26 @@ def test_a_call_is_one_span_with_the_genai_attributes(traced: Any) -> None:
     assert span.parent is None  # no caller span: a root
 
 
-def test_the_span_is_current_in_the_actor_thread_while_the_tool_runs() -> None:
+def test_the_span_is_current_in_the_actor_while_the_tool_runs_on_either_thread() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with Runtime([Where], ttl=600) as rt:
         tracing.instrument(rt, tracer_provider=provider)
-        result = rt.call("where", {"__sessionId": "s1"})
-    assert result.structured is not None
-    (span,) = tool_spans(exporter)
-    assert result.structured["span_id"] == span.context.span_id
-    assert result.structured["thread"] != threading.get_ident()
+        # Run by the caller's thread (an idle key, a blocking call), then by a worker
+        # (from an event loop, a call always hops).
+        here = rt.call("where", {"__sessionId": "s1"})
+
+        async def from_a_loop() -> Any:
+            return await rt.acall("where", {"__sessionId": "s1"})
+
+        hopped = asyncio.run(from_a_loop())
+    assert here.structured is not None and hopped.structured is not None
+    first, second = tool_spans(exporter)
+    assert here.structured["span_id"] == first.context.span_id
+    assert hopped.structured["span_id"] == second.context.span_id
+    assert here.structured["thread"] == threading.get_ident()
+    assert hopped.structured["thread"] != threading.get_ident()
 
 
 def test_the_span_continues_the_callers_span_across_the_actor_hop(traced: Any) -> None:

@@ -91,12 +91,42 @@ def test_a_directory_unused_for_the_retention_is_deleted(
         clock.advance(61)
         assert rt.reap() == 2
         # s1 was last used past the retention ago; s2 just now.
-        [old] = [d for d in session_dirs(workspace_root) if d.endswith(_name(rt, S))]
+        # The server's record of s1's last use (the directory's own times are the sandbox's).
+        record = os.path.join(workspace_root, ".ctxactors-last-use", _name(rt, S))
         past = time.time() - 3601
-        os.utime(old, (past, past))
+        os.utime(record, (past, past))
         rt.reap()
         assert [os.path.basename(d) for d in session_dirs(workspace_root)] == [_name(rt, "s2")]
         assert run(rt, "cat note.txt", session="s2")["output"] == "recent\n"
+
+
+def test_retention_goes_by_the_servers_record_of_use_not_a_time_the_sandbox_sets(
+    tmp_path: Path, clock: ManualClock, workspace_root: str
+) -> None:
+    """The session's directory is the sandbox's to change, its times included: a command
+    that dates it in 2100 does not keep it past the retention."""
+    store = SQLiteStore(tmp_path / "short.db", retention=1.0)
+    try:
+        with Runtime(servers=[Workspace], store=store, ttl=60, clock=clock) as rt:
+            assert rt.durability is not None
+            run(rt, "echo kept > note.txt")
+            rt.durability.flush()  # the server's record of this use is written
+            run(rt, "touch -d 2100-01-01 /workspace /workspace/note.txt")
+            [directory] = session_dirs(workspace_root)
+            assert os.stat(directory).st_mtime > time.time() + 50 * 365 * 86400
+            clock.advance(61)
+            assert rt.reap() == 1  # the actor is gone; the directory is kept for now
+
+            def purged() -> bool:
+                rt.reap()  # a purge pass now (the session's last use was >= 1 s ago)
+                return session_dirs(workspace_root) == []
+
+            wait_until(purged, WAIT, describe=lambda: session_dirs(workspace_root))
+            assert run(rt, "cat note.txt 2>&1; true")["output"] == (
+                "cat: note.txt: No such file or directory\n"
+            )
+    finally:
+        store.close()
 
 
 def _name(rt: Runtime, session: str) -> str:

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from ctxactors import Runtime
+from ctxactors._launcher import launch
 from ctxactors.servers.workspace import Workspace
 from ctxactors.settings import SandboxSettings, Settings, variables
 from ctxactors.testing import context_args as ctx_args
@@ -70,6 +71,9 @@ class Leaks:
 
     def __init__(self) -> None:
         self.me = psutil.Process()
+        # The launcher's thread lives as long as the process (see ctxactors._launcher): up
+        # before the count, not a leak of the first test that starts a sandbox.
+        launch(lambda: None)
         self.threads = threading.active_count()
         self.children = {p.pid for p in self.me.children(recursive=True)}
 
@@ -158,9 +162,15 @@ def start(
 
 
 def wait_done(
-    rt: Runtime, session: str, process_id: str, *, principal: str | None = None
+    rt: Runtime,
+    session: str,
+    process_id: str,
+    wait: float = WAIT,
+    *,
+    principal: str | None = None,
 ) -> dict[str, Any]:
-    deadline = time.monotonic() + WAIT
+    """Poll until the process has ended, or `wait` seconds (then it is still running)."""
+    deadline = time.monotonic() + wait
     while True:
         polled = call(rt, session, "poll_process", processId=process_id, principal=principal)
         if polled["status"] != "running" or time.monotonic() > deadline:

@@ -4,6 +4,12 @@
 (`ctxactors.transports.serve`) and ``shards`` the Ray backend's.
 """
 
-from ctxactors.cli.main import COMMANDS, add_settings_argument, main, settings_from_args
+from ctxactors.cli.main import (
+    COMMANDS,
+    add_settings_argument,
+    import_server,
+    main,
+    settings_from_args,
+)
 
-__all__ = ["COMMANDS", "add_settings_argument", "main", "settings_from_args"]
+__all__ = ["COMMANDS", "add_settings_argument", "import_server", "main", "settings_from_args"]

@@ -2,7 +2,7 @@
 
 Every call writes one ``tool_call`` line (`ctxactors._call.execute`) with ``session_id``,
 ``assistant_id``, ``thread_id``, ``tool``, ``duration_ms``, ``outcome``, ``level`` and an ISO
-``timestamp``; the registry adds ``actor_spawned``/``actor_reaped``/... lines. When something
+``timestamp``, and a failed call the start of its error message as ``error``; the registry adds ``actor_spawned``/``actor_reaped``/... lines. When something
 looks wrong in production, the first questions are "what did this session do?" and "which
 tool is slow or failing?": the filters answer the first, ``--summary`` the second.
 
@@ -50,7 +50,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summary", action="store_true", help="per session and per tool: calls, errors, p50/p99"
     )
+    parser.add_argument(
+        "--top",
+        type=_count,
+        default=20,
+        metavar="N",
+        help="with --summary: the N sessions and tools with the most calls (default 20; 0: all)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON output (lines, or the summary)")
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (all) or more, got {value}")
+    return value
 
 
 # -- reading -------------------------------------------------------------------------------
@@ -245,7 +259,9 @@ def format_line(record: dict[str, Any]) -> str:
     if record.get("event") == "tool_call":
         duration = record.get("duration_ms")
         took = f"{duration:.2f} ms" if isinstance(duration, int | float) else "-"
-        return f"{head}tool_call  {who:30} {record.get('tool', '-'):22} {took:>10}  {record.get('outcome', '-')}"
+        line = f"{head}tool_call  {who:30} {record.get('tool', '-'):22} {took:>10}  {record.get('outcome', '-')}"
+        error = record.get("error")
+        return line if error is None else f"{line}  {error}"
     skip = {"timestamp", "level", "event", "session_id", "assistant_id", "thread_id", "logger"}
     rest = " ".join(f"{k}={v}" for k, v in record.items() if k not in skip)
     return f"{head}{record.get('event', '-')}  {who}  {rest}".rstrip()
@@ -260,9 +276,11 @@ def _percentile(sorted_values: list[float], q: float) -> float:
 
 
 class Summary:
-    """Calls, errors and duration percentiles of ``tool_call`` records, by session and tool."""
+    """Calls, errors and duration percentiles of ``tool_call`` records, by session and tool:
+    the `top` rows of each with the most calls (0: every row), and how many were left out."""
 
-    def __init__(self) -> None:
+    def __init__(self, top: int = 0) -> None:
+        self.top = top
         self.by: dict[str, dict[str, list[Any]]] = {
             "session": defaultdict(lambda: [0, 0, []]),
             "tool": defaultdict(lambda: [0, 0, []]),
@@ -281,9 +299,13 @@ class Summary:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        left_out: dict[str, int] = {}
         for kind, rows in self.by.items():
             table = {}
-            for name, (calls, errors, durations) in sorted(rows.items()):
+            ranked = sorted(rows.items(), key=lambda row: (-row[1][0], row[0]))
+            kept = ranked[: self.top] if self.top else ranked
+            left_out[kind] = len(ranked) - len(kept)
+            for name, (calls, errors, durations) in kept:
                 durations.sort()
                 table[name] = {
                     "calls": calls,
@@ -292,10 +314,13 @@ class Summary:
                     "p99_ms": round(_percentile(durations, 0.99), 3),
                 }
             out[f"by_{kind}"] = table
+        out["left_out"] = left_out
         return out
 
     def render(self, console: Console) -> None:
-        for kind, table_rows in self.to_dict().items():
+        data = self.to_dict()
+        left_out = data.pop("left_out")
+        for kind, table_rows in data.items():
             table = Table(title=f"tool calls {kind.replace('_', ' ')}")
             table.add_column(kind.removeprefix("by_"))
             for column in ("calls", "errors", "p50 ms", "p99 ms"):
@@ -309,6 +334,10 @@ class Summary:
                     f"{row['p99_ms']:.2f}",
                 )
             console.print(table)
+            more = left_out[kind.removeprefix("by_")]
+            if more:
+                what = kind.removeprefix("by_")
+                console.print(f"{more} more {what}s with fewer calls (--top 0 shows all)")
 
 
 def run(
@@ -330,7 +359,7 @@ def run(
         print("ctxactors logs: --follow takes exactly one file and no --summary", file=err)
         return 2
     source = Source()
-    summary = Summary()
+    summary = Summary(args.top)
     status = 0
     try:
         if args.follow:

@@ -13,6 +13,7 @@ from typing import Any
 
 from ctxactors.logs import configure_logging
 from ctxactors.settings import Settings, assign
+from ctxactors.tools import Server
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ctxactors.cli.demo", "run a scripted multi-session scenario on the embedded runtime"),
@@ -48,6 +49,20 @@ def settings_from_args(args: argparse.Namespace, **shortcuts: Any) -> Settings:
     """The environment's settings, then ``--set``, then the command's own flags (`shortcuts`,
     None for a flag not given); `ValueError` names the variable or flag that is wrong."""
     return assign(Settings.from_env(), getattr(args, "settings", None) or ()).replace(**shortcuts)
+
+
+def import_server(spec: str) -> type[Server]:
+    """The `Server` subclass ``MODULE:CLASS`` names (``--server``); `ValueError` says why not."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"--server {spec!r}: expected MODULE:CLASS")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--server {spec!r}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, Server)):
+        raise ValueError(f"--server {spec!r}: not a ctxactors.Server subclass")
+    return cls
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-import httpx
 import msgspec
 
+from ctxactors.conversation._extra import require
 from ctxactors.conversation.messages import Message
 from ctxactors.errors import ModelError
+
+if TYPE_CHECKING:
+    import httpx
 
 ToolDefinition = dict[str, Any]
 Step = Message | Callable[[list[Message], list[ToolDefinition]], Message]
@@ -105,7 +108,7 @@ class OpenAICompatibleModel:
     `base_url` is the server's root or its ``/v1`` prefix (``http://localhost:11434/v1``).
     `options` go into every request body as they are (``temperature``, ``max_tokens``).
     One sync and one async connection pool are opened on first use; `close`/`aclose`
-    release them.
+    release them. Needs ``httpx``, from the ``[conversation]`` extra.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class OpenAICompatibleModel:
         timeout: float = 120.0,
         options: Mapping[str, Any] | None = None,
     ) -> None:
+        self._http = require("httpx", "ctxactors.conversation.OpenAICompatibleModel")
         root = base_url.rstrip("/")
         self.url = (
             f"{root}/chat/completions" if root.endswith("/v1") else f"{root}/v1/chat/completions"
@@ -149,10 +153,10 @@ class OpenAICompatibleModel:
 
     def complete(self, messages: Sequence[Message], tools: Sequence[ToolDefinition]) -> Message:
         if self._client is None:
-            self._client = httpx.Client(timeout=self._timeout, headers=self._headers)
+            self._client = self._http.Client(timeout=self._timeout, headers=self._headers)
         try:
             response = self._client.post(self.url, content=self._body(messages, tools))
-        except httpx.HTTPError as exc:
+        except self._http.HTTPError as exc:
             raise ModelError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
         return self._reply(response)
 
@@ -160,10 +164,10 @@ class OpenAICompatibleModel:
         self, messages: Sequence[Message], tools: Sequence[ToolDefinition]
     ) -> Message:
         if self._aclient is None:
-            self._aclient = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
+            self._aclient = self._http.AsyncClient(timeout=self._timeout, headers=self._headers)
         try:
             response = await self._aclient.post(self.url, content=self._body(messages, tools))
-        except httpx.HTTPError as exc:
+        except self._http.HTTPError as exc:
             raise ModelError(f"{self.url}: {type(exc).__name__}: {exc}") from exc
         return self._reply(response)
 

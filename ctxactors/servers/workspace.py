@@ -38,6 +38,7 @@ Settings (`ctxactors.settings.WorkspaceSettings`, from the runtime's settings):
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import selectors
@@ -53,6 +54,7 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 
 from ctxactors import sandbox as sandboxes
+from ctxactors._launcher import launch
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
@@ -385,6 +387,7 @@ class Workspace(Server):
 
     @tool(
         open_world=True,
+        blocking=True,  # starts a sandbox (fork, exec, namespaces: milliseconds)
         compensate=_undo_execute,
         extract=pick(process_id="processId", status="status"),
     )
@@ -414,7 +417,10 @@ class Workspace(Server):
             else (sandboxes.Tenant(self._principal_ids(ctx)), None)
         )
         try:
-            popen = sandboxes.start(self.sandbox, workdir, command, tenant)
+            # From the launcher's thread: this one may end before the command does (see there).
+            popen = launch(
+                functools.partial(sandboxes.start, self.sandbox, workdir, command, tenant)
+            )
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -458,7 +464,7 @@ class Workspace(Server):
             "output": proc.output(),
         }
 
-    @tool(destructive=True, idempotent=True, extract=_PROCESS_OUTCOME)
+    @tool(destructive=True, idempotent=True, blocking=True, extract=_PROCESS_OUTCOME)
     def kill_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
         """Kill a running process of this session and everything it started."""
         proc = self._get(processId)

@@ -2,9 +2,13 @@
 
 With a state store, a session's directory is named for the session and stays when its actor
 stops (a reap, an eviction, a restart of the server); the processes don't. It goes with
-`end_session`, or once the session has gone unused for the store's retention: its mtime is
-the session's last use (every call of the session touches it, behind the calls, as the
-store's touch does; sessions with a live actor are touched before each purge).
+`end_session`, or once the session has gone unused for the store's retention. The last use
+is the server's record, never a time of the directory: that directory is the sandbox's
+``/workspace``, whose owner may date it in 2100 (``touch -d``). The record is the mtime of a
+file of the server's, ``<root>/.ctxactors-last-use/<directory's name>``, which no sandbox
+sees (only its own directory is mounted); every call of the session sets it, behind the
+calls, as the store's touch does, and sessions with a live actor are touched before each
+purge.
 
 The name is an HMAC of the session's key under a secret kept in the root (mode 0600), so
 nobody who can't read the root can derive a session's directory from its id (a plain hash
@@ -25,6 +29,7 @@ from ctxactors import sandbox as sandboxes
 from ctxactors.state import SessionRef, encode_ref
 
 _KEY_FILE = ".ctxactors-session-key"
+_USES = ".ctxactors-last-use"  # the directory of last-use records (see the module docstring)
 _NAME = re.compile(r"ws-[0-9a-f]{48}")  # an ephemeral directory's random name never matches
 
 
@@ -86,36 +91,75 @@ class SessionDirs:
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            os.utime(path)  # in use again: a purge pass must not take it now
             if self._sandbox.switch_user and os.lstat(path).st_uid != ids[0]:
                 _hand_over(path, ids)
         else:
             sandboxes.prepare_directory(self._sandbox, path, ids)
+        self._record_use(path)  # in use (again): a purge pass must not take it now
         return path
 
     def touched(self, sessions: list[SessionRef]) -> None:
         for session in sessions:
-            try:
-                os.utime(self.path(session))
-            except FileNotFoundError:
-                pass  # the session never ran a command
+            path = self.path(session)
+            if os.path.isdir(path):  # else the session never ran a command
+                self._record_use(path)
 
     def deleted(self, session: SessionRef) -> None:
-        shutil.rmtree(self.path(session), ignore_errors=True)
+        path = self.path(session)
+        shutil.rmtree(path, ignore_errors=True)
+        _unlink(self._use_file(path))
 
     def purge(self, retention: float) -> None:
         try:
-            names = [n for n in os.listdir(self.root) if _NAME.fullmatch(n)]
+            names = {n for n in os.listdir(self.root) if _NAME.fullmatch(n)}
         except FileNotFoundError:
             return
+        now = time.time()
         for name in names:
             path = os.path.join(self.root, name)
-            try:
-                idle = time.time() - os.stat(path).st_mtime
-            except FileNotFoundError:
-                continue
-            if idle >= retention:
+            used = _mtime(self._use_file(path))
+            if used is None:  # kept from before these records: its retention starts now
+                self._record_use(path)
+            elif now - used >= retention:
                 shutil.rmtree(path, ignore_errors=True)
+                _unlink(self._use_file(path))
+        # Records whose directory went another way (a touch racing an end_session).
+        uses = os.path.join(self.root, _USES)
+        for name in os.listdir(uses) if os.path.isdir(uses) else ():
+            used = _mtime(os.path.join(uses, name))
+            if name not in names and used is not None and now - used >= retention:
+                _unlink(os.path.join(uses, name))
+
+    def _use_file(self, directory: str) -> str:
+        return os.path.join(self.root, _USES, os.path.basename(directory))
+
+    def _record_use(self, directory: str) -> None:
+        """The session of `directory` is in use now (the record's mtime; made if new)."""
+        record = self._use_file(directory)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(record, flags, 0o600)
+        except FileNotFoundError:  # the first record under this root
+            os.makedirs(os.path.dirname(record), mode=0o700, exist_ok=True)
+            fd = os.open(record, flags, 0o600)
+        try:
+            os.utime(fd)
+        finally:
+            os.close(fd)
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _hand_over(path: str, ids: tuple[int, int]) -> None:

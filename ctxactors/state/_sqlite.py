@@ -70,6 +70,51 @@ CREATE TABLE IF NOT EXISTS parts (
 
 _T = TypeVar("_T")
 
+# SQLite's answers for a file that is not (or no longer) a whole database.
+_DAMAGED = ("SQLITE_NOTADB", "SQLITE_CORRUPT")
+
+
+def _unusable(path: Path, exc: sqlite3.DatabaseError) -> str:
+    """What an operator reads when the file can't be opened: which file, what is wrong,
+    what to do (``serve`` prints it as its one line)."""
+    if getattr(exc, "sqlite_errorname", None) in _DAMAGED:
+        return (
+            f"the state store {path} is damaged ({exc}): move it aside to start with an "
+            "empty store, or restore it from a backup"
+        )
+    return (
+        f"the state store {path} can't be opened ({exc}): check that this user may read "
+        "and write it and its directory, and that the disk has room"
+    )
+
+
+def _open(path: Path, synchronous: str, reserve_bytes: int) -> sqlite3.Connection:
+    """The store's connection, its schema made; `StoreUnavailableError` (saying what to do)
+    for a file SQLite can't use."""
+    db: sqlite3.Connection | None = None
+    try:
+        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
+        db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(f"PRAGMA synchronous={synchronous}")
+        db.execute("PRAGMA busy_timeout=5000")
+        # The WAL a full disk can't checkpoint any more must fit in half the reserve (the
+        # other half is the delete's): past that, the writer checkpoints itself.
+        page = db.execute("PRAGMA page_size").fetchone()[0]
+        backstop = min(BACKSTOP_PAGES, max(reserve_bytes // (2 * page), 16))
+        db.execute(f"PRAGMA wal_autocheckpoint={backstop}")
+        # Debian's SQLite zeroes every page a delete frees (SECURE_DELETE), which writes
+        # as much WAL as the data deleted: a purge then needs the disk space it is meant to
+        # free. FAST zeroes only what costs no extra write; the file is the server's (0600),
+        # and freed pages are overwritten by the next saves.
+        db.execute("PRAGMA secure_delete=FAST")
+        db.executescript(_SCHEMA)
+    except sqlite3.DatabaseError as exc:
+        if db is not None:
+            db.close()
+        raise StoreUnavailableError(_unusable(path, exc)) from None
+    return db
+
 
 class SQLiteStore:
     """Key state in a SQLite file. One connection under a lock: writes come in batches
@@ -94,22 +139,7 @@ class SQLiteStore:
         self._touched: dict[SessionRef, float] = {}
         self._touch_every = retention / 100
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Autocommit mode: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        # The WAL a full disk can't checkpoint any more must fit in half the reserve (the
-        # other half is the delete's): past that, the writer checkpoints itself.
-        page = self._db.execute("PRAGMA page_size").fetchone()[0]
-        backstop = min(BACKSTOP_PAGES, max(reserve_bytes // (2 * page), 16))
-        self._db.execute(f"PRAGMA wal_autocheckpoint={backstop}")
-        # Debian's SQLite zeroes every page a delete frees (SECURE_DELETE), which writes
-        # as much WAL as the data deleted: a purge then needs the disk space it is meant to
-        # free. FAST zeroes only what costs no extra write; the file is the server's (0600),
-        # and freed pages are overwritten by the next saves.
-        self._db.execute("PRAGMA secure_delete=FAST")
-        self._db.executescript(_SCHEMA)
+        self._db = _open(self.path, synchronous.upper(), reserve_bytes)
         self._checkpointer = Checkpointer(self.path)
         self._reserve = Reserve(Path(f"{self.path}-reserve"), reserve_bytes)
         self._reserve.hold()

@@ -53,6 +53,7 @@ class HttpSecurity:
     allowed_origins: tuple[str, ...] = ()
     verifier: TokenVerifier | None = None
     auth: AuthSettings | None = None
+    # None: the runtime's ``http.max_sessions_per_principal`` (`mcp.session_cap`).
     max_sessions_per_principal: int | None = None
     # Principals that may read the server-wide figures (``serve --operator``).
     operators: frozenset[str] = frozenset()
@@ -157,7 +158,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a Host name clients use besides the bind address (a proxy's); repeatable",
     )
     add("--max-actors-per-principal", type=int, metavar="N", help="live actors of one principal")
-    add("--max-sessions-per-principal", type=int, metavar="N", help="open MCP sessions of one")
+    add(
+        "--max-sessions-per-principal",
+        type=int,
+        metavar="N",
+        help="open MCP sessions of one (default: http.max_sessions_per_principal, 100)",
+    )
     add(
         "--insecure-no-auth",
         action="store_true",

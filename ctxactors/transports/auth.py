@@ -33,11 +33,13 @@ from mcp.server.streamable_http import StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from pydantic import AnyHttpUrl
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ctxactors.context import MAX_ID, check_id
+from ctxactors.errors import InvalidArgumentsError
 from ctxactors.logs import lazy_logger
 
-MAX_PRINCIPAL = 256
+MAX_PRINCIPAL = MAX_ID  # a principal is checked as an id is
 MIN_TOKEN = 16  # a shorter static token is guessable; refused when the file is read
 JWT_LEEWAY_S = 30  # clock skew allowed between the token issuer and this server
 # Paths anyone may read: a health probe, and the metadata that tells a client how to get a
@@ -78,9 +80,14 @@ def _access_token(token: str, principal: str, scopes: Any = None, **extra: Any) 
 
 
 def _check_principal(value: Any, where: str) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_PRINCIPAL:
-        raise AuthConfigError(f"{where}: a principal must be a string of 1 to {MAX_PRINCIPAL}")
-    return value
+    """`value` if it can be a principal: a string that could be a session id (`check_id`),
+    since it is stored, logged and sent back beside one; else `AuthConfigError`."""
+    if not isinstance(value, str):
+        raise AuthConfigError(f"{where}: a principal must be a string, not {type(value).__name__}")
+    try:
+        return check_id(value, "the principal")
+    except InvalidArgumentsError as exc:
+        raise AuthConfigError(f"{where}: {exc}") from None
 
 
 # -- static tokens ---------------------------------------------------------------------------
@@ -238,7 +245,9 @@ def _algorithms_for(key: Any) -> list[str]:
 
 
 class RequireAuth:
-    """The SDK's `RequireAuthMiddleware` on every HTTP path but the public ones."""
+    """The SDK's `RequireAuthMiddleware` on every HTTP path but the public ones. Its 401
+    closes the connection: a client without a valid token keeps no connection open (the
+    request's body, unread, goes with it)."""
 
     def __init__(self, app: ASGIApp, resource_metadata_url: AnyHttpUrl | None) -> None:
         self.app = app
@@ -247,8 +256,17 @@ class RequireAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" or _is_public(scope["path"]):
             await self.app(scope, receive, send)
-        else:
-            await self.required(scope, receive, send)
+            return
+
+        async def close_after_401(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] == 401:
+                message = {**message, "headers": [*message.get("headers", []), _CLOSE]}
+            await send(message)
+
+        await self.required(scope, receive, close_after_401)
+
+
+_CLOSE = (b"connection", b"close")
 
 
 def _is_public(path: str) -> bool:
@@ -287,9 +305,11 @@ class PrincipalSessionManager(StreamableHTTPSessionManager):
 class SessionLimit:
     """Turns `SessionLimitExceeded` into a 429 that says what to do (no session was made)."""
 
-    def __init__(self, app: ASGIApp, cap: int) -> None:
+    def __init__(self, app: ASGIApp, manager: PrincipalSessionManager) -> None:
         self.app = app
-        self.cap = cap
+        self.cap = manager.max_sessions_per_principal
+        idle = manager.session_idle_timeout
+        self.idle = "" if idle is None else f"; an idle one ends by itself after {idle:g} s"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -298,6 +318,7 @@ class SessionLimit:
             message = (
                 f"principal {exc.args[0]!r} already has {self.cap} open MCP sessions, the "
                 "most allowed; end one (DELETE /mcp with its Mcp-Session-Id) or reuse it"
+                f"{self.idle}"
             )
             body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": message}}
             await JSONResponse(body, 429)(scope, receive, send)

@@ -231,8 +231,9 @@ def session_manager(
     """The SDK's streamable-HTTP session manager for `frontend` (stateful sessions).
 
     With `security`, it checks Host and Origin by the same rules as the app's `RequestGuard`
-    and caps each principal's open sessions. Without, bound to a loopback address, it
-    checks Host and Origin (DNS-rebinding protection), as the SDK's own app does.
+    and, with authentication, caps each principal's open sessions (`session_cap`). Without,
+    bound to a loopback address, it checks Host and Origin (DNS-rebinding protection), as
+    the SDK's own app does.
     """
     settings = security.transport_security() if security is not None else None
     if security is None and host in _LOOPBACK:
@@ -242,10 +243,21 @@ def session_manager(
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
     options: dict[str, Any] = {"security_settings": settings, "max_request_body_size": max_body}
-    cap = security.max_sessions_per_principal if security is not None else None
+    cap = session_cap(frontend, security)
     if cap is not None:
         return PrincipalSessionManager(frontend.server, max_sessions_per_principal=cap, **options)
     return StreamableHTTPSessionManager(frontend.server, **options)
+
+
+def session_cap(frontend: McpFrontend, security: HttpSecurity | None) -> int | None:
+    """How many open MCP sessions one principal may hold: the operator's
+    (``--max-sessions-per-principal``), else the runtime's ``http.max_sessions_per_principal``;
+    None without authentication, where callers are one tenant under the SDK's server-wide
+    cap."""
+    if security is None or security.verifier is None:
+        return None
+    explicit = security.max_sessions_per_principal
+    return explicit or frontend.runtime.settings.http.max_sessions_per_principal
 
 
 def mcp_parts(
@@ -262,9 +274,9 @@ def mcp_parts(
     manager = session_manager(frontend, host=host, max_body=max_body, security=security)
     drain = frontend.runtime.call_timeout
     sdk_app: ASGIApp = StreamableHTTPASGIApp(manager)
-    if security is not None and security.max_sessions_per_principal is not None:
-        sdk_app = SessionLimit(sdk_app, security.max_sessions_per_principal)
-    endpoint = _McpEndpoint(sdk_app, frontend)
+    if isinstance(manager, PrincipalSessionManager):
+        sdk_app = SessionLimit(sdk_app, manager)
+    endpoint = _McpEndpoint(sdk_app, frontend, max_body)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -278,22 +290,31 @@ def mcp_parts(
 
 
 class _McpEndpoint:
-    """``/mcp`` around the SDK's app: counts each POST until its response is sent (so a
-    drain waits for it), and when the SDK accepts a client's DELETE of its session, ends
-    the ctxactors session of that ``Mcp-Session-Id`` before the client hears back."""
+    """``/mcp`` around the SDK's app: hands it a POST only once the body is whole, counts
+    each POST until its response is sent (so a drain waits for it), and when the SDK
+    accepts a client's DELETE of its session, ends the ctxactors session of that
+    ``Mcp-Session-Id`` before the client hears back.
 
-    def __init__(self, app: ASGIApp, frontend: McpFrontend) -> None:
+    The SDK opens a session for a POST without ``Mcp-Session-Id`` before it reads the body;
+    read first, a body that comes slowly or never (its client left, or the server's body
+    deadline closed the connection) holds no session place and reaches no SDK code."""
+
+    def __init__(self, app: ASGIApp, frontend: McpFrontend, max_body: int) -> None:
         self.app = app
         self.frontend = frontend
+        self.max_body = max_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
         if method == "DELETE":
             await self.app(scope, receive, self._ending(scope, send))
         elif method == "POST":  # a GET is a standing event stream, not a request to answer
+            body = await _read_ahead(receive, self.max_body)
+            if body is None:  # the client is gone: nobody to answer
+                return
             self.frontend.in_flight.enter()
             try:
-                await self.app(scope, receive, send)
+                await self.app(scope, _replay(body, receive), send)
             finally:
                 self.frontend.in_flight.exit()
         else:
@@ -310,3 +331,28 @@ class _McpEndpoint:
             await send(message)
 
         return send_after_ending
+
+
+async def _read_ahead(receive: Receive, limit: int) -> list[Message] | None:
+    """A request's body messages up to its end or past `limit` bytes (the rest, if any,
+    is the SDK's to read and refuse); None when the client disconnects first."""
+    messages: list[Message] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        messages.append(message)
+        size += len(message.get("body", b""))
+        if not message.get("more_body", False) or size > limit:
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    """`receive` with `messages` given first."""
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed

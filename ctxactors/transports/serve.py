@@ -5,9 +5,11 @@ With ``--transport http`` one Starlette app serves MCP at ``/mcp`` beside the RE
 key, if it needs one, comes from ``CTXACTORS_MODEL_API_KEY``, never the command line, where
 other users could read it). Who may connect is `access.HttpSecurity`, built from the
 ``--auth-*``/``--jwt-*``/``--allow-*`` options; without authentication only a loopback
-address is served (unless ``--insecure-no-auth``). Either way, a shutdown (end of stdin,
-SIGTERM, Ctrl-C) lets calls in flight answer, then closes the runtime, which stops every
-actor and kills the processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
+address is served (unless ``--insecure-no-auth``). What slow or many clients may hold
+(deadlines for a request's headers and body, connection caps) is `connections`, from the
+``http.*`` settings. On either transport, a shutdown (end of stdin, SIGTERM, Ctrl-C) lets
+calls in flight answer, then closes the runtime, which stops every actor and kills the
+processes they started. Logs go to stderr (or ``CTXACTORS_LOG_FILE``), never to
 stdout, which is the stdio protocol channel.
 """
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -29,15 +30,15 @@ from starlette.applications import Starlette
 
 from ctxactors import metrics, tracing
 from ctxactors._runtime import Runtime
-from ctxactors.cli import add_settings_argument, settings_from_args
+from ctxactors.cli import add_settings_argument, import_server, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
-from ctxactors.errors import StoreUnavailableError
+from ctxactors.errors import ServerDefinitionError, StoreUnavailableError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox import SandboxUnavailableError
 from ctxactors.settings import Settings
 from ctxactors.state import open_store
 from ctxactors.tools import Server
-from ctxactors.transports import access, observe
+from ctxactors.transports import access, connections, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
@@ -98,6 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="add a tool server class to the built-in ones (repeatable)",
     )
     parser.add_argument(
+        "--builtins",
+        type=_builtins,
+        metavar="LIST|none",
+        help="the built-in servers to serve, e.g. planning,content (default: all of them); "
+        "none serves only the --server ones. A server left out is neither listed nor "
+        "callable; history, batch and presets are always served",
+    )
+    parser.add_argument(
         "--model-url",
         metavar="URL",
         help="OpenAI-compatible API root for /api/v1/query (e.g. http://localhost:11434/v1)",
@@ -126,6 +135,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _builtins(text: str) -> list[type[Server]]:
+    from ctxactors.servers import builtins_named
+
+    try:
+        return builtins_named(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -135,21 +153,16 @@ def _positive(text: str) -> int:
 
 def load_server(spec: str) -> type[Server]:
     """Import ``module:Class`` and check it is a `Server` subclass."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise SystemExit(f"--server {spec!r}: expected MODULE:CLASS")
     try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise SystemExit(f"--server {spec!r}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, Server)):
-        raise SystemExit(f"--server {spec!r}: not a ctxactors.Server subclass")
-    return cls
+        return import_server(spec)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def build_runtime(args: argparse.Namespace) -> Runtime:
     from ctxactors.servers import BUILTIN
 
+    builtin = BUILTIN if args.builtins is None else args.builtins
     extra = [load_server(s) for s in args.server]
     try:
         settings = settings_from_args(
@@ -161,19 +174,22 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
     if args.backend == "ray":
-        return _ray_runtime([*BUILTIN, *(s for s in extra if s not in BUILTIN)], args, settings)
+        return _ray_runtime([*builtin, *(s for s in extra if s not in builtin)], args, settings)
     try:
         store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
     except ValueError as exc:
         raise SystemExit(f"--store: {exc}") from None
+    except StoreUnavailableError as exc:  # a damaged or unreadable file: the operator's fix
+        raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
         return Runtime(
-            [*BUILTIN, *(s for s in extra if s not in BUILTIN)],
+            [*builtin, *(s for s in extra if s not in builtin)],
             tools=args.tools,
             store=store,
             settings=settings,
         )
-    except SandboxUnavailableError as exc:  # an operator's fix, not a traceback
+    # An operator's fix (no sandbox; a host server whose state can't be kept), not a traceback.
+    except (SandboxUnavailableError, ServerDefinitionError) as exc:
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
@@ -302,6 +318,8 @@ def _serve_http(
     )
     if security.verifier is None and not is_loopback(args.host):
         log.warning("no_authentication", host=args.host, risk="anyone who connects runs every tool")
+    limits = connections.fit_to_open_files(runtime.settings.http)
+    admission = connections.Admission(limits)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -309,16 +327,26 @@ def _serve_http(
         lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=_HTTP_GRACE_S,
+        http=connections.guarded_protocol(admission),
+        ws="none",  # no route speaks WebSocket; an upgrade would leave the guarded protocol
+        loop="asyncio",  # its selector loop accepts through the listener's accept (uvloop would not)
     )
+    # The socket is bound here so that its accept is the guard's (`connections`).
+    listener = connections.GuardedListener(config.bind_socket(), admission)
+    listener.set_inheritable(False)  # not into the sandboxes' processes
     server = _DrainingServer(config, frontend, runtime.call_timeout)
     log.info(
         "serving",
         host=args.host,
-        port=args.port,
+        port=listener.getsockname()[1],
         path="/mcp",
         auth=type(security.verifier).__name__ if security.verifier else "none",
+        max_connections=limits.max_connections,
+        max_connections_per_client=limits.max_connections_per_client,
+        header_timeout_s=limits.header_timeout,
+        body_timeout_s=limits.body_timeout,
     )
-    server.run()
+    server.run(sockets=[listener])
 
 
 class _DrainingServer(uvicorn.Server):

@@ -37,9 +37,12 @@ class RestartedServer:
     """A ``ctxactors serve --transport http`` this process owns, restarted every `every`
     seconds by SIGKILL until `stop_restarting`."""
 
-    def __init__(self, every: float, *, store: str = "sqlite") -> None:
+    def __init__(
+        self, every: float, *, store: str = "sqlite", servers: tuple[str, ...] = ()
+    ) -> None:
         self.every = every
         self.store = store
+        self.servers = servers  # host servers (MODULE:CLASS) it serves too
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.restarts = 0
@@ -60,6 +63,7 @@ class RestartedServer:
             *(sys.executable, "-m", "ctxactors.cli", "serve", "--transport", "http"),
             *("--port", str(self.port), "--store", self.store),
             *("--data-dir", os.path.join(self._data.name, "data")),
+            *(arg for spec in self.servers for arg in ("--server", spec)),
         ]
         with self._log.open("ab") as log:
             self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=log)

@@ -35,9 +35,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ctxactors.cli import add_settings_argument
 from ctxactors.cli.loadtest.chaos import RestartedServer
+from ctxactors.cli.loadtest.host_tools import arguments_for, host_tools
 from ctxactors.cli.loadtest.options import DEFAULT_TTL, LoadOptions
 from ctxactors.cli.loadtest.targets import InDoubtError, Target, TransportError, make_target
-from ctxactors.cli.loadtest.workload import Outcome, PlannedCall, PlaybookBook, Unit
+from ctxactors.cli.loadtest.workload import DEFAULT_MIX, Outcome, PlannedCall, PlaybookBook, Unit
 from ctxactors.context import ToolContext
 from ctxactors.logs import configure_logging
 
@@ -57,6 +58,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mix",
         help="tool weights, e.g. create_goal=3,add_todo=3,mark_todo=2,"
         "get_planning_state=1,create_playbook=1 (the default)",
+    )
+    parser.add_argument(
+        "--server",
+        action="append",
+        default=[],
+        metavar="MODULE:CLASS",
+        help="a host tool server (repeatable): the embedded or restarted runtime serves it "
+        "beside the built-in ones, and --mix may name its tools (their answers are checked "
+        "for errors only)",
     )
     parser.add_argument("--workers", type=int, default=8, help="sender threads (sync mode)")
     parser.add_argument(
@@ -152,6 +162,11 @@ def build_workload(options: LoadOptions) -> tuple[list[Unit], list[PlaybookBook]
     # A call cut off by a restart, or one a server says is in doubt (a Ray shard died).
     tolerate_doubt = options.restart_every is not None or options.url is not None
     run_id = secrets.token_hex(2)  # fresh ids per run, so a long-lived server starts clean
+    hosts = {
+        name: arguments_for(spec)
+        for name, spec in host_tools(options.servers).items()
+        if name in options.mix and name not in DEFAULT_MIX
+    }
     assistants = [f"a{i}" for i in range(options.assistants)]
     threads: list[str | None] = [f"t{i}" for i in range(options.threads)] or [None]
     units: list[Unit] = []
@@ -166,7 +181,9 @@ def build_workload(options: LoadOptions) -> tuple[list[Unit], list[PlaybookBook]
             ctx = ToolContext(session, assistant, thread)
             seed = options.seed * 1_000_003 + len(units)
             calls = share + (1 if i < extra else 0)
-            units.append(Unit(ctx, calls, options.mix, seed, book, allow_resets, tolerate_doubt))
+            units.append(
+                Unit(ctx, calls, options.mix, seed, book, allow_resets, tolerate_doubt, hosts)
+            )
     return units, books
 
 
@@ -338,6 +355,7 @@ def build_report(
         "threads": options.threads,
         "calls_per_session": options.calls,
         "planning_keys": len(units),
+        "host_tools": sorted(options.mix.keys() - DEFAULT_MIX.keys()),
         "workload_calls": options.sessions * options.calls,
         "verification_calls": done - options.sessions * options.calls,
         "elapsed_s": round(elapsed, 3),
@@ -412,6 +430,11 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
             f"  in doubt     {report['in_doubt_calls']} calls the server said may or may not"
             " have run (each checked whole: present or absent)"
         )
+    if report["host_tools"]:
+        out(
+            f"  host tools   {', '.join(report['host_tools'])}: each answer checked to be no "
+            "error (their state is the host's: not modelled)"
+        )
     for sample in report["error_samples"][:5]:
         out(f"  error        {sample}")
     for violation in report["violations"][:20]:
@@ -435,7 +458,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     chaos: RestartedServer | None = None
     if options.restart_every is not None:
-        chaos = RestartedServer(options.restart_every, store=options.serve_store)
+        chaos = RestartedServer(
+            options.restart_every, store=options.serve_store, servers=options.servers
+        )
         try:
             chaos.start()
         except RuntimeError as exc:

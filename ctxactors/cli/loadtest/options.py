@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 import msgspec
 
 from ctxactors.cli import settings_from_args
-from ctxactors.cli.loadtest.workload import parse_mix
+from ctxactors.cli.loadtest.host_tools import arguments_for, host_tools
+from ctxactors.cli.loadtest.workload import DEFAULT_MIX, parse_mix
 from ctxactors.cli.token import Bearer, read_bearer
 from ctxactors.settings import Settings
 
@@ -30,6 +31,7 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     threads: int  # per assistant; 0: calls carry no thread
     calls: int  # workload calls per session
     mix: dict[str, int]  # tool -> weight
+    servers: tuple[str, ...]  # host servers (MODULE:CLASS): served, and their tools in the mix
     workers: int
     use_async: bool  # asyncio tasks (always for an MCP target) instead of sender threads
     concurrency: int
@@ -79,12 +81,17 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
         embedded = not args.url and not restarted
         allow_resets = args.expect_reaping or (embedded and embedded_limits)
         keys = args.sessions * args.assistants * max(args.threads, 1) + args.sessions
+        hosts = host_tools(args.server)
+        mix = parse_mix(args.mix, hosts)
+        for name in mix.keys() - DEFAULT_MIX.keys():
+            arguments_for(hosts[name])  # a host tool whose arguments can't be made up: say so
         return cls(
             sessions=args.sessions,
             assistants=args.assistants,
             threads=args.threads,
             calls=args.calls,
-            mix=parse_mix(args.mix),
+            mix=mix,
+            servers=tuple(args.server),
             workers=args.workers,
             use_async=args.use_async or transport == "mcp",
             concurrency=args.concurrency,

@@ -9,7 +9,7 @@ REST, and ``_meta`` over MCP.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import httpx
@@ -18,11 +18,14 @@ from mcp.shared.exceptions import MCPError
 from ctxactors._runtime import Runtime
 from ctxactors.cli.loadtest.options import LoadOptions
 from ctxactors.cli.loadtest.workload import Outcome
+from ctxactors.cli.main import import_server
 from ctxactors.cli.token import TOKEN_ENV, Bearer
 from ctxactors.context import META_KEYS, ToolContext, inject_context
 from ctxactors.errors import ShardUnavailableError
 from ctxactors.results import ToolResult
+from ctxactors.servers import BUILTIN
 from ctxactors.settings import Settings
+from ctxactors.tools import Server
 
 
 class TransportError(Exception):
@@ -64,13 +67,23 @@ def _from_result(result: ToolResult) -> Outcome:
 
 
 class EmbeddedTarget:
-    """A `Runtime` in this process, with the built-in planning and playbook servers."""
+    """A `Runtime` in this process, with the built-in servers and the `servers` given."""
 
     def __init__(
-        self, *, ttl: float, max_actors: int, call_timeout: float, settings: Settings | None = None
+        self,
+        *,
+        ttl: float,
+        max_actors: int,
+        call_timeout: float,
+        settings: Settings | None = None,
+        servers: Iterable[type[Server]] = (),
     ) -> None:
         self.runtime = Runtime(
-            ttl=ttl, max_actors=max_actors, call_timeout=call_timeout, settings=settings
+            [*BUILTIN, *servers],
+            ttl=ttl,
+            max_actors=max_actors,
+            call_timeout=call_timeout,
+            settings=settings,
         )
         self.description = f"embedded runtime (ttl {ttl:g} s, max_actors {max_actors})"
 
@@ -286,6 +299,7 @@ def make_target(options: LoadOptions) -> Target:
             max_actors=options.max_actors,
             call_timeout=options.call_timeout,
             settings=options.settings,
+            servers=[import_server(spec) for spec in options.servers],
         )
     reachable(options.url)
     authorized(options.url, options.token)

@@ -19,12 +19,16 @@ transit may or may not have run. The unit then reads its key back before anythin
 without the call, or with its whole effect; either becomes the model. A call refused before
 it was sent (nothing listening) did not run: it is sent again. A playbook in doubt
 may be present or absent in the final listing. Acknowledged calls stay exact.
+
+Host tools (of ``--server`` classes) can be in the mix too: their state is the host's, which
+the checker has no model of, so their answers are only checked for errors
+(`ctxactors.cli.loadtest.host_tools`).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -58,15 +62,22 @@ class PlannedCall(msgspec.Struct, frozen=True):
     resync: bool = False  # reads the key back after a call in doubt
 
 
-def parse_mix(spec: str | None) -> dict[str, int]:
-    """``"create_goal=3,add_todo=1"`` -> weights; unknown tools or bad weights raise ValueError."""
+def parse_mix(spec: str | None, hosts: Iterable[str] = ()) -> dict[str, int]:
+    """``"create_goal=3,add_todo=1"`` -> weights; unknown tools or bad weights raise ValueError.
+
+    `hosts` are the tools of the ``--server`` classes, which the mix may name as well.
+    """
     if not spec:
         return dict(DEFAULT_MIX)
+    known = [*DEFAULT_MIX, *(name for name in hosts if name not in DEFAULT_MIX)]
     mix: dict[str, int] = {}
     for part in spec.split(","):
         name, sep, weight = part.strip().partition("=")
-        if name not in DEFAULT_MIX:
-            raise ValueError(f"--mix: unknown tool {name!r} (choose from {', '.join(DEFAULT_MIX)})")
+        if name not in known:
+            raise ValueError(
+                f"--mix: unknown tool {name!r} (choose from {', '.join(known)}, "
+                "or a tool of a --server class)"
+            )
         try:
             mix[name] = int(weight) if sep else 1
         except ValueError:
@@ -94,8 +105,10 @@ class Unit:
         book: PlaybookBook,
         allow_resets: bool = False,
         tolerate_doubt: bool = False,
+        hosts: Mapping[str, Callable[[str, int], dict[str, Any]]] | None = None,
     ) -> None:
         self.ctx = ctx
+        self.hosts = hosts or {}  # host tool -> its arguments (label, sequence number)
         self.tolerate_doubt = tolerate_doubt
         self.doubt: PlannedCall | None = None  # the call in doubt, until the key is read back
         self.in_doubt = 0  # calls cut off in transit: they may have run
@@ -145,6 +158,8 @@ class Unit:
             args = {"todo_id": self._rng.choice(list(self.todos)), "done": self._rng.random() < 0.8}
         elif tool == "create_playbook":
             args = {"name": text, "steps": [f"{text} step {i}" for i in range(2)]}
+        elif tool in self.hosts:
+            args = self.hosts[tool](text, self.seq)
         else:
             args = {}
         return PlannedCall(tool, args, self.ctx)
@@ -178,7 +193,10 @@ class Unit:
             return
         if self.uncertain and call.tool != "create_playbook":
             return  # the model is unknown from here; the failure is already counted
-        check = getattr(self, f"_check_{call.tool}")
+        if call.tool in self.hosts:
+            check = self._check_host
+        else:
+            check = getattr(self, f"_check_{call.tool}")
         check(call, outcome)
         if call.verify:
             self.verified = True
@@ -243,6 +261,11 @@ class Unit:
             return None
         self.next_id += 1
         return out.structured
+
+    def _check_host(self, call: PlannedCall, out: Outcome) -> None:
+        """A host tool's answer: not an error (its state is the host's, not modelled)."""
+        if out.is_error:
+            self._violation(call, f"unexpected error {out.text!r}")
 
     def _check_create_goal(self, call: PlannedCall, out: Outcome) -> None:
         record = self._check_created(call, out, "g")

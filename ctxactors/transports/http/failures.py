@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from ctxactors.errors import (
@@ -65,6 +65,13 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, code, message)
 
 
+async def client_left(request: Request, exc: Exception) -> Response:
+    """The client went (or the server's body deadline closed it) before the body was whole:
+    nothing ran, and this answer reaches no one."""
+    api_state(request).log.debug("http_client_left", path=request.url.path)
+    return error_response(400, "client_disconnected", "the request's body did not arrive whole")
+
+
 async def unexpected(request: Request, exc: Exception) -> Response:
     api_state(request).log.error("http_unexpected", path=request.url.path, exc_info=exc)
     return error_response(500, "internal", "internal error (logged on the server)")
@@ -74,5 +81,6 @@ HANDLERS: dict[Any, Callable[..., Any]] = {
     ApiError: api_error,
     CtxActorsError: runtime_error,
     HTTPException: http_error,
+    ClientDisconnect: client_left,
     Exception: unexpected,
 }
