@@ -461,6 +461,8 @@ class Runtime:
         self._registry.close(timeout=self.call_timeout)
         if self._backend is not None:
             self._backend.close()
+        for server in self._servers if self._backend is None else ():
+            server.detach(self)  # after the actors: nothing of theirs runs now
         self._host.tool_loop.close()  # after the actors: none waits on a coroutine now
         if self._dispatcher is not None:
             self._dispatcher.close()  # after the loop: a cancelled coroutine's actor resumes

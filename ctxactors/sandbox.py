@@ -3,8 +3,8 @@
 One command, one sandbox: ``bwrap`` gives it new user, PID, IPC, UTS, cgroup and network
 namespaces, no capabilities, a read-only root made of system directories, a private
 size-capped ``/tmp`` and ``/dev/shm``, a minimal ``/proc`` and ``/dev``, and the session's
-own directory as the only writable host path, at ``/workspace``. Nothing else of the host is there: no other session's directory, no
-workspace root, no project, no ``/root``, no ``/home``. ``/etc`` holds only the loader
+own directory as the only writable host path, at ``/workspace``. Nothing else of the host
+is there: no other session's directory, no workspace root, no project, no ``/root``, no ``/home``. ``/etc`` holds only the loader
 cache, ``alternatives``, the time zone and a generated ``passwd``/``group`` (plus the
 resolver files when the network is on).
 
@@ -15,11 +15,11 @@ backgrounded, daemonized or re-``setsid`` children included.
 
 Limits are set inside the sandbox with ``prlimit`` (util-linux) on the command's shell, so
 they are inherited by everything it starts and can't be raised (that needs
-``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). No limit sums memory
-over a sandbox's processes (no cgroup is assumed), so ``choom`` gives them the highest
-``oom_score_adj``: if memory runs out, the OOM killer ends a sandboxed process, not the
-server. ``RLIMIT_NPROC`` needs
-care, measured here (kernel 6.18):
+``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). Sums over a
+principal's sandboxes (processes, memory with the tmpfs pages, CPU) are cgroups', where
+the server may make them (`ctxactors.sandbox_limits`); ``choom`` gives sandboxed processes
+the highest ``oom_score_adj`` either way: if memory runs out, the OOM killer ends a
+sandboxed process, not the server. ``RLIMIT_NPROC`` needs care, measured here (kernel 6.18):
 
 - the kernel counts it per (user namespace, real uid) since 5.14, so set *inside* the
   sandbox's fresh user namespace it caps the processes (and threads) of that one sandbox;
@@ -27,9 +27,17 @@ care, measured here (kernel 6.18):
   threads included;
 - it is never enforced for real uid 0 (``copy_process`` exempts ``INIT_USER``): a server
   running as root whose sandbox maps to root saw 200 of 200 forks succeed with
-  ``--nproc=30``. So a root server starts ``bwrap`` as an unprivileged user
-  (``CTXACTORS_WORKSPACE_SANDBOX_USER``, default ``65534:65534``, nobody); then 28 forks
-  succeed and the 29th gets ``EAGAIN``, in each of two sandboxes running at once.
+  ``--nproc=30``. So a root server starts ``bwrap`` as an unprivileged user, the
+  principal's own (`ctxactors.sandbox_uids`); then 28 forks succeed and the 29th gets
+  ``EAGAIN``, in each of two sandboxes running at once;
+- the count is kept at every level of the user namespace chain and checked against the
+  limit each namespace's creator had, so ``RLIMIT_NPROC`` set on ``bwrap`` itself (outside)
+  caps the uid's processes in *all* its sandboxes: a principal's process budget the kernel
+  enforces even without cgroups (`Tenant.nproc`).
+
+A seccomp filter (`ctxactors.sandbox_seccomp`) denies the system calls a command never
+needs, the kernel keyrings first; ``/proc/keys`` and the other host-wide ``/proc`` files
+Docker hides are hidden too.
 
 Settings (`ctxactors.settings.SandboxSettings`, the runtime's ``settings.workspace.sandbox``;
 defaults from these variables, read when a runtime is made; a bad value fails loudly,
@@ -43,8 +51,9 @@ naming it):
   (address space per process, 4 GiB), ``CTXACTORS_WORKSPACE_MAX_FILE_BYTES`` (1 GiB),
   ``CTXACTORS_WORKSPACE_MAX_PROCESSES`` (256 per sandbox), ``CTXACTORS_WORKSPACE_TMP_BYTES``
   (size of the private ``/tmp`` and of ``/dev/shm``, 256 MiB each);
-- ``CTXACTORS_WORKSPACE_SANDBOX_USER``: ``UID[:GID]`` that runs ``bwrap`` when the server
-  is root (default ``65534:65534``).
+- ``CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST`` (2,000,000,000 when root, ``none``: the server's
+  own user) and ``CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT`` (1,000,000): the uids a root server
+  gives principals, one each.
 """
 
 from __future__ import annotations
@@ -58,12 +67,16 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
+from ctxactors import cgroups, sandbox_seccomp
 from ctxactors.errors import SandboxUnavailableError
 from ctxactors.settings import SandboxSettings
 
 WORKDIR = "/workspace"  # where the session's directory appears inside the sandbox
 PATH = "/usr/local/bin:/usr/bin:/bin"
+_SETPRIV = "/usr/bin/setpriv"  # util-linux, as prlimit and choom
+_PRLIMIT = "/usr/bin/prlimit"
 _PROBE_TIMEOUT = 30.0
 # Always there; the resolver files only with the network on.
 _ETC = ("/etc/ld.so.cache", "/etc/alternatives", "/etc/localtime")
@@ -108,12 +121,20 @@ def _system_dirs(root: str = "/") -> tuple[str, ...]:
 
 
 def bwrap_args(
-    settings: SandboxSettings, workdir_fd: int, passwd_fd: int, group_fd: int, *, root: str = "/"
+    settings: SandboxSettings,
+    workdir_fd: int,
+    passwd_fd: int,
+    group_fd: int,
+    seccomp_fd: int | None = None,
+    *,
+    root: str = "/",
 ) -> list[str]:
-    """The bwrap command line up to and including ``--``: one sandbox around `workdir_fd`.
+    """The bwrap command line up to and including ``--``: one sandbox around `workdir_fd`,
+    under the seccomp program readable from `seccomp_fd` (`ctxactors.sandbox_seccomp`).
 
-    `root` is where the host's system directories are looked up (a test passes a fake root
-    to run the branch of a host whose /bin and /lib are not merged into /usr)."""
+    `root` is where the host's system directories and /proc files are looked up (a test
+    passes a fake root to run the branch of a host whose /bin and /lib are not merged into
+    /usr, or whose kernel has other /proc files)."""
     args = [settings.bwrap, "--unshare-all", "--unshare-user", "--disable-userns"]
     if settings.network:
         args.append("--share-net")
@@ -123,26 +144,42 @@ def bwrap_args(
         args += ["--ro-bind-try", path, path]
     args += ["--ro-bind-data", str(passwd_fd), "/etc/passwd"]
     args += ["--ro-bind-data", str(group_fd), "/etc/group"]
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", *_proc_masks(root), "--dev", "/dev"]
     for tmpfs in ("/tmp", "/dev/shm"):
         args += ["--size", str(settings.tmp_bytes), "--tmpfs", tmpfs]
     args += ["--bind-fd", str(workdir_fd), WORKDIR, "--chdir", WORKDIR]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
     # bwrap builds / and /dev on tmpfs with no size cap: left writable, they would be memory
     # no limit counts. Only /workspace, /tmp and /dev/shm stay writable.
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--"]
     return args
 
 
-def limit_args(settings: SandboxSettings) -> list[str]:
+@functools.cache
+def _proc_masks(root: str = "/") -> tuple[str, ...]:
+    """/proc files that show host-wide state, hidden as Docker hides them: every uid's keys
+    and key quotas, every CPU's timers and tasks (only those the kernel under `root` has:
+    bwrap can't make a file in /proc)."""
+    out: list[str] = []
+    for name in ("keys", "key-users", "timer_list", "sched_debug"):
+        if os.path.exists(os.path.join(root, "proc", name)):
+            out += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return tuple(out)
+
+
+def limit_args(settings: SandboxSettings, nproc: int | None = None) -> list[str]:
     """prlimit inside the sandbox (soft = hard, so the command can't raise them back), and
     choom: should memory run out anyway (many processes, each under its own address-space
-    limit), the kernel's OOM killer picks a sandboxed process before the server."""
+    limit), the kernel's OOM killer picks a sandboxed process before the server. `nproc`:
+    the tenant's own RLIMIT_NPROC outside, which the one inside can't exceed."""
+    processes = settings.processes if nproc is None else min(settings.processes, nproc)
     return [
-        "/usr/bin/prlimit",
+        _PRLIMIT,
         f"--cpu={settings.cpu_seconds}",
         f"--as={settings.memory_bytes}",
         f"--fsize={settings.file_bytes}",
-        f"--nproc={settings.processes}",
+        f"--nproc={processes}",
         "--",
         "/usr/bin/choom",
         "-n",
@@ -162,38 +199,49 @@ def _data_fd(data: bytes) -> int:
 
 
 @contextmanager
-def _sandbox_fds(workdir: str, uid: int, gid: int) -> Iterator[tuple[int, int, int]]:
+def _sandbox_fds(workdir: str, uid: int, gid: int) -> Iterator[list[int]]:
     """The session directory (bound by descriptor: the directory this server made, whatever
-    its path points to later) and the generated passwd and group; closed once bwrap has
-    inherited them."""
+    its path points to later), the generated passwd and group, and the seccomp program if
+    there is one; closed once bwrap has inherited them."""
     fds: list[int] = []
     try:
         fds.append(os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         fds.append(_data_fd(f"sandbox:x:{uid}:{gid}:sandbox:{WORKDIR}:/bin/sh\n".encode()))
         fds.append(_data_fd(f"sandbox:x:{gid}:\n".encode()))
-        yield fds[0], fds[1], fds[2]
+        program = sandbox_seccomp.program()
+        if isinstance(program, bytes):
+            fds.append(_data_fd(program))
+        yield fds
     finally:
         for fd in fds:
             os.close(fd)
 
 
-def _ids(settings: SandboxSettings) -> tuple[int, int]:
-    return (
-        settings.user
-        if settings.user is not None and settings.switch_user
-        else (
-            os.getuid(),
-            os.getgid(),
-        )
-    )
+class Tenant(NamedTuple):
+    """Whose sandbox it is: the principal's (uid, gid) on a root server that switches users
+    (None: the server's own), the ``cgroup.procs`` files its first process joins (see
+    `ctxactors.cgroups`), and the ``RLIMIT_NPROC`` of that uid's processes in every
+    sandbox together (the kernel counts a uid's processes across user namespaces)."""
+
+    ids: tuple[int, int] | None = None
+    join: tuple[str, ...] = ()
+    nproc: int | None = None
 
 
-def start(settings: SandboxSettings, workdir: str, command: str) -> subprocess.Popen[bytes]:
+_SERVERS = Tenant()  # the server's own uid, no cgroup, no RLIMIT_NPROC outside
+
+
+def start(
+    settings: SandboxSettings, workdir: str, command: str, tenant: Tenant = _SERVERS
+) -> subprocess.Popen[bytes]:
     """Start ``/bin/sh -c command`` (sandboxed unless the mode is ``none``) in its own
-    process group, stdout and stderr on one pipe."""
+    process group, stdout and stderr on one pipe, as `tenant`'s: its first process joins the
+    tenant's cgroups before it execs anything, as the server's user (who may write them),
+    and only then drops to the tenant's uid."""
+    join = cgroups.join_argv(list(tenant.join)) if tenant.join else []
     if not settings.enabled:
         return subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            [*join, "/bin/sh", "-c", command],
             cwd=workdir,
             env=clean_env(settings, workdir),
             stdin=subprocess.DEVNULL,
@@ -202,12 +250,18 @@ def start(settings: SandboxSettings, workdir: str, command: str) -> subprocess.P
             start_new_session=True,
             close_fds=True,
         )
-    uid, gid = _ids(settings)
-    switch = settings.switch_user
+    switch = settings.switch_user and tenant.ids is not None
+    uid, gid = tenant.ids if switch and tenant.ids else (os.getuid(), os.getgid())
     with _sandbox_fds(workdir, uid, gid) as fds:
-        argv = [*bwrap_args(settings, *fds), *limit_args(settings), "/bin/sh", "-c", command]
+        nproc = tenant.nproc if switch else None
+        argv = [*bwrap_args(settings, *fds), *limit_args(settings, nproc), "/bin/sh", "-c", command]
+        if nproc is not None:
+            argv = [_PRLIMIT, f"--nproc={nproc}", "--", *argv]
+        if switch and join:  # setpriv switches, after the join
+            drop = [_SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+            argv, switch = [*drop, *argv], False
         return subprocess.Popen(
-            argv,
+            [*join, *argv],
             cwd="/",
             env=clean_env(settings, WORKDIR),  # bwrap passes its environment on, nothing else
             stdin=subprocess.DEVNULL,
@@ -252,7 +306,7 @@ def make_root(settings: SandboxSettings, root: str) -> None:
         problem = _root_problem(status)
         if problem is not None:
             raise SandboxUnavailableError(f"{_ROOT_FIX % root}: {problem}")
-        switch = settings.enabled and settings.switch_user
+        switch = settings.switch_user
         # 711 is fine without a switch too: another runtime on this root may need it.
         if stat.S_IMODE(status.st_mode) not in ((0o711,) if switch else (0o700, 0o711)):
             os.fchmod(fd, 0o711 if switch else 0o700)
@@ -277,11 +331,16 @@ def _root_problem(status: os.stat_result) -> str | None:
     return None
 
 
-def prepare_directory(settings: SandboxSettings, path: str) -> None:
-    """Hand a new session directory to the user that runs the sandbox."""
-    if settings.enabled and settings.switch_user:
-        uid, gid = _ids(settings)
-        os.chown(path, uid, gid)
+def prepare_directory(settings: SandboxSettings, path: str, ids: tuple[int, int]) -> None:
+    """Hand a new session directory to the principal's uid (`ids`) that runs its sandboxes."""
+    if settings.switch_user:
+        os.chown(path, *ids)
+
+
+def probe_ids(settings: SandboxSettings) -> tuple[int, int]:
+    """The uid the probe sandbox runs as: the range's first."""
+    first = settings.uid_first if settings.uid_first is not None else os.getuid()
+    return (first, first)
 
 
 _probed: dict[tuple[SandboxSettings, str], str | None] = {}
@@ -312,8 +371,8 @@ def _probe(settings: SandboxSettings, root: str) -> str | None:
     make_root(settings, root)
     workdir = tempfile.mkdtemp(prefix="probe-", dir=root)
     try:
-        prepare_directory(settings, workdir)
-        proc = start(settings, workdir, "exit 0")
+        prepare_directory(settings, workdir, probe_ids(settings))
+        proc = start(settings, workdir, "exit 0", Tenant(probe_ids(settings)))
         try:
             output, _ = proc.communicate(timeout=_PROBE_TIMEOUT)
         except subprocess.TimeoutExpired:
@@ -329,9 +388,9 @@ def _probe(settings: SandboxSettings, root: str) -> str | None:
         shutil.rmtree(workdir, ignore_errors=True)
     message = f"bubblewrap ({settings.bwrap}) could not start a sandbox: {detail}"
     if settings.switch_user:
-        uid, _ = _ids(settings)
         message += (
-            f"; the sandbox user (uid {uid}, CTXACTORS_WORKSPACE_SANDBOX_USER) must be able "
-            f"to enter every parent directory of the workspace root {root}"
+            f"; the sandbox users (uids from {settings.uid_first}, "
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST) must be able to enter every parent "
+            f"directory of the workspace root {root}"
         )
     return f"{message}. Otherwise {INSTALL_HINT}"

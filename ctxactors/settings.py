@@ -65,7 +65,7 @@ class Group(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
             if isinstance(kind, mi.StructType) and issubclass(kind.cls, Group):
                 values[field.name] = kind.cls.from_env(environ)
             elif (found := _variable(kind)) is not None:
-                value = _read(kind.type, *found, environ.get(found[0]))
+                value = _read(_value_type(kind), *found, environ.get(found[0]))
                 if value is not _UNSET:
                     values[field.name] = value
         return validate(cls(**values))
@@ -102,9 +102,11 @@ def _read(kind: Any, name: str, parse: Parser | None, raw: str | None) -> Any:
 
 def _bound_problem(kind: Any, value: Any) -> str | None:
     """What `value` must be to meet the bounds of a numeric type, or None if it does."""
-    ge, gt = getattr(kind, "ge", None), getattr(kind, "gt", None)
+    ge, gt, le = getattr(kind, "ge", None), getattr(kind, "gt", None), getattr(kind, "le", None)
     if ge is not None and not value >= ge:
         return f"at least {ge}"
+    if le is not None and not value <= le:
+        return f"at most {le}"
     if gt is not None and not value > gt:
         return "positive" if gt == 0 else f"above {gt}"
     return None
@@ -200,7 +202,6 @@ def _check_bounds(group: Group, prefix: str) -> None:
 
 # -- the sandbox's variables, which are not plain numbers ----------------------------------
 
-NOBODY = (65534, 65534)
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -241,24 +242,25 @@ def _names(name: str, raw: str | None) -> tuple[str, ...]:
     return names
 
 
-def _user(name: str, raw: str | None) -> tuple[int, int] | None:
+FIRST_UID = 2_000_000_000  # the sandbox uids of a root server: far above any login's
+
+
+def _first_uid(name: str, raw: str | None) -> int | None:
     if raw is None:
-        return NOBODY if os.getuid() == 0 else None
-    uid, _, gid = raw.partition(":")
+        return FIRST_UID if os.getuid() == 0 else None
+    if raw.lower() == "none":
+        return None
     try:
-        ids = (int(uid), int(gid or uid))
+        uid = int(raw)
     except ValueError:
-        raise ValueError(f"{name} must be UID or UID:GID (numbers), got {raw!r}") from None
-    if min(ids) < 0:
-        raise ValueError(f"{name} must not be negative, got {raw!r}")
-    return ids
+        raise ValueError(f"{name} must be a uid (a number) or none, got {raw!r}") from None
+    if uid < 1:
+        raise ValueError(f"{name} must be at least 1 (never root), got {raw!r}")
+    return uid
 
 
 def _root(name: str, raw: str | None) -> str:
     return raw or os.path.join(tempfile.gettempdir(), "ctxactors-workspaces")
-
-
-Id = Annotated[int, msgspec.Meta(ge=0)]
 
 
 class SandboxSettings(Group, frozen=True):
@@ -279,8 +281,24 @@ class SandboxSettings(Group, frozen=True):
     # RLIMIT_NPROC, per sandbox (processes and threads)
     processes: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_PROCESSES")] = 256
     tmp_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_TMP_BYTES")] = 256 << 20
-    # (uid, gid) that runs bwrap; None: the server's own
-    user: Annotated[tuple[Id, Id] | None, var("CTXACTORS_WORKSPACE_SANDBOX_USER", _user)] = None
+    # A root server runs each principal's sandboxes as a uid (and gid) of its own, the
+    # next free one from uid_first (of uid_count); None: every sandbox as the server's user.
+    uid_first: Annotated[
+        Annotated[int, msgspec.Meta(ge=1)] | None,
+        var("CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST", _first_uid),
+    ] = None
+    uid_count: Annotated[Count, var("CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT")] = 1_000_000
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> SandboxSettings:
+        environ = os.environ if environ is None else environ
+        if (environ.get(_REPLACED) or "").strip():
+            raise ValueError(
+                f"{_REPLACED} is replaced by CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST and "
+                "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT: each principal's sandboxes run as a "
+                "uid of their own from that range; unset it"
+            )
+        return super().from_env(environ)
 
     @property
     def enabled(self) -> bool:
@@ -288,18 +306,68 @@ class SandboxSettings(Group, frozen=True):
 
     @property
     def switch_user(self) -> bool:
-        """True when bwrap runs as another user than the server (so RLIMIT_NPROC holds)."""
-        return self.user is not None and self.user[0] != os.getuid()
+        """True when bwrap runs as the principal's own uid (a root server with a range)."""
+        return self.enabled and self.uid_first is not None and os.geteuid() == 0
+
+
+_REPLACED = "CTXACTORS_WORKSPACE_SANDBOX_USER"
+
+
+def _cgroups(name: str, raw: str | None) -> str:
+    mode = (raw or "auto").lower()
+    if mode not in ("auto", "require", "off"):
+        raise ValueError(f"{name} must be auto, require or off, got {mode!r}")
+    return mode
+
+
+def _path(name: str, raw: str | None) -> str | None:
+    if raw is not None and not raw.startswith("/"):
+        raise ValueError(f"{name} must be an absolute path, got {raw!r}")
+    return raw
+
+
+Weight = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+
+
+class BudgetSettings(Group, frozen=True):
+    """What the sandboxes of one principal (across all its sessions), and of the whole
+    server, may use (see `ctxactors.sandbox_limits`). Callers with no principal are one
+    tenant under the server's budget only."""
+
+    # auto: cgroups when the kernel lets the server make them, else the fallback;
+    # require: refuse to start without them; off: the fallback.
+    cgroups: Annotated[
+        Literal["auto", "require", "off"], var("CTXACTORS_WORKSPACE_CGROUPS", _cgroups)
+    ] = "auto"
+    # Where the server's group goes (a path in the hierarchy); None: the server's own group.
+    cgroup_parent: Annotated[str | None, var("CTXACTORS_WORKSPACE_CGROUP_PARENT", _path)] = None
+    principal_processes: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_PROCESSES")] = 1024
+    principal_memory_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_MEMORY_BYTES")] = (
+        2 << 30
+    )
+    principal_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_PRINCIPAL_CPU_WEIGHT")] = 100
+    # Sandboxes running at once, all of a principal's sessions (counted by the server).
+    principal_running: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_RUNNING")] = 32
+    server_processes: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_PROCESSES")] = 8192
+    # None: three quarters of the memory the server may use (the host's, or its cgroup's).
+    server_memory_bytes: Annotated[Count | None, var("CTXACTORS_WORKSPACE_SERVER_MEMORY_BYTES")] = (
+        None
+    )
+    # Every sandbox together, against the server's own threads.
+    server_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_SERVER_CPU_WEIGHT")] = 100
+    server_running: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_RUNNING")] = 512
 
 
 # -- one group per server -------------------------------------------------------------------
 
 
 class ContentSettings(Group, frozen=True):
-    """The content server's limits, per session."""
+    """The content server's limits, per session and per principal."""
 
     max_item_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEM_BYTES")] = 1 << 20
     max_session_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_SESSION_BYTES")] = 64 << 20
+    # All of one principal's sessions together (callers with no principal: not capped).
+    max_principal_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES")] = 512 << 20
     max_items: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEMS")] = 100_000
 
 
@@ -353,6 +421,7 @@ class WorkspaceSettings(Group, frozen=True):
     max_timeout: Annotated[Seconds, var("CTXACTORS_WORKSPACE_MAX_TIMEOUT")] = 3600.0
     max_running: Annotated[Count, var("CTXACTORS_WORKSPACE_MAX_RUNNING")] = 16
     sandbox: SandboxSettings = SandboxSettings()
+    budget: BudgetSettings = BudgetSettings()
 
 
 class ActorSettings(Group, frozen=True):
@@ -522,6 +591,7 @@ __all__ = [
     "HOST_CONTEXT_META",
     "ActorSettings",
     "BatchSettings",
+    "BudgetSettings",
     "Cap",
     "ContentSettings",
     "ContextRole",

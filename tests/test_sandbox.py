@@ -33,6 +33,7 @@ from workspace_support import (
 from ctxactors import Runtime
 from ctxactors.sandbox import SandboxSettings, SandboxUnavailableError
 from ctxactors.servers.workspace import Workspace
+from ctxactors.settings import FIRST_UID
 from ctxactors.testing import wait_until
 
 pytestmark = pytest.mark.usefixtures("workspace_root")  # each test on a root of its own
@@ -254,8 +255,9 @@ def test_cpu_and_file_size_limits(monkeypatch: pytest.MonkeyPatch, leaks: Leaks)
 
 
 def test_commands_run_as_an_unprivileged_user(rt: Runtime) -> None:
-    # A root server hands the sandbox to nobody: RLIMIT_NPROC never binds root.
-    expected = "65534 65534" if os.getuid() == 0 else f"{os.getuid()} {os.getgid()}"
+    # A root server hands the sandbox to a uid of the principal's own (the first of the
+    # range on a new root): RLIMIT_NPROC never binds root.
+    expected = f"{FIRST_UID} {FIRST_UID}" if os.getuid() == 0 else f"{os.getuid()} {os.getgid()}"
     assert run(rt, "s1", 'echo "$(id -u) $(id -g)"')["output"] == expected + "\n"
 
 
@@ -309,7 +311,7 @@ def test_bad_settings_fail_loudly_naming_the_variable(monkeypatch: pytest.Monkey
         ("CTXACTORS_WORKSPACE_SANDBOX", "docker", "bwrap or none"),
         ("CTXACTORS_WORKSPACE_NETWORK", "maybe", "on/off"),
         ("CTXACTORS_WORKSPACE_ENV", "GOOD,BAD-NAME", "BAD-NAME"),
-        ("CTXACTORS_WORKSPACE_SANDBOX_USER", "nobody", "UID or UID:GID"),
+        ("CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST", "nobody", "a uid (a number) or none"),
         ("CTXACTORS_WORKSPACE_MAX_PROCESSES", "0", "at least 1"),
     ]:
         with monkeypatch.context() as env:
@@ -352,7 +354,7 @@ def test_a_killed_server_takes_its_sandboxes_with_it(workspace_root: str) -> Non
 def test_bubblewrap_is_probed_once_and_the_configured_program_runs_every_command(
     monkeypatch: pytest.MonkeyPatch, leaks: Leaks
 ) -> None:
-    # A wrapper that counts its runs; the sandbox user (nobody, under a root server) must
+    # A wrapper that counts its runs; the sandbox users (under a root server) must
     # run it and append to the count, so not under pytest's private tmp_path.
     where = tempfile.mkdtemp(prefix="ctxactors-test-bwrap-")
     try:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ctxactors import sandbox
+from ctxactors import sandbox, sandbox_seccomp
 from ctxactors.sandbox import bwrap_args, clean_env, limit_args
-from ctxactors.settings import NOBODY, SandboxSettings
+from ctxactors.settings import FIRST_UID, SandboxSettings
 
 VARIABLES = [
     "CTXACTORS_WORKSPACE_SANDBOX",
@@ -28,6 +28,8 @@ VARIABLES = [
     "CTXACTORS_WORKSPACE_MAX_PROCESSES",
     "CTXACTORS_WORKSPACE_TMP_BYTES",
     "CTXACTORS_WORKSPACE_SANDBOX_USER",
+    "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
+    "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT",
 ]
 
 
@@ -49,7 +51,8 @@ def test_defaults_when_nothing_is_set() -> None:
         file_bytes=1 << 30,
         processes=256,
         tmp_bytes=256 << 20,
-        user=NOBODY if os.getuid() == 0 else None,
+        uid_first=FIRST_UID if os.getuid() == 0 else None,
+        uid_count=1_000_000,
     )
     assert settings.enabled is True
 
@@ -65,7 +68,8 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
         "CTXACTORS_WORKSPACE_MAX_FILE_BYTES": "9",
         "CTXACTORS_WORKSPACE_MAX_PROCESSES": "10",
         "CTXACTORS_WORKSPACE_TMP_BYTES": "11",
-        "CTXACTORS_WORKSPACE_SANDBOX_USER": " 1234:5678 ",
+        "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST": " 1234 ",
+        "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT": "12",
     }.items():
         monkeypatch.setenv(name, value)
     settings = SandboxSettings.from_env()
@@ -79,7 +83,8 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
         file_bytes=9,
         processes=10,
         tmp_bytes=11,
-        user=(1234, 5678),
+        uid_first=1234,
+        uid_count=12,
     )
     assert settings.enabled is False
 
@@ -139,24 +144,26 @@ def test_bad_values_are_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> Non
             "CTXACTORS_WORKSPACE_ENV: not environment variable names: 1BAD, also-bad",
         ),
         (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
             "nobody",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must be UID or UID:GID (numbers), got 'nobody'",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST must be a uid (a number) or none, got 'nobody'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
+            "0",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST must be at least 1 (never root), got '0'",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT",
+            "0",
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT must be at least 1, got 0",
         ),
         (
             "CTXACTORS_WORKSPACE_SANDBOX_USER",
-            "10:x",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must be UID or UID:GID (numbers), got '10:x'",
-        ),
-        (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER",
-            "10:-1",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must not be negative, got '10:-1'",
-        ),
-        (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER",
-            "-1",
-            "CTXACTORS_WORKSPACE_SANDBOX_USER must not be negative, got '-1'",
+            "65534:65534",
+            "CTXACTORS_WORKSPACE_SANDBOX_USER is replaced by CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST "
+            "and CTXACTORS_WORKSPACE_SANDBOX_UID_COUNT: each principal's sandboxes run as a uid "
+            "of their own from that range; unset it",
         ),
     ]:
         with monkeypatch.context() as env:
@@ -166,19 +173,17 @@ def test_bad_values_are_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> Non
             assert str(bad.value) == message
 
 
-@pytest.mark.parametrize(
-    ("raw", "user"), [("0", (0, 0)), ("1000", (1000, 1000)), ("5:0", (5, 0)), ("7:", (7, 7))]
-)
-def test_sandbox_user(monkeypatch: pytest.MonkeyPatch, raw: str, user: tuple[int, int]) -> None:
-    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX_USER", raw)
-    assert SandboxSettings.from_env().user == user
+@pytest.mark.parametrize(("raw", "first"), [("1", 1), ("100000", 100000), ("None", None)])
+def test_sandbox_uid_first(monkeypatch: pytest.MonkeyPatch, raw: str, first: int | None) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST", raw)
+    assert SandboxSettings.from_env().uid_first == first
 
 
-def test_switch_user_only_for_another_uid() -> None:
-    me = os.getuid()
-    assert SandboxSettings(user=None).switch_user is False
-    assert SandboxSettings(user=(me, me + 1)).switch_user is False
-    assert SandboxSettings(user=(me + 1, me)).switch_user is True
+def test_users_are_switched_only_by_a_root_server_with_a_range() -> None:
+    root = os.geteuid() == 0
+    assert SandboxSettings(uid_first=None).switch_user is False
+    assert SandboxSettings(uid_first=FIRST_UID).switch_user is root
+    assert SandboxSettings(uid_first=FIRST_UID, mode="none").switch_user is False
 
 
 def test_clean_env_copies_only_listed_names_and_pins_home(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -220,7 +225,9 @@ def test_limit_args_exactly() -> None:
 
 def fake_root(root: Path, merged: bool) -> str:
     """A host's system directories: Debian 12's merged /usr (/bin a symlink to usr/bin...),
-    or real /bin, /sbin, /lib, /lib32 and /lib64 beside /usr (and a file named libx32)."""
+    or real /bin, /sbin, /lib, /lib32 and /lib64 beside /usr (and a file named libx32). Its
+    /proc: a 6.x kernel's (sched_debug moved to debugfs in 5.13) on the merged host, an
+    older kernel's on the other."""
     for name in ("bin", "sbin", "lib", "lib64"):
         (root / "usr" / name).mkdir(parents=True)
         if merged:
@@ -230,13 +237,16 @@ def fake_root(root: Path, merged: bool) -> str:
     if not merged:
         (root / "lib32").mkdir()
         (root / "libx32").write_text("not a directory")
+    (root / "proc").mkdir()
+    for name in ("keys", "key-users", "timer_list") + (() if merged else ("sched_debug",)):
+        (root / "proc" / name).write_text("")
     return str(root)
 
 
 def test_bwrap_args_exactly_on_a_merged_usr_host(tmp_path: Path) -> None:
     root = fake_root(tmp_path, merged=True)
     settings = SandboxSettings(bwrap="/x/bwrap", network=False, tmp_bytes=77)
-    assert bwrap_args(settings, 7, 8, 9, root=root) == [
+    assert bwrap_args(settings, 7, 8, 9, 10, root=root) == [
         "/x/bwrap",
         "--unshare-all",
         "--unshare-user",
@@ -279,6 +289,15 @@ def test_bwrap_args_exactly_on_a_merged_usr_host(tmp_path: Path) -> None:
         "/etc/group",
         "--proc",
         "/proc",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/keys",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/key-users",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/timer_list",
         "--dev",
         "/dev",
         "--size",
@@ -294,6 +313,8 @@ def test_bwrap_args_exactly_on_a_merged_usr_host(tmp_path: Path) -> None:
         "/workspace",
         "--chdir",
         "/workspace",
+        "--seccomp",
+        "10",
         "--remount-ro",
         "/dev",
         "--remount-ro",
@@ -371,6 +392,18 @@ def test_bwrap_args_exactly_on_a_host_whose_bin_and_lib_are_directories(tmp_path
         "/etc/group",
         "--proc",
         "/proc",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/keys",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/key-users",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/timer_list",
+        "--ro-bind",
+        "/dev/null",
+        "/proc/sched_debug",
         "--dev",
         "/dev",
         "--size",
@@ -409,11 +442,12 @@ def test_this_hosts_system_directories_are_read_only_too() -> None:
 
 
 def test_the_generated_passwd_and_group(tmp_path: os.PathLike[str]) -> None:
-    with sandbox._sandbox_fds(str(tmp_path), 1234, 5678) as (workdir, passwd, group):
+    with sandbox._sandbox_fds(str(tmp_path), 1234, 5678) as fds:
+        workdir, passwd, group, seccomp = fds
         assert os.path.samefile(f"/proc/self/fd/{workdir}", str(tmp_path))
         assert os.read(passwd, 4096) == b"sandbox:x:1234:5678:sandbox:/workspace:/bin/sh\n"
         assert os.read(group, 4096) == b"sandbox:x:5678:\n"
-        fds = (workdir, passwd, group)
+        assert os.read(seccomp, 65536) == sandbox_seccomp.program()
     for fd in fds:
         with pytest.raises(OSError):
             os.fstat(fd)

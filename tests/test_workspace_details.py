@@ -194,7 +194,7 @@ def test_a_bwrap_that_cannot_be_executed_is_refused_with_the_systems_words(
 ) -> None:
     where = tempfile.mkdtemp(prefix="ctxactors-test-bwrap-")
     try:
-        os.chmod(where, 0o755)  # the sandbox user (nobody, under root) must reach it
+        os.chmod(where, 0o755)  # the sandbox users (under root) must reach it
         fake = os.path.join(where, "bwrap")
         with open(fake, "wb") as garbage:
             garbage.write(b"\x00\x01 not a program")
@@ -238,8 +238,8 @@ def test_a_workspace_root_the_sandbox_user_cannot_reach_is_refused(
         with pytest.raises(SandboxUnavailableError) as refused:
             Runtime(servers=[Workspace])
         assert (
-            "CTXACTORS_WORKSPACE_SANDBOX_USER) must be able to enter every parent directory of "
-            f"the workspace root {root}. Otherwise install" in str(refused.value)
+            "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST) must be able to enter every parent "
+            f"directory of the workspace root {root}. Otherwise install" in str(refused.value)
         )
         assert os.listdir(root) == []
     finally:

@@ -19,17 +19,18 @@ from workspace_support import serve_refusal
 from ctxactors import Runtime, SandboxUnavailableError
 from ctxactors.sandbox import make_root
 from ctxactors.servers.workspace import Workspace
-from ctxactors.settings import SandboxSettings
+from ctxactors.settings import FIRST_UID, SandboxSettings
 
-OWN_USER = SandboxSettings(user=None)  # bwrap runs as the server: the root is 700
-NOBODY = SandboxSettings(user=(65534, 65534))  # another user runs bwrap: 711
+OWN_USER = SandboxSettings(uid_first=None)  # bwrap runs as the server: the root is 700
+# A root server runs bwrap as each principal's own uid: 711.
+PER_PRINCIPAL = SandboxSettings(uid_first=FIRST_UID)
 FIX = "(CTXACTORS_WORKSPACE_ROOT) must be a directory of this user that no one else may write in"
 
 
 @pytest.fixture
 def parent() -> Iterator[str]:
     where = tempfile.mkdtemp(prefix="ctxactors-test-roots-")
-    os.chmod(where, 0o755)  # the sandbox user (nobody, under root) must reach the root
+    os.chmod(where, 0o755)  # the sandbox users (under root) must reach the root
     yield where
     shutil.rmtree(where)
 
@@ -44,17 +45,17 @@ def mode(path: str) -> int:
         (OWN_USER, 0o755, 0o700),
         (OWN_USER, 0o750, 0o700),
         (OWN_USER, 0o701, 0o700),
-        (OWN_USER, 0o711, 0o711),  # another runtime on this root runs bwrap as nobody
+        (OWN_USER, 0o711, 0o711),  # another runtime on this root runs bwrap as others
         (OWN_USER, 0o700, 0o700),
-        (NOBODY, 0o755, 0o711),
-        (NOBODY, 0o700, 0o711),
+        (PER_PRINCIPAL, 0o755, 0o711),
+        (PER_PRINCIPAL, 0o700, 0o711),
     ],
-    ids=lambda v: f"{v:o}" if isinstance(v, int) else ("nobody" if v.user else "own user"),
+    ids=lambda v: f"{v:o}" if isinstance(v, int) else ("per principal" if v.uid_first else "own"),
 )
 def test_an_existing_root_others_could_list_is_tightened(
     parent: str, settings: SandboxSettings, before: int, after: int
 ) -> None:
-    if settings.user is not None and not settings.switch_user:
+    if settings.uid_first is not None and not settings.switch_user:
         pytest.skip("switching to another user needs root")
     root = os.path.join(parent, "root")
     os.mkdir(root)
@@ -121,7 +122,7 @@ UNSAFE = {
 
 
 @pytest.mark.parametrize("case", list(UNSAFE))
-@pytest.mark.parametrize("settings", [OWN_USER, NOBODY], ids=["own user", "nobody"])
+@pytest.mark.parametrize("settings", [OWN_USER, PER_PRINCIPAL], ids=["own user", "per principal"])
 def test_an_unsafe_root_is_refused_saying_what_is_wrong(
     parent: str, case: str, settings: SandboxSettings
 ) -> None:

@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from ctxactors import Runtime
+from ctxactors._launcher import launch
 from ctxactors.servers.workspace import Workspace
 from ctxactors.settings import SandboxSettings, Settings, variables
 from ctxactors.testing import context_args as ctx_args
@@ -36,7 +37,7 @@ WAIT = 20.0  # generous: the machine is shared and loaded
 def temporary_root(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """For an autouse fixture: the workspace root of one test, removed after it."""
     # Not under tmp_path: pytest makes its parents 0700, and a root server's sandbox runs
-    # as nobody, which must be able to enter the root's parents.
+    # as the principals' uids, which must be able to enter the root's parents.
     root = tempfile.mkdtemp(prefix="ctxactors-test-ws-")
     monkeypatch.setenv("CTXACTORS_WORKSPACE_ROOT", root)  # read by each runtime made
     yield root
@@ -70,6 +71,9 @@ class Leaks:
 
     def __init__(self) -> None:
         self.me = psutil.Process()
+        # The launcher's thread lives as long as the process (see ctxactors._launcher): up
+        # before the count, not a leak of the first test that starts a sandbox.
+        launch(lambda: None)
         self.threads = threading.active_count()
         self.children = {p.pid for p in self.me.children(recursive=True)}
 
@@ -122,6 +126,18 @@ def workspace_runtime(leaks: Leaks, **changes: Any) -> Iterator[Runtime]:
     yield from closed_runtime(leaks, msgspec.structs.replace(settings, workspace=workspace))
 
 
+@contextlib.contextmanager
+def grouped_runtime(leaks: Leaks, **groups: dict[str, Any]) -> Iterator[Runtime]:
+    """`closed_runtime` with fields of the workspace's groups changed (the rest from the
+    environment): ``grouped_runtime(leaks, budget={"cgroups": "off"}, sandbox={...})``."""
+    settings = Settings.from_env()
+    workspace = settings.workspace
+    for group, changes in groups.items():
+        changed = msgspec.structs.replace(getattr(workspace, group), **changes)
+        workspace = msgspec.structs.replace(workspace, **{group: changed})
+    yield from closed_runtime(leaks, msgspec.structs.replace(settings, workspace=workspace))
+
+
 def use_sandbox(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
     """Change the sandbox settings of the runtimes this test makes, through the variables
     a runtime reads when it is made (`Settings.from_env`)."""
@@ -131,32 +147,43 @@ def use_sandbox(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
         monkeypatch.setenv(names[field], text)
 
 
-def call(rt: Runtime, session: str, tool: str, **args: Any) -> Any:
-    result = rt.call(tool, ctx_args(session, **args))
+def call(rt: Runtime, session: str, tool: str, *, principal: str | None = None, **args: Any) -> Any:
+    result = rt.call(tool, ctx_args(session, **args), principal=principal)
     assert not result.is_error, result.text
     return result.structured
 
 
-def start(rt: Runtime, session: str, command: str, **args: Any) -> str:
-    started = call(rt, session, "execute_command", command=command, **args)
+def start(
+    rt: Runtime, session: str, command: str, *, principal: str | None = None, **args: Any
+) -> str:
+    started = call(rt, session, "execute_command", command=command, principal=principal, **args)
     assert started["status"] == "running" and started["processId"].startswith("p_")
     return str(started["processId"])
 
 
-def wait_done(rt: Runtime, session: str, process_id: str, wait: float = WAIT) -> dict[str, Any]:
+def wait_done(
+    rt: Runtime,
+    session: str,
+    process_id: str,
+    wait: float = WAIT,
+    *,
+    principal: str | None = None,
+) -> dict[str, Any]:
     """Poll until the process has ended, or `wait` seconds (then it is still running)."""
     deadline = time.monotonic() + wait
     while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
+        polled = call(rt, session, "poll_process", processId=process_id, principal=principal)
         if polled["status"] != "running" or time.monotonic() > deadline:
             return dict(polled)
         time.sleep(0.02)
 
 
-def wait_output(rt: Runtime, session: str, process_id: str, text: str) -> dict[str, Any]:
+def wait_output(
+    rt: Runtime, session: str, process_id: str, text: str, *, principal: str | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + WAIT
     while True:
-        polled = call(rt, session, "poll_process", processId=process_id)
+        polled = call(rt, session, "poll_process", processId=process_id, principal=principal)
         if text in polled["output"] or time.monotonic() > deadline:
             return dict(polled)
         time.sleep(0.02)

@@ -32,8 +32,9 @@ stored changes.
 from __future__ import annotations
 
 import sqlite3
+import weakref
 from collections.abc import Iterable
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 
@@ -41,7 +42,9 @@ from ctxactors.batch.compensation import Compensation
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
+from ctxactors.servers.content_ledger import ContentLedger
 from ctxactors.settings import DEFAULTS, Settings
+from ctxactors.state import SessionRef
 from ctxactors.tools import Scope, Server, pick, tool
 
 MAX_RESULTS = 50  # search_content's `limit` is clamped to this
@@ -89,14 +92,28 @@ class Content(Server):
     scope = Scope.SESSION
     State = ContentState
 
+    # Per runtime: each principal's content bytes, across its sessions.
+    _ledgers: ClassVar[weakref.WeakKeyDictionary[Any, ContentLedger]] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def attach(cls, runtime: Any) -> None:
+        ledger = cls._ledgers[runtime] = ContentLedger()
+        durability = getattr(runtime, "durability", None)
+        if durability is not None:  # stored content counts until its session goes
+            durability.listen(ledger)
+
     @classmethod
     def create(cls, runtime: Any) -> Content:
-        return cls(runtime.settings)
+        content = cls(runtime.settings)
+        content._ledger = cls._ledgers.get(runtime)
+        content._stored = getattr(runtime, "durability", None) is not None
+        return content
 
     def __init__(self, settings: Settings = DEFAULTS) -> None:
         self.settings = settings
         self.max_item_bytes = settings.content.max_item_bytes
         self.max_session_bytes = settings.content.max_session_bytes
+        self.max_principal_bytes = settings.content.max_principal_bytes
         self.max_items = settings.content.max_items
         # Autocommit: each statement is its own transaction, so a refused call leaves
         # nothing half-written.
@@ -119,9 +136,20 @@ class Content(Server):
         # With a store: each document changed since the last save, and its saved bytes
         # before the change (None: it was not saved). None without a store: nothing loads.
         self._journal: dict[str, bytes | None] | None = None
+        self._ledger: ContentLedger | None = None  # the runtime's
+        self._stored = False  # whether the content outlives the actor (a store)
+        self._session: SessionRef | None = None
 
     def close(self) -> None:
         self._db.close()
+        if self._ledger is not None and self._session is not None and not self._stored:
+            self._ledger.drop(self._session)  # the content is gone with the actor
+
+    def _account(self, ctx: ToolContext) -> None:
+        """Tell the ledger this session's bytes now."""
+        if self._ledger is not None:
+            self._session = ctx.session_key
+            self._ledger.set(ctx.session_key, self._bytes)
 
     def snapshot(self) -> ContentState:
         return ContentState(self._next)
@@ -206,6 +234,7 @@ class Content(Server):
             return
         self._insert(*before)
         self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
+        self._account(ctx)
 
     @tool(compensate=_undo_add, extract=pick(created_content="id", filename="filename"))
     def add_content(self, ctx: ToolContext, filename: Filename, content: str) -> dict[str, Any]:
@@ -227,9 +256,20 @@ class Content(Server):
                 f"content store full: it holds the maximum of {self.max_items} items; "
                 "delete something first"
             )
+        if self._ledger is not None and ctx.principal is not None:
+            held = self._ledger.others(ctx.session_key) + self._bytes
+            if held + size > self.max_principal_bytes:
+                raise ToolError(
+                    self.settings.content.cap("max_principal_bytes").exceeded(
+                        f"this principal's content is {held:,} bytes across its sessions, "
+                        f"{filename!r} needs {size:,} more"
+                    )
+                    + "; delete something or end a session first"
+                )
         self._next += 1
         content_id = f"c{self._next}"
         self._insert(content_id, _Item(self._next, filename, size), content)
+        self._account(ctx)
         return {"id": content_id, "filename": filename}
 
     def _insert(self, content_id: str, item: _Item, content: str) -> None:
@@ -309,6 +349,7 @@ class Content(Server):
         """Delete a stored document by its id."""
         item = self._get(id)
         self._remove(id, item)
+        self._account(ctx)
         return {"id": id, "filename": item.filename, "deleted": True}
 
     @tool(read_only=True)

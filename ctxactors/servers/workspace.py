@@ -58,7 +58,9 @@ from ctxactors._launcher import launch
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
+from ctxactors.sandbox_limits import Lease
 from ctxactors.servers.workspace_dirs import SessionDirs
+from ctxactors.servers.workspace_tenants import Tenants
 from ctxactors.settings import DEFAULTS, WorkspaceSettings
 from ctxactors.tools import Scope, Server, pick, tool
 
@@ -101,8 +103,10 @@ class _Process:
         timeout: float,
         max_output: int,
         on_done: Any,
+        lease: Lease | None = None,
     ) -> None:
         self.process_id = process_id
+        self.lease = lease  # its place in the principal's budget, released once reaped
         self.command = command
         self.proc = proc
         self.deadline = time.monotonic() + timeout
@@ -129,6 +133,8 @@ class _Process:
             _count_running(-1)
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
+            if self.lease is not None:
+                self.lease.release()
             # Not busy before "done": whoever saw the process finish (kill_process, a
             # poll) must also see the server idle, or a reap right after could skip it.
             self._on_done()
@@ -250,26 +256,47 @@ class Workspace(Server):
 
     # Per runtime with a store: its kept session directories.
     _kept: ClassVar[weakref.WeakKeyDictionary[Any, SessionDirs]] = weakref.WeakKeyDictionary()
+    # Per runtime: what holds across its principals' sessions (budgets, uids).
+    _tenants: ClassVar[weakref.WeakKeyDictionary[Any, Tenants]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         """Refuse to serve commands that can't be sandboxed (probed once, cached) or from an
-        unsafe root."""
+        unsafe root; log how tenants are kept apart."""
         settings: WorkspaceSettings = runtime.settings.workspace
+        log = get_logger("ctxactors.workspace")
         sandboxes.make_root(settings.sandbox, settings.root)  # an unsafe root: refused now
         if settings.sandbox.enabled:
             sandboxes.check(settings.sandbox, settings.root)
         else:
-            _warn_unsandboxed(get_logger("ctxactors.workspace"), "workspace_unsandboxed")
+            _warn_unsandboxed(log, "workspace_unsandboxed")
         durability = getattr(runtime, "durability", None)
         if durability is not None:
             dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox)
             durability.listen(dirs)
+        tenants = cls._tenants[runtime] = Tenants(settings)
+        log.info(
+            "workspace_budgets", **tenants.describe(), **msgspec.structs.asdict(settings.budget)
+        )
+
+    @classmethod
+    def detach(cls, runtime: Any) -> None:
+        """Remove the runtime's cgroups (its sandboxes are killed by now)."""
+        tenants = cls._tenants.pop(runtime, None)
+        left = tenants.close() if tenants is not None else []
+        if left:
+            get_logger("ctxactors.workspace").warning("workspace_cgroups_left", paths=left)
+
+    @classmethod
+    def tenants(cls, runtime: Any) -> Tenants | None:
+        """What holds across `runtime`'s sessions (None before attach or after close)."""
+        return cls._tenants.get(runtime)
 
     @classmethod
     def create(cls, runtime: Any) -> Workspace:
         workspace = cls(runtime.settings.workspace)
         workspace._dirs = cls._kept.get(runtime)
+        workspace._host = cls._tenants.get(runtime)
         return workspace
 
     def __init__(self, settings: WorkspaceSettings = DEFAULTS.workspace) -> None:
@@ -283,6 +310,8 @@ class Workspace(Server):
         self._procs: dict[str, _Process] = {}
         self._lost: set[str] = set()  # started by an earlier incarnation: gone with it
         self._dirs: SessionDirs | None = None  # with a store: the session's kept directory
+        self._host: Tenants | None = None  # the runtime's, across sessions
+        self._ids: tuple[int, int] | None = None  # the uid and gid of its principal
         self._dir: str | None = None
         self._active = 0  # watchers still running; read by is_busy() from another thread
         self._active_lock = threading.Lock()
@@ -310,14 +339,23 @@ class Workspace(Server):
     def _workdir(self, ctx: ToolContext) -> str:
         if self._dir is None:
             sandboxes.make_root(self.sandbox, self.root)
+            ids = self._principal_ids(ctx)
             if self._dirs is not None:
-                self._dir = self._dirs.open(ctx.session_key)
+                self._dir = self._dirs.open(ctx.session_key, ids)
             else:
                 self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
-                sandboxes.prepare_directory(self.sandbox, self._dir)
+                sandboxes.prepare_directory(self.sandbox, self._dir, ids)
             self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
-            self._log.info("workspace_created", directory=self._dir)
+            self._log.info("workspace_created", directory=self._dir, uid=ids[0])
         return self._dir
+
+    def _principal_ids(self, ctx: ToolContext) -> tuple[int, int]:
+        if self._ids is None:
+            host = self._host
+            self._ids = (
+                host.ids(ctx.principal) if host is not None else sandboxes.probe_ids(self.sandbox)
+            )
+        return self._ids
 
     def _finished(self) -> None:
         with self._active_lock:
@@ -373,9 +411,23 @@ class Workspace(Server):
         process_id = "p_" + secrets.token_urlsafe(12)
         if not self.sandbox.enabled:
             _warn_unsandboxed(self._log, "command_unsandboxed", process_id=process_id)
-        # From the launcher's thread: this one may end before the command does (see there).
-        popen = launch(functools.partial(sandboxes.start, self.sandbox, workdir, command))
-        proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, self._finished)
+        tenant, lease = (
+            self._host.enter(ctx.principal, self._principal_ids(ctx))
+            if self._host is not None
+            else (sandboxes.Tenant(self._principal_ids(ctx)), None)
+        )
+        try:
+            # From the launcher's thread: this one may end before the command does (see there).
+            popen = launch(
+                functools.partial(sandboxes.start, self.sandbox, workdir, command, tenant)
+            )
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        proc = _Process(
+            process_id, command, popen, seconds, self.max_output_bytes, self._finished, lease
+        )
         with self._active_lock:
             self._active += 1
         try:
@@ -387,6 +439,8 @@ class Workspace(Server):
             popen.wait()
             if popen.stdout is not None:
                 popen.stdout.close()
+            if lease is not None:
+                lease.release()
             raise
         self._procs[process_id] = proc
         self._log.info("process_started", process_id=process_id, pid=popen.pid, timeout_s=seconds)

@@ -85,15 +85,16 @@ class SessionDirs:
         digest = hmac.new(self._secret(), encode_ref(session).encode(), hashlib.sha256)
         return os.path.join(self.root, "ws-" + digest.hexdigest()[:48])
 
-    def open(self, session: SessionRef) -> str:
-        """The session's directory, made (and handed to the sandbox's user) if new."""
+    def open(self, session: SessionRef, ids: tuple[int, int]) -> str:
+        """The session's directory, made (and handed to its principal's uid, `ids`) if new."""
         path = self.path(session)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
-            pass
+            if self._sandbox.switch_user and os.lstat(path).st_uid != ids[0]:
+                _hand_over(path, ids)
         else:
-            sandboxes.prepare_directory(self._sandbox, path)
+            sandboxes.prepare_directory(self._sandbox, path, ids)
         self._record_use(path)  # in use (again): a purge pass must not take it now
         return path
 
@@ -159,3 +160,13 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _hand_over(path: str, ids: tuple[int, int]) -> None:
+    """Give a kept directory and everything in it to the principal's uid: it was made for
+    another (the single sandbox user of an earlier version). Walked by descriptor without
+    following links, so what the sandbox put there can't point the chown elsewhere."""
+    os.chown(path, *ids, follow_symlinks=False)
+    for _, dirs, files, fd in os.fwalk(path, follow_symlinks=False):
+        for name in dirs + files:
+            os.chown(name, *ids, dir_fd=fd, follow_symlinks=False)

@@ -1,0 +1,376 @@
+"""Kernel budgets for sandboxes: a cgroup per principal under one per runtime.
+
+One runtime's tree (cgroup v1: the same tree in each of the pids, memory and cpu
+hierarchies; v2: one tree with those controllers enabled)::
+
+    <home>/ctxactors-<pid>-<n>/      every sandbox of the runtime: the server-wide budget
+        anonymous/                   callers with no principal: the server-wide budget only
+        p-<hash of the principal>/   one principal's budget, across all its sessions
+
+``<home>`` is the server's own cgroup in each hierarchy, so the sandboxes still count
+against whatever the host gives the server (here, a memory cgroup per job), or a delegated
+directory the operator names. A sandbox's first process writes itself into its group's
+``cgroup.procs`` before it execs bubblewrap (`join_argv`), so everything the command ever
+starts is counted there from its first fork: processes (``pids.max``: a fork past it fails
+with ``EAGAIN``), memory with the pages of its tmpfs ``/tmp`` and ``/dev/shm`` (charged to
+the group of the process that touches them; past the limit the kernel reclaims, then the OOM
+killer ends a process *of that group*), and CPU time by weight against the other groups.
+
+CPU without cgroups is already shared per sandbox, not per process: each sandbox is a
+session of its own (``--new-session``), and the kernel's autogroup weighs a session as one
+task. The cpu weight makes that per principal, and caps every sandbox together at
+``server_cpu_weight`` against the server's own threads.
+
+cgroup v2 forbids processes in a group whose controllers are enabled for its children, so
+when ``<home>`` is the server's own group (systemd's ``Delegate=yes`` hands a service its
+own group) the server first moves its processes into ``<home>/server``, as systemd's
+delegation notes ask a service to do.
+
+Measured on kernel 6.18, cgroup v1, as root: with ``pids.max`` 5 the sixth ``sleep &`` gets
+``Cannot fork``; a sandbox writing 100 MiB into its tmpfs under a 32 MiB ``memory.limit_in_bytes``
+is OOM-killed inside its group (``memory.oom_control``: ``oom_kill 1``) while others run;
+a group can be removed (``rmdir``) only once the kernel has finished killing its processes,
+which is asynchronous after the sandbox's init dies, so removal is retried (`remove`).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import itertools
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+CONTROLLERS = ("pids", "memory", "cpu")
+_V1_FILES = {"pids": "pids.max", "memory": "memory.limit_in_bytes", "cpu": "cpu.shares"}
+_V2_FILES = {"pids": "pids.max", "memory": "memory.max", "cpu": "cpu.weight"}
+_ANONYMOUS = "anonymous"
+_SERVER_LEAF = "server"  # v2: where the server's own processes go in a delegated group
+_OURS = re.compile(r"ctxactors-(\d+)-\d+")
+_counter = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one group may use; None: no limit of its own (its parents' still hold)."""
+
+    processes: int | None = None
+    memory_bytes: int | None = None
+    cpu_weight: int | None = None  # cgroup v2 units, 1..10000 (100: a fair share)
+
+
+class Unavailable(Exception):
+    """Why this process can't make cgroups (one line, for the startup log)."""
+
+
+def group_name(principal: str | None) -> str:
+    """A principal's group: a hash (a principal may hold any character, a directory name
+    can't); 128 bits, so two principals never share one."""
+    if principal is None:
+        return _ANONYMOUS
+    return "p-" + hashlib.sha256(principal.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+class Tree:
+    """One runtime's groups. Not thread-safe: its owner (`SandboxBudgets`) locks."""
+
+    def __init__(self, version: str, homes: Mapping[str, str]) -> None:
+        self.version = version
+        self.controllers = tuple(homes)
+        # One directory per hierarchy (v2: the same one for every controller).
+        self._homes = dict(homes)
+        self.name = f"ctxactors-{os.getpid()}-{next(_counter)}"
+        self._groups: set[str] = set()
+        self._limits = Limits()  # the server-wide group's, once open
+
+    def describe(self) -> str:
+        where = sorted({os.path.join(h, self.name) for h in self._homes.values()})
+        return f"cgroup {self.version} ({', '.join(self.controllers)}) at {', '.join(where)}"
+
+    def _dirs(self, group: str | None) -> dict[str, str]:
+        """Each controller's directory of `group` (None: the server-wide group)."""
+        parts = [self.name] if group is None else [self.name, group]
+        return {c: os.path.join(h, *parts) for c, h in self._homes.items()}
+
+    def open(self, limits: Limits) -> None:
+        """Make the server-wide group (sweeping groups a dead process of ours left)."""
+        for home in set(self._homes.values()):
+            _sweep(home)
+        self._limits = limits
+        self._make(None, limits)
+        if self.version == "v2":
+            enable = " ".join(f"+{c}" for c in self.controllers)
+            _write(os.path.join(self._dirs(None)["pids"], "cgroup.subtree_control"), enable)
+
+    def make(self, group: str, limits: Limits) -> None:
+        """Make (or find, left from before) a principal's group, with these limits."""
+        if not all(os.path.isdir(d) for d in self._dirs(None).values()):
+            # Gone: swept as a dead process's by a server in another PID namespace.
+            self.open(self._limits)
+        self._make(group, limits)
+        self._groups.add(group)
+
+    def _make(self, group: str | None, limits: Limits) -> None:
+        for controller, path in self._dirs(group).items():
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                pass
+            value = _limit(self.version, controller, limits)
+            if value is not None:
+                files = _V1_FILES if self.version == "v1" else _V2_FILES
+                _write(os.path.join(path, files[controller]), value)
+                if controller == "memory":  # swap is memory too: tmpfs pages may go there
+                    swap = "memory.memsw.limit_in_bytes" if self.version == "v1" else None
+                    _write_if_there(os.path.join(path, swap or "memory.swap.max"), value, "0")
+
+    def directories(self, group: str | None = None) -> list[str]:
+        """The directories of `group` (None: the server-wide group), one per hierarchy."""
+        return sorted(set(self._dirs(group).values()))
+
+    def procs_files(self, group: str) -> list[str]:
+        """The ``cgroup.procs`` a sandbox's first process writes itself into."""
+        return [os.path.join(d, "cgroup.procs") for d in self.directories(group)]
+
+    def processes(self, group: str | None = None) -> int:
+        """Processes (and threads) now in `group` (None: the whole server-wide group)."""
+        if "pids" not in self._homes:
+            return 0
+        try:
+            with open(os.path.join(self._dirs(group)["pids"], "pids.current")) as f:
+                return int(f.read())
+        except FileNotFoundError:
+            return 0
+
+    def groups(self) -> set[str]:
+        """The principals' groups made and not yet removed."""
+        return set(self._groups)
+
+    def home_memory_limit(self) -> int | None:
+        """The memory limit of the group this tree is made in, if it has one."""
+        if "memory" not in self._homes:
+            return None
+        name = "memory.limit_in_bytes" if self.version == "v1" else "memory.max"
+        try:
+            with open(os.path.join(self._homes["memory"], name)) as f:
+                text = f.read().strip()
+        except OSError:
+            return None
+        # v1 says "no limit" with a huge number, v2 with "max".
+        return int(text) if text.isdigit() and int(text) < 1 << 62 else None
+
+    def remove(self, group: str) -> bool:
+        """Remove an empty group; False while the kernel still holds its dying processes."""
+        done = _rmdir_all(self._dirs(group).values())
+        if done:
+            self._groups.discard(group)
+        return done
+
+    def close(self, wait: float) -> list[str]:
+        """Remove every group, waiting up to `wait` seconds for their processes to end;
+        returns the directories that are still there."""
+        deadline = time.monotonic() + wait
+        while True:
+            for group in list(self._groups):
+                self.remove(group)
+            if not self._groups and _rmdir_all(self._dirs(None).values()):
+                return []
+            if time.monotonic() >= deadline:
+                left = [d for g in (*self._groups, None) for d in self._dirs(g).values()]
+                return sorted(d for d in set(left) if os.path.isdir(d))
+            time.sleep(0.05)
+
+
+def _limit(version: str, controller: str, limits: Limits) -> str | None:
+    if controller == "pids":
+        return "max" if limits.processes is None else str(limits.processes)
+    if controller == "memory":
+        if limits.memory_bytes is None:
+            return None if version == "v1" else "max"  # v1: -1, which a new group has
+        return str(limits.memory_bytes)
+    weight = 100 if limits.cpu_weight is None else limits.cpu_weight
+    # v1 shares: 1024 is the default as 100 is v2's (at least 2, the kernel's floor).
+    return str(max(2, weight * 1024 // 100)) if version == "v1" else str(weight)
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _write_if_there(path: str, value: str, v2_value: str) -> None:
+    """The swap limit: v1's memsw counts memory + swap (so the same number), v2's swap.max
+    swap alone (so none); absent when the kernel accounts no swap."""
+    if not os.path.exists(path):
+        return
+    try:
+        _write(path, value if path.endswith("memsw.limit_in_bytes") else v2_value)
+    except OSError:
+        pass  # an accounting the kernel turned off: memory alone still holds
+
+
+def _rmdir_all(paths: Iterable[str]) -> bool:
+    done = True
+    for path in paths:
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+                raise
+            done = False
+    return done
+
+
+def _sweep(home: str) -> None:
+    """Remove the trees of runtimes whose process is gone (a crash leaves them behind)."""
+    try:
+        names = os.listdir(home)
+    except OSError:
+        return
+    for name in names:
+        found = _OURS.fullmatch(name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        top = os.path.join(home, name)
+        for inner in os.listdir(top):
+            if os.path.isdir(os.path.join(top, inner)):
+                _rmdir_all([os.path.join(top, inner)])
+        _rmdir_all([top])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# -- finding a hierarchy the server may use ------------------------------------------------
+
+
+def find(parent: str | None = None) -> Tree:
+    """A tree for this process, cgroup v2 if its pids and memory controllers are there,
+    else v1; raises `Unavailable` saying why neither can be used."""
+    mounts = _mounts()
+    own = _own_groups()
+    v2 = next((m for m in mounts if m[2] == "cgroup2"), None)
+    problems = []
+    if v2 is not None:
+        try:
+            return _v2_tree(v2[0], own.get("", "/"), parent)
+        except Unavailable as exc:
+            problems.append(f"v2: {exc}")
+    try:
+        return _v1_tree(mounts, own, parent)
+    except Unavailable as exc:
+        problems.append(f"v1: {exc}")
+    raise Unavailable("; ".join(problems))
+
+
+def _mounts() -> list[tuple[str, str, str, set[str]]]:
+    """(mount point, root inside the hierarchy, type, super options) of each cgroup mount."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, kind = left.split(), right.split()
+            if kind and kind[0] in ("cgroup", "cgroup2"):
+                out.append((fields[4], fields[3], kind[0], set(kind[2].split(","))))
+    return out
+
+
+def _own_groups() -> dict[str, str]:
+    """Controller -> this process's group in its hierarchy ("" for v2's)."""
+    out: dict[str, str] = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, names, path = line.rstrip("\n").split(":", 2)
+            for name in names.split(",") if names else [""]:
+                out[name] = path
+    return out
+
+
+def _inside(mount: str, root: str, path: str) -> str:
+    """The directory of group `path` under a mount of the hierarchy's `root`."""
+    if root != "/" and not (path == root or path.startswith(root.rstrip("/") + "/")):
+        raise Unavailable(f"this process's group {path} is outside the mount of {root}")
+    rel = path[len(root) :] if root != "/" else path
+    return os.path.join(mount, rel.lstrip("/"))
+
+
+def _v1_tree(
+    mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str], parent: str | None
+) -> Tree:
+    homes: dict[str, str] = {}
+    for controller in CONTROLLERS:
+        mount = next((m for m in mounts if m[2] == "cgroup" and controller in m[3]), None)
+        if mount is None or controller not in own:
+            continue
+        home = _inside(mount[0], mount[1], own[controller])
+        if parent is not None:
+            home = os.path.join(mount[0], parent.lstrip("/"))
+        if os.access(home, os.W_OK):
+            homes[controller] = home
+    missing = [c for c in ("pids", "memory") if c not in homes]
+    if missing:
+        raise Unavailable(f"no writable {' and '.join(missing)} hierarchy (needs root)")
+    return Tree("v1", homes)
+
+
+def _v2_tree(mount: str, own: str, parent: str | None) -> Tree:
+    home = os.path.join(mount, (parent or own).lstrip("/"))
+    try:
+        with open(os.path.join(home, "cgroup.controllers")) as f:
+            available = f.read().split()
+    except OSError as exc:
+        raise Unavailable(f"{home}: {exc.strerror}") from None
+    controllers = [c for c in CONTROLLERS if c in available]
+    if "pids" not in controllers or "memory" not in controllers:
+        raise Unavailable(
+            f"{home} has controllers {' '.join(available) or '(none)'}, not pids and memory"
+        )
+    if not os.access(os.path.join(home, "cgroup.subtree_control"), os.W_OK):
+        raise Unavailable(f"{home} is not delegated to this user (Delegate=yes in systemd)")
+    _leave_for_leaf(home)
+    try:
+        _write(os.path.join(home, "cgroup.subtree_control"), " ".join(f"+{c}" for c in controllers))
+    except OSError as exc:
+        raise Unavailable(f"{home}: can't enable {' '.join(controllers)}: {exc}") from None
+    return Tree("v2", dict.fromkeys(controllers, home))
+
+
+def _leave_for_leaf(home: str) -> None:
+    """Move the processes of `home` (this server, when it is its own group) into a leaf:
+    v2 enables controllers for the children of a group only if it holds no process."""
+    with open(os.path.join(home, "cgroup.procs")) as f:
+        pids = f.read().split()
+    if not pids:
+        return
+    leaf = os.path.join(home, _SERVER_LEAF)
+    os.makedirs(leaf, exist_ok=True)
+    for pid in pids:
+        try:
+            _write(os.path.join(leaf, "cgroup.procs"), pid)
+        except ProcessLookupError:
+            pass  # ended meanwhile
+        except OSError as exc:
+            raise Unavailable(f"can't move process {pid} out of {home}: {exc}") from None
+
+
+def join_argv(procs_files: list[str]) -> list[str]:
+    """A shell that writes its own pid into each ``cgroup.procs``, then execs the rest of
+    the command line (``[*join_argv(files), program, *args]``): the sandbox is in its group
+    before its first instruction. Exit status 125 if a write fails."""
+    script = (
+        'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; '
+        'n=$((n - 1)); done; exec "$@"'
+    )
+    return ["/bin/sh", "-c", script, "sh", str(len(procs_files)), *procs_files]

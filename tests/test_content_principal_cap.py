@@ -1,0 +1,61 @@
+"""Content is capped per principal, across all its sessions, not only per session."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ctxactors import Runtime
+from ctxactors.servers.content import Content
+from ctxactors.settings import Settings
+from ctxactors.state import MemoryStore
+from ctxactors.testing import context_args
+
+
+def capped(total: int) -> Settings:
+    settings = Settings.from_env()
+    content = msgspec.structs.replace(settings.content, max_principal_bytes=total)
+    return msgspec.structs.replace(settings, content=content)
+
+
+def add(rt: Runtime, principal: str | None, session: str, size: int) -> object:
+    result = rt.call(
+        "add_content",
+        context_args(session, filename="f", content="x" * size),
+        principal=principal,
+    )
+    return result.text if result.is_error else result.structured["id"]
+
+
+def refused(held: int, needs: int) -> str:
+    return (
+        f"this principal's content is {held:,} bytes across its sessions, 'f' needs {needs:,} "
+        "more: the limit is 1,000 (CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES); delete something "
+        "or end a session first"
+    )
+
+
+def test_a_principal_is_capped_across_its_sessions_and_no_one_else_is() -> None:
+    with Runtime(servers=[Content], settings=capped(1000)) as rt:
+        assert add(rt, "alice", "s1", 600) == "c1"
+        assert add(rt, "alice", "s2", 500) == refused(600, 500)
+        assert add(rt, "alice", "s2", 400) == "c1"
+        assert add(rt, "alice", "s3", 1) == refused(1000, 1)
+        # Other principals, and callers with no principal, have budgets of their own.
+        assert add(rt, "bob", "s1", 900) == "c1"
+        assert add(rt, None, "n1", 900) == "c1"
+        assert add(rt, None, "n2", 900) == "c1"
+        # Deleting, or ending a session (its content goes with it), gives room back.
+        deleted = rt.call("delete_content", context_args("s1", id="c1"), principal="alice")
+        assert not deleted.is_error
+        assert add(rt, "alice", "s3", 500) == "c1"
+        assert rt.end_session("s2", principal="alice") == 1
+        assert add(rt, "alice", "s3", 400) == "c2"
+
+
+def test_with_a_store_a_passivated_session_counts_until_it_is_ended() -> None:
+    with Runtime(servers=[Content], settings=capped(1000), store=MemoryStore(), max_actors=1) as rt:
+        assert add(rt, "alice", "s1", 600) == "c1"
+        assert add(rt, "alice", "s2", 500) == refused(600, 500)  # s1 left memory, not the store
+        assert not rt.has_session("s1", principal="alice")
+        assert rt.end_session("s1", principal="alice") == 0
+        assert add(rt, "alice", "s2", 500) == "c1"

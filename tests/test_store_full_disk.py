@@ -1,0 +1,159 @@
+"""The SQLite store on a full disk: saves refused clearly, reads served, deletes always
+possible, saves back by themselves once there is room; nothing acknowledged lost.
+
+On a real small file system: a 4 MiB tmpfs mounted for the test (root only).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import string
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ctxactors import Runtime
+from ctxactors.servers.content import Content
+from ctxactors.state import SQLiteStore, StoreUnavailableError, Write
+from ctxactors.testing import ManualClock, context_args
+
+KEY = ("k",)
+
+
+def full(path: Path) -> str:
+    return (
+        f"the disk of {path} is full: nothing of this write was kept; saves resume by "
+        "themselves once sessions are ended or expire, or the disk has room"
+    )
+
+
+@pytest.fixture
+def small_disk() -> Iterator[Path]:
+    """A 4 MiB file system of this test's own."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    where = Path(tempfile.mkdtemp(prefix="ctxactors-test-disk-"))
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        where.rmdir()
+        pytest.skip(f"no tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+        where.rmdir()
+
+
+def text(size: int, seed: int) -> str:
+    return "".join(random.Random(seed).choices(string.ascii_letters + " ", k=size))
+
+
+def call(rt: Runtime, principal: str, session: str, tool: str, **args: object) -> object:
+    result = rt.call(tool, context_args(session, **args), principal=principal)
+    return result.text if result.is_error else result.structured
+
+
+def test_one_tenant_fills_the_disk_the_others_read_and_ending_its_sessions_frees_it(
+    small_disk: Path,
+) -> None:
+    path = small_disk / "state.db"
+    # max_actors=1: bob's actor is passivated while alice writes, so his read is a load.
+    with Runtime(
+        servers=[Content], store=SQLiteStore(path, reserve_bytes=512 << 10), max_actors=1
+    ) as rt:
+        assert call(rt, "bob", "b1", "add_content", filename="bob.txt", content="notes") == {
+            "id": "c1",
+            "filename": "bob.txt",
+        }
+        acknowledged = 0
+        while True:
+            got = call(
+                rt,
+                "alice",
+                f"a{acknowledged % 3}",
+                "add_content",
+                filename=f"f{acknowledged}",
+                content=text(100_000, acknowledged),
+            )
+            if isinstance(got, str):
+                break
+            acknowledged += 1
+        assert acknowledged >= 20  # 4 MiB of disk, less the reserve, in 100 kB documents
+        assert got == (
+            f"the state store is unavailable ({full(path)}); nothing was changed, retry the "
+            "call later"
+        )
+        # Reads keep working (bob's comes from the store); a save that needs room is
+        # refused to everyone (a small one may still fit in the WAL's own file).
+        assert call(rt, "bob", "b1", "read_content", id="c1") == {
+            "id": "c1",
+            "filename": "bob.txt",
+            "content": "notes",
+        }
+        assert call(rt, "bob", "b1", "add_content", filename="big", content=text(100_000, 7)) == got
+        # Ending alice's sessions works on the full disk (the reserve is for it)...
+        for session in ("a0", "a1", "a2"):
+            rt.end_session(session, principal="alice")
+        # ... and then saves go on, nobody restarted anything.
+        assert call(rt, "bob", "b1", "add_content", filename="two", content="more") == {
+            "id": "c2",
+            "filename": "two",
+        }
+        again = call(rt, "alice", "a3", "add_content", filename="x", content=text(100_000, 1))
+        assert again == {"id": "c1", "filename": "x"}
+    # Nothing acknowledged was lost: a restarted server has every one of bob's documents.
+    with Runtime(servers=[Content], store=SQLiteStore(path, reserve_bytes=512 << 10)) as rt:
+        listed = call(rt, "bob", "b1", "list_content")
+        assert isinstance(listed, dict)
+        assert [(i["id"], i["filename"]) for i in listed["items"]] == [
+            ("c1", "bob.txt"),
+            ("c2", "two"),
+        ]
+        assert call(rt, "alice", "a0", "read_content", id="c1") == "content 'c1' not found"
+
+
+def test_the_purge_deletes_on_a_full_disk_and_saves_resume_once_there_is_room(
+    small_disk: Path,
+) -> None:
+    clock = ManualClock(1_000_000.0)
+    path = small_disk / "state.db"
+    store = SQLiteStore(path, retention=3600, clock=clock, reserve_bytes=512 << 10)
+    reserve = Path(f"{path}-reserve")
+    try:
+        assert reserve.stat().st_size == 512 << 10
+        for i in range(10):
+            assert store.write([Write(("alice", f"a{i}"), KEY, os.urandom(100_000), 0)]) == [1]
+        clock.advance(3000)
+        assert store.write([Write(("bob", "b1"), KEY, b"bob 1", 0)]) == [1]
+        # Something else fills the disk (a workspace on the same file system, say).
+        filler = small_disk / "filler"
+        with open(filler, "wb") as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(os.urandom(64 << 10))
+                    f.flush()
+        big = os.urandom(200_000)
+        with pytest.raises(StoreUnavailableError) as refused:
+            store.write([Write(("bob", "b1"), KEY, big, 1)])
+        assert str(refused.value) == full(path)
+        assert store.load(("bob", "b1"), KEY).data == b"bob 1"  # type: ignore[union-attr]
+        # Alice's sessions expire, bob's not: the purge deletes them on the full disk.
+        clock.advance(700)
+        assert store.purge() == 10
+        assert store.load(("alice", "a0"), KEY) is None
+        # Small saves fit again (the WAL's own file), the filler still there...
+        assert store.write([Write(("bob", "b2"), KEY, b"bob 2", 0)]) == [1]
+        # ... and once the filler is gone, any: the reserve is held again too.
+        filler.unlink()
+        assert store.write([Write(("bob", "b1"), KEY, big, 1)]) == [2]
+        assert reserve.stat().st_size == 512 << 10
+        assert store.load(("bob", "b1"), KEY).data == big  # type: ignore[union-attr]
+        assert store.load(("bob", "b2"), KEY).data == b"bob 2"  # type: ignore[union-attr]
+    finally:
+        store.close()
