@@ -1,7 +1,7 @@
 """The ``ctxactors`` command: `main` and the subcommands, one module each.
 
 ``demo``, ``logs``, ``loadtest`` and ``top`` live here; ``serve`` is the transports'
-(`ctxactors.transports.serve`) and ``shards`` the Ray backend's.
+(`ctxactors.cli.serve`) and ``shards`` the Ray backend's.
 """
 
 from ctxactors.cli.main import (

@@ -17,7 +17,7 @@ from ctxactors.tools import Server
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("ctxactors.cli.demo", "run a scripted multi-session scenario on the embedded runtime"),
-    "serve": ("ctxactors.transports.serve", "serve the tools over MCP (stdio or HTTP) and REST"),
+    "serve": ("ctxactors.cli.serve", "serve the tools over MCP (stdio or HTTP) and REST"),
     "loadtest": (
         "ctxactors.cli.loadtest.command",
         "fire many concurrent sessions and check for cross-talk",
