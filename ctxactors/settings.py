@@ -478,7 +478,7 @@ MetaKey = Annotated[str, msgspec.Meta(pattern=META_KEY)]
 ContextMeta = tuple[tuple[MetaKey, ContextRole], ...]
 
 # The ``_meta`` keys with which real MCP hosts name their conversation on ``tools/call``, each
-# seen in the host's own source (none guessed; the README's table says where). A host that
+# seen in the host's own source (none guessed; docs/serving.md's table says where). A host that
 # sends one of them keeps its conversations apart with no ctxactors-specific setup.
 HOST_CONTEXT_META: ContextMeta = (
     # VS Code's chat: McpTool._callWithProgress sets it to the chat session's id

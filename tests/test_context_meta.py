@@ -15,6 +15,7 @@ runtime warns once (naming the fix), and ``--session-fallback refuse`` refuses i
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -130,6 +131,20 @@ def test_the_default_carriers_are_the_verified_hosts_keys_after_ctxactors() -> N
     # a conversation's sub-agents), and the unaccepted SEP drafts' keys.
     for key in ("vscode.requestId", "x-codex-turn-metadata", "sessionId", "progressToken"):
         assert key not in (k for keys in DEFAULT_CARRIERS for k in keys)
+
+
+def test_the_docs_tables_name_exactly_the_default_carriers_in_order() -> None:
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    serving = (docs / "serving.md").read_text(encoding="utf-8")
+    section = serving.split("### The conversation ids MCP hosts send", 1)[1].split("\n#", 1)[0]
+    # The rows whose first cell is code: the header's (`_meta` key) and one per key.
+    rows = [row.split("|") for row in section.splitlines() if row.startswith("| `")][1:]
+    assert tuple((r[1].strip(" `"), r[2].strip()) for r in rows) == HOST_CONTEXT_META
+    clients = (docs / "integrations.md").read_text(encoding="utf-8")
+    read_by_default = re.findall(
+        r"^\| [^|]+ \| `_meta` `([^`]+)`.*\| nothing: read by default", clients, re.M
+    )
+    assert read_by_default == [key for key, _ in HOST_CONTEXT_META]
 
 
 def test_ctxactors_meta_beats_a_carrier_and_they_combine_across_roles(rt: Runtime) -> None:

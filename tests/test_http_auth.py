@@ -372,7 +372,7 @@ def test_one_principal_holds_at_most_its_cap_of_mcp_sessions(static_url: str) ->
 def test_by_default_one_principal_holds_at_most_100_mcp_sessions(tokens: str) -> None:
     """No flag: the default cap holds one principal to 100 sessions, others still open
     theirs, and a session that ends gives its place back."""
-    cap = 100  # the documented default (README: http.max_sessions_per_principal)
+    cap = 100  # the documented default (docs/limits.md: http.max_sessions_per_principal)
     with http_server("--auth-tokens", tokens) as (url, _proc), httpx.Client() as http:
 
         def initialize(token: str) -> httpx.Response:
