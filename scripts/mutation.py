@@ -46,6 +46,14 @@ NOTES = ROOT / "mutation" / "notes.md"  # hand-written, included as it is
 COPIED = ["ctxactors", "tests"]
 RUN = "last-run.json"  # in a group's stage: the commit and date of its last mutmut run
 
+
+def _tests(*names: str) -> list[str]:
+    """``tests/<area>/test_<name>.py`` for each name: the tests sit in folders by area."""
+    paths = [sorted((ROOT / "tests").glob(f"*/test_{name}.py")) for name in names]
+    assert all(len(p) == 1 for p in paths), dict(zip(names, paths, strict=True))
+    return [p[0].relative_to(ROOT).as_posix() for p in paths]
+
+
 # group -> (modules mutated, test files run); the core first: it matters most.
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "core": (
@@ -62,64 +70,56 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
                 "_attribute_state",
             )
         ],
-        [
-            f"tests/test_{t}.py"
-            for t in (
-                "context",
-                "context_precedence",
-                "runtime",
-                "reaping",
-                "acall",
-                "inflight_accounting",
-                "tool_declaration",
-                "lifecycle_logs",
-                "history",
-                "hostile_input",
-                "call_message",
-                "attribute_state",
-            )
-        ]
+        _tests(
+            "context",
+            "context_precedence",
+            "runtime",
+            "reaping",
+            "acall",
+            "inflight_accounting",
+            "tool_declaration",
+            "lifecycle_logs",
+            "history",
+            "hostile_input",
+            "call_message",
+            "attribute_state",
+        )
         # It starts an MCP stdio server whose stderr is ours, which mutmut has closed.
         + [
             "--deselect",
-            "tests/test_context_precedence.py::test_mcp_stdio_every_combination_falls_back_to_default",
+            "tests/core/test_context_precedence.py::"
+            "test_mcp_stdio_every_combination_falls_back_to_default",
         ],
     ),
     "servers": (
         [f"ctxactors/servers/{m}.py" for m in ("planning", "playbooks", "content", "history")],
-        [
-            f"tests/test_{t}.py"
-            for t in (
-                "runtime",
-                "playbook_ownership",
-                "content",
-                "content_sharing",
-                "content_snippets",
-                "history",
-                "server_details",
-                "durable",  # snapshot/restore and the stored history's merge
-            )
-        ],
+        _tests(
+            "runtime",
+            "playbook_ownership",
+            "content",
+            "content_sharing",
+            "content_snippets",
+            "history",
+            "server_details",
+            "durable",  # snapshot/restore and the stored history's merge
+        ),
     ),
     # Apart: its tests run real bubblewrap sandboxes and are the slowest by far.
     "workspace": (
         ["ctxactors/servers/workspace.py", "ctxactors/sandbox.py"],
-        [
-            "tests/test_workspace.py",
-            "tests/test_workspace_ids.py",
-            "tests/test_workspace_details.py",
-            "tests/test_sandbox.py",
-            "tests/test_sandbox_settings.py",
-            "tests/test_workspace_root.py",
-        ],
+        _tests(
+            "workspace",
+            "workspace_ids",
+            "workspace_details",
+            "sandbox",
+            "sandbox_settings",
+            "workspace_root",
+        ),
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.
     "scheduler": (
         ["ctxactors/_scheduler.py", "ctxactors/_tool_loop.py", "ctxactors/_launcher.py"],
-        [
-            f"tests/test_{t}.py"
-            for t in ("scheduler", "async_tools", "launcher", "runtime", "reaping", "acall")
-        ],
+        _tests("scheduler", "async_tools", "launcher", "runtime", "reaping", "acall"),
     ),
     # What keeps a promise of durability: the save path, the stored history, the stores.
     "store": (
@@ -129,10 +129,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/state/{m}.py" for m in ("_base", "_commit", "_memory", "_sqlite")),
             *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open")),
         ],
-        [
-            f"tests/test_{t}.py"
-            for t in ("durable", "durable_pipelined", "state_store", "history_store")
-        ],
+        _tests("durable", "durable_pipelined", "state_store", "history_store"),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
     "http": (
@@ -140,21 +137,18 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/transports/{m}.py" for m in ("auth", "access", "guard")),
             "ctxactors/metrics.py",
         ],
-        [
-            f"tests/test_{t}.py"
-            for t in ("http_auth", "http_tenancy", "principal", "metrics", "http_endpoints")
-        ],
+        _tests("http_auth", "http_tenancy", "principal", "metrics", "http_endpoints"),
     ),
     # The shard's logic is plain Python: tested in-process (test_ray_shard), where mutmut's
     # coverage sees it, unlike code run inside Ray workers.
     "ray": (
         [f"ctxactors/ray/{m}.py" for m in ("_shard", "_hashing", "_claims", "_directory")],
-        ["tests/test_ray_shard.py"],
+        _tests("ray_shard"),
     ),
     # tests/batch_support.py is staged with the tests; it is a helper, not a test file.
     "batch": (
         [f"ctxactors/batch/{m}.py" for m in ("engine", "plan", "template")],
-        [f"tests/test_batch{t}.py" for t in ("", "_rollback", "_safety", "_template", "_exact")],
+        _tests("batch", "batch_rollback", "batch_safety", "batch_template", "batch_exact"),
     ),
 }
 

@@ -5,14 +5,20 @@ Helpers a test imports live in `ctxactors.testing` (host apps use them too).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
+from mcp_support import TEST_DIRS
 
 from ctxactors import Runtime
 from ctxactors.logs import configure_logging
 from ctxactors.settings import Settings
 from ctxactors.testing import ManualClock
+
+# A test module may import another folder's by its basename (all unique), as when they
+# were one flat directory: every test folder is on sys.path before any is collected.
+sys.path[:0] = [str(d) for d in TEST_DIRS if str(d) not in sys.path]
 
 # The workspace fixtures (workspace_root, leaks, rt): see workspace_support.
 pytest_plugins = ("workspace_support",)

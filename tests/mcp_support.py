@@ -1,7 +1,7 @@
 """Helpers for the MCP transport tests: a test tool server and ways to start ``ctxactors serve``.
 
 `Gate` is loaded into the served runtime with ``--server mcp_support:Gate`` (the tests
-directory is put on the subprocess's PYTHONPATH). Its tools let a test prove concurrency by
+directory and its folders are put on the subprocess's PYTHONPATH). Its tools let a test prove concurrency by
 ordering, not by timing: ``wait_gate`` only returns ``opened: true`` if ``open_gate`` ran
 while it was still waiting.
 """
@@ -30,6 +30,10 @@ from ctxactors.context import META_KEYS
 from ctxactors.testing import await_until, wait_until
 
 TESTS_DIR = Path(__file__).resolve().parent
+# The test modules sit in folders by area (core/, servers/, ...) and the helpers here: a test
+# module imports both by basename (all unique), a served one too (``--server test_x:Cls``).
+TEST_DIRS = [TESTS_DIR, *sorted(d for d in TESTS_DIR.iterdir() if any(d.glob("test_*.py")))]
+TEST_PATH = os.pathsep.join(map(str, TEST_DIRS))
 _gates: dict[str, threading.Event] = {}
 _gates_lock = threading.Lock()
 
@@ -93,7 +97,7 @@ class Whoami(Server):
 
 def serve_env() -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [TEST_PATH, env.get("PYTHONPATH")]))
     env.setdefault("CTXACTORS_LOG_LEVEL", "warning")
     # `serve` keeps state in a SQLite file under the user's state directory: every server a
     # test starts gets a fresh one, so no test sees another's (or an earlier run's) state.

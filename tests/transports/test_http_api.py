@@ -306,7 +306,7 @@ def test_openapi_document_describes_every_tool_and_response(client: httpx.Client
 
 
 def test_schemathesis_finds_no_server_errors_or_schema_violations() -> None:
-    script = Path(__file__).parents[1] / "scripts" / "schemathesis_check.py"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "schemathesis_check.py"
     run = subprocess.run(
         [sys.executable, str(script), "--max-examples", "8", "--phases", "fuzzing,stateful"],
         capture_output=True,

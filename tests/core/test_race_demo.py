@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "race_demo.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "race_demo.py"
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # Each page that has a quick start, and the heading of that section.
 PAGES = {"README.md": "## Quick start", "docs/getting-started.md": "## The quick start"}

@@ -134,7 +134,7 @@ def test_the_default_carriers_are_the_verified_hosts_keys_after_ctxactors() -> N
 
 
 def test_the_docs_tables_name_exactly_the_default_carriers_in_order() -> None:
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = Path(__file__).resolve().parents[2] / "docs"
     serving = (docs / "serving.md").read_text(encoding="utf-8")
     section = serving.split("### The conversation ids MCP hosts send", 1)[1].split("\n#", 1)[0]
     # The rows whose first cell is code: the header's (`_meta` key) and one per key.

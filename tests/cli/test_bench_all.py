@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "bench_all.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_all.py"
 
 WITH_JSON = """
 import argparse, json

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 import pytest
+from mcp_support import TEST_PATH
 from test_loadtest import parse
 
 from ctxactors import Scope, Server, ToolContext, ToolError, tool
@@ -110,9 +111,8 @@ def test_arguments_follow_the_bounds_of_their_types() -> None:
 def test_a_restarted_server_serves_the_host_servers_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tests = str(Path(__file__).resolve().parent)
     monkeypatch.setenv(
-        "PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))
+        "PYTHONPATH", os.pathsep.join(filter(None, [TEST_PATH, os.environ.get("PYTHONPATH")]))
     )
     argv = ("--server", f"{HERE}:Tally", "--mix", "tally=1,create_goal=1", "--restart-every", "1")
     code, report = run_cli(tmp_path, *argv, "--sessions", "4", "--calls", "20", "--workers", "2")
