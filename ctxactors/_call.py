@@ -199,6 +199,9 @@ def execute(
     gives an error result or a log line, and the actor goes on serving its key.
     """
     call = envelope.call
+    # Set back after: a call run in place inside a tool (a tool calling another key) must
+    # leave that tool's own deadline.
+    outer = getattr(_running, "deadline", None)
     _running.deadline = call.deadline
     try:
         if start_error is not None:
@@ -218,7 +221,7 @@ def execute(
     except BaseException as exc:  # noqa: BLE001 - a call must never take its actor down
         result = ToolResult.from_exception(exc)
     finally:
-        _running.deadline = None
+        _running.deadline = outer
     finish(envelope, actor, result)
 
 

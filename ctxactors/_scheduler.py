@@ -345,7 +345,10 @@ class PoolActor(pykka.Actor):
         """Run up to `THROUGHPUT` messages (a worker's turn), then hand the actor back."""
         previous = set_actor(self._lifecycle)
         try:
-            if self._drain(blocking_thread):
+            # In a context of its own, as a call run in place: a context variable one key's
+            # call sets (a structlog binding, say) must not reach the next key's on this
+            # worker, which may be another principal's.
+            if Context().run(self._drain, blocking_thread):
                 return  # parked, stopped, or moved to the blocking pool: still scheduled
         except BaseException as exc:  # noqa: BLE001 - a worker must outlive any actor
             _log.error("actor_run_failed", exc_info=exc)
