@@ -13,7 +13,8 @@ cover part of this (hypercorn has a read timeout, granian a header timeout; neit
 connections of one client address). Two pieces, with the limits of `HttpSettings`:
 
 - `GuardedListener`, the listening socket uvicorn is given. asyncio's loop calls its
-  ``accept()``, which counts each connection by client address and refuses one over
+  ``accept()``, which counts each connection by client (`client_of`: an IPv6 client by
+  its /64) and refuses one over
   ``http.max_connections`` (the server's) or ``http.max_connections_per_client`` on the spot:
   a short 503 and a close, inside ``accept``, so a refused connection never gets a protocol
   or a task and holds its descriptor for an instant.
@@ -33,6 +34,7 @@ there and let the proxy cap its clients.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import resource
 import socket
@@ -66,6 +68,24 @@ def _response(status: int, reason: str, code: str, message: str, *extra: str) ->
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+def client_of(host: str) -> str:
+    """The client an address counts against: an IPv6 address's /64 (one host or site is
+    handed a whole /64 and may pick any address in it, so counting addresses would let it
+    open the per-client cap's connections 2**64 times over), an IPv4-mapped one's IPv4
+    address; an IPv4 address, or anything else, as it is."""
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    if address.is_loopback:
+        return host
+    return str(ipaddress.IPv6Network((int(address) >> 64 << 64, 64)))
+
+
 class Admission:
     """The connections open now, per client address; the one place that counts them.
 
@@ -83,6 +103,7 @@ class Admission:
     def admit(self, fd: int, host: str) -> bytes | None:
         """Count the connection on `fd` from `host`, or the response that refuses it."""
         self.release(fd)  # still counted: a connection that never reached a protocol
+        host = client_of(host)
         cap = self.limits.max_connections
         if len(self._host_of) >= cap:
             return _too_many(f"the server holds {cap} connections, its most (http.max_connections)")
