@@ -339,7 +339,9 @@ class PoolActor(pykka.Actor):
             Context().run(execute, envelope, self._server, self._lifecycle, self._start_error)
         finally:
             set_actor(previous)
-        self._release()
+            # Even as an exception leaves (Ctrl-C in the caller's thread): a key left marked
+            # as running would never run again.
+            self._release()
 
     def run(self, blocking_thread: bool) -> None:
         """Run up to `THROUGHPUT` messages (a worker's turn), then hand the actor back."""

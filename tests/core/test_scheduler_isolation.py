@@ -1,7 +1,8 @@
 """What one call leaves on the thread that ran it never reaches another call: a context
 variable a tool sets (a structlog binding, a tracing context) stays out of every other key's
 calls on the same pool worker, and a call run in place on a tool's thread (a tool calling
-another key) leaves that tool's `caller_deadline` as it was.
+another key) leaves that tool's `caller_deadline` as it was, and a key whose call in place
+is interrupted (Ctrl-C in the caller's thread) goes on serving.
 """
 
 from __future__ import annotations
@@ -76,3 +77,22 @@ def test_a_call_run_in_place_inside_a_tool_leaves_that_tools_deadline(how: str) 
             result = asyncio.run(rt.acall("call_other", args)).structured
     assert result is not None and result["before"] is not None
     assert result["after"] == result["before"]
+
+
+def test_a_key_whose_call_in_place_is_interrupted_after_its_reply_still_serves() -> None:
+    # Ctrl-C (KeyboardInterrupt) may land anywhere in the caller's thread, here in the
+    # call's log line after the reply: it reaches the caller, and the key must not stay
+    # marked as running (every later call of it would wait out its timeout).
+    with Runtime([Leaky], call_timeout=5.0) as rt:
+        rt.call("remember", context_args("alpha", value="x"))  # the key exists
+        host = rt._host
+        log_call = host.log_call
+
+        def interrupted(*args: Any) -> None:
+            host.log_call = log_call
+            raise KeyboardInterrupt
+
+        host.log_call = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            rt.call("recall", context_args("alpha"))
+        assert rt.call("recall", context_args("alpha")).structured["value"] is None
