@@ -53,31 +53,22 @@ class ToolLoop:
         self._closed = False
 
     def run(self, coro: Coroutine[Any, Any, Any], deadline: float | None) -> Any:
-        """The coroutine's value, run on this loop; what it raises is raised here.
-
-        Past `deadline` (`time.monotonic`) it is cancelled, waited for, and `Cancelled`
-        is raised.
-        """
-        loop = self._start()
+        """The coroutine's value, run on this loop (`submit`) while this thread waits; what
+        it raises is raised here. Past `deadline` it is cancelled, waited for (the key's
+        next call must not overlap its unwinding), and `Cancelled` is raised."""
         done = threading.Event()
-        box: list[asyncio.Task[Any]] = []
+        outcome: list[tuple[Any, BaseException | None]] = []
 
-        def begin() -> None:
-            context = contextvars.copy_context()
-            context.run(tool_deadline.set, deadline)
-            task = loop.create_task(coro, context=context)
-            task.add_done_callback(lambda _: done.set())
-            box.append(task)
+        def finished(value: Any, error: BaseException | None) -> None:
+            outcome.append((value, error))
+            done.set()
 
-        loop.call_soon_threadsafe(begin)
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if not done.wait(timeout):
-            loop.call_soon_threadsafe(_cancel, box)
-            done.wait()  # the key's next call must not overlap its unwinding
-            task = box[0]
-            if task.cancelled():
-                raise Cancelled("the tool was cancelled: its caller's deadline passed")
-        return box[0].result()
+        self.submit(coro, deadline, finished)
+        done.wait()
+        value, error = outcome[0]
+        if error is not None:
+            raise error
+        return value
 
     def submit(
         self,

@@ -20,10 +20,12 @@ from ctxactors import (
     Scope,
     Server,
     ServerDefinitionError,
+    Settings,
     ToolContext,
     caller_deadline,
     tool,
 )
+from ctxactors.settings import ActorSettings
 from ctxactors.state import SQLiteStore
 from ctxactors.testing import context_args, wait_until
 
@@ -252,3 +254,28 @@ def test_an_async_generator_is_refused_at_registration() -> None:
             async def stream(self, ctx: ToolContext) -> Any:
                 """Not a tool: yields."""
                 yield 1
+
+
+@pytest.mark.parametrize("scheduler", ["pool", "thread"])
+def test_with_a_thread_waiting_for_it_a_coroutine_runs_in_order_and_is_cancelled_the_same(
+    scheduler: str,
+) -> None:
+    """The thread-per-key scheduler (and a call behind call wrappers) waits on its thread
+    for the coroutine (`ToolLoop.run`) instead of parking: the same order and cancellation."""
+    settings = Settings(actors=ActorSettings(scheduler=scheduler))  # type: ignore[arg-type]
+    with Runtime([Waiter], settings=settings) as rt:
+        rt.add_call_wrapper(lambda body, spec, ctx: body)  # no parking behind a wrapper
+
+        async def main() -> list[Any]:
+            return await asyncio.gather(
+                *(rt.acall("step", context_args("s1", n=i)) for i in range(5))
+            )
+
+        assert [r.structured for r in asyncio.run(main())] == [{"n": i} for i in range(5)]
+        with pytest.raises(CallTimeoutError):
+            rt.call("hang", context_args("s1"), timeout=0.2)
+        report = rt.call("report", context_args("s1")).structured
+    assert report == {
+        "log": [f"{what} {i}" for i in range(5) for what in ("start", "end")],
+        "cancelled": 1,
+    }
