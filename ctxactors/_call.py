@@ -227,15 +227,11 @@ def execute(
 
 def resume(envelope: Envelope, server: Any, actor: Finishing, result: ToolResult) -> None:
     """Go on with a parked call once its coroutine is done: steps 3-7. Never raises."""
-    call = envelope.call
     try:
-        durable = envelope.host.durable if call.durable else None
-        if durable is not None and not call.read_only:
-            then = functools.partial(finish, envelope, actor)
-            saved: ToolResult | None = durable.save(server, envelope.key, result, then)
-            if saved is None:
-                return
-            result = saved
+        saved = _save(envelope, server, actor, result)
+        if saved is None:
+            return  # being saved: `finish` runs once the store has answered
+        result = saved
     except BaseException as exc:  # noqa: BLE001
         result = ToolResult.from_exception(exc)
     finish(envelope, actor, result)
@@ -282,6 +278,16 @@ def _run(
     result = _handle(envelope, server, park)
     if result is None:
         return None  # parked
+    return _save(envelope, server, actor, result)
+
+
+def _save(
+    envelope: Envelope, server: Any, actor: Finishing | None, result: ToolResult
+) -> ToolResult | None:
+    """Step 3: a writing call's state saved before anyone sees its result (with the `actor`,
+    pipelined: None, and `finish` runs once the store has answered)."""
+    call = envelope.call
+    durable = envelope.host.durable if call.durable else None
     if durable is not None and not call.read_only:
         then = None if actor is None else functools.partial(finish, envelope, actor)
         saved: ToolResult | None = durable.save(server, envelope.key, result, then)

@@ -2,10 +2,11 @@
 
 An async tool's coroutine runs on this loop, never on the caller's: a host's loop may be
 busy, closed or absent (a blocking `Runtime.call` from a plain thread), and a coroutine
-tied to it would die with it. The key's actor thread waits for the coroutine to finish, so
-its key's calls stay one at a time and in order (the next call starts after the coroutine
-returns, and its state is saved after, exactly as for a sync tool), while the other keys'
-coroutines go on together on the loop.
+tied to it would die with it. Its key's actor is parked meanwhile (`submit`: the worker
+pool's way, no thread held) or its thread waits (`run`: a thread per key, or a call behind
+call wrappers), so the key's calls stay one at a time and in order (the next call starts
+after the coroutine returns, and its state is saved after, exactly as for a sync tool),
+while the other keys' coroutines go on together on the loop.
 
 At the caller's deadline the coroutine is cancelled, and the actor still waits for it to
 unwind: a coroutine that catches the cancellation and touches its state again must not
@@ -40,10 +41,7 @@ class CancelledResult(ToolResult, frozen=True):
 
 
 class ToolLoop:
-    """One event loop on one daemon thread, started by the first async call.
-
-    `run` is called from an actor thread and blocks it until the coroutine is done.
-    """
+    """One event loop on one daemon thread, started by the first async call."""
 
     def __init__(self, name: str = "ctxactors-async-tools") -> None:
         self._name = name
