@@ -1,7 +1,7 @@
-"""Mutation testing of the core, the servers and the batch engine with mutmut (not run in CI).
+"""Mutation testing of every module that keeps a promise, with mutmut (not run in CI).
 
     python scripts/mutation.py                 # every group (resumes: results are kept)
-    python scripts/mutation.py --group core    # one group: core, servers, workspace, batch
+    python scripts/mutation.py --group core    # one group (see GROUPS)
     python scripts/mutation.py --jobs 3        # workers (a hung mutant waits, using no CPU)
     python scripts/mutation.py --report-only   # rewrite mutation/report.md from the results
     python scripts/mutation.py --retry-survivors   # re-run survivors (after new tests)
@@ -92,11 +92,15 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "servers": (
-        [f"ctxactors/servers/{m}.py" for m in ("planning", "playbooks", "content", "history")],
+        [
+            f"ctxactors/servers/{m}.py"
+            for m in ("planning", "playbooks", "content", "content_ledger", "history")
+        ],
         _tests(
             "runtime",
             "playbook_ownership",
             "content",
+            "content_principal_cap",
             "content_sharing",
             "content_snippets",
             "history",
@@ -106,13 +110,20 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     # Apart: its tests run real bubblewrap sandboxes and are the slowest by far.
     "workspace": (
-        ["ctxactors/servers/workspace.py", "ctxactors/sandbox.py"],
+        [
+            *(f"ctxactors/servers/{m}.py" for m in ("workspace", "workspace_dirs")),
+            "ctxactors/servers/workspace_tenants.py",
+            "ctxactors/sandbox.py",
+        ],
         _tests(
             "workspace",
             "workspace_ids",
             "workspace_details",
+            "workspace_dirs_key",
+            "workspace_durable",
             "sandbox",
             "sandbox_settings",
+            "sandbox_tenants",
             "workspace_root",
         ),
     ),
@@ -127,17 +138,25 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "ctxactors/durable.py",
             "ctxactors/history_store.py",
             *(f"ctxactors/state/{m}.py" for m in ("_base", "_commit", "_memory", "_sqlite")),
-            *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open")),
+            *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open", "_reserve")),
         ],
-        _tests("durable", "durable_pipelined", "state_store", "history_store"),
+        _tests("durable", "durable_pipelined", "state_store", "history_store", "store_full_disk"),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
     "http": (
         [
-            *(f"ctxactors/transports/{m}.py" for m in ("auth", "access", "guard")),
+            *(f"ctxactors/transports/{m}.py" for m in ("auth", "access", "guard", "connections")),
             "ctxactors/metrics.py",
         ],
-        _tests("http_auth", "http_tenancy", "principal", "metrics", "http_endpoints"),
+        _tests(
+            "http_auth",
+            "http_tenancy",
+            "principal",
+            "metrics",
+            "http_endpoints",
+            "http_admission",
+            "http_slow_clients",
+        ),
     ),
     # The shard's logic is plain Python: tested in-process (test_ray_shard), where mutmut's
     # coverage sees it, unlike code run inside Ray workers.
@@ -147,7 +166,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     # tests/batch_support.py is staged with the tests; it is a helper, not a test file.
     "batch": (
-        [f"ctxactors/batch/{m}.py" for m in ("engine", "plan", "template")],
+        [
+            *(f"ctxactors/batch/{m}.py" for m in ("engine", "plan", "template")),
+            "ctxactors/servers/batch.py",
+        ],
         _tests("batch", "batch_rollback", "batch_safety", "batch_template", "batch_exact"),
     ),
 }
