@@ -269,7 +269,17 @@ def _group_config(group: str) -> str:
         "pytest_add_cli_args": pytest_args,
         "pytest_add_cli_args_test_selection": tests,
     }
+    # pytest's own section stops it from reading the checkout's pyproject.toml and conftest.py
+    # above the stage, which put the checkout first on sys.path: the tests then imported the
+    # unmutated package and mutmut found no test reaching any mutant.
+    pytest_ini = {
+        **tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"],
+        "testpaths": ["tests"],
+        "pythonpath": ["."],
+    }
     lines = ["[tool.mutmut]"] + [f"{k} = {json.dumps(v)}" for k, v in config.items()]
+    lines += ["", "[tool.pytest.ini_options]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in pytest_ini.items()]
     return "\n".join(lines) + "\n"
 
 
