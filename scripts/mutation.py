@@ -140,7 +140,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/state/{m}.py" for m in ("_base", "_commit", "_memory", "_sqlite")),
             *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open", "_reserve")),
         ],
-        _tests("durable", "durable_pipelined", "state_store", "history_store", "store_full_disk"),
+        _tests(
+            "durable",
+            "durable_pipelined",
+            "state_store",
+            "history_store",
+            "store_full_disk",
+            "store_open",
+        ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
     "http": (
