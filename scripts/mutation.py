@@ -165,11 +165,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "http_slow_clients",
         ),
     ),
-    # The shard's logic is plain Python: tested in-process (test_ray_shard), where mutmut's
-    # coverage sees it, unlike code run inside Ray workers.
+    # The shard's logic is plain Python: tested in-process (test_ray_shard and the tests of
+    # its parts), where mutmut's coverage sees it, unlike code run inside Ray workers.
     "ray": (
         [f"ctxactors/ray/{m}.py" for m in ("_shard", "_hashing", "_claims", "_directory")],
-        _tests("ray_shard"),
+        _tests("ray_shard", "ray_placement", "ray_claims", "ray_directory"),
     ),
     # tests/batch_support.py is staged with the tests; it is a helper, not a test file.
     "batch": (
