@@ -140,7 +140,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     observe.add_arguments(parser)
     ray = parser.add_argument_group("Ray backend (key actors in Ray shard actors; see docs/ray.md)")
     ray.add_argument("--backend", choices=("embedded", "ray"), default="embedded")
-    ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: local)")
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to join, with its token (CTXACTORS_RAY_TOKEN_FILE); default: "
+        "RAY_ADDRESS's, or one `ray start` left on this machine, else start one with a "
+        "generated token; local: always start one",
+    )
     ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
     ray.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
     ray.add_argument(

@@ -9,21 +9,24 @@ without it is refused (``Unauthenticated: InvalidAuthToken``). `prepare` turns i
 this process, with a token, before ``ray.init``:
 
 - Ray reads the token from ``RAY_AUTH_TOKEN``, else from the file ``RAY_AUTH_TOKEN_PATH``,
-  else from ``~/.ray/auth_token`` (``AuthenticationTokenLoader::TryLoadTokenFromSources``).
+  else (with ``RAY_ENABLE_K8S_TOKEN_AUTH``) the pod's Kubernetes service account token,
+  else ``~/.ray/auth_token`` (``AuthenticationTokenLoader::TryLoadTokenFromSources``).
   `RaySettings.token_file` (``CTXACTORS_RAY_TOKEN_FILE``) becomes ``RAY_AUTH_TOKEN_PATH``.
 - Joining a cluster (an address, ``RAY_ADDRESS``, or one that ``ray start`` left on this
   machine) with no token from any of them is a `RayAuthError` saying what to set, before
   anything is sent to Ray.
-- Starting one (no address, none running): the operator's token if there is one, else a
-  new one of 256 bits kept only in this process's environment, which the Ray processes it
-  starts inherit. Nothing else can join it, and nothing is written to disk (Ray itself
+- Starting one (``local``, or no address and none found): the operator's token if there
+  is one, else a new one of 256 bits kept only in this process's environment, which the Ray
+  processes it starts inherit. Nothing else can join it, and nothing is written to disk (Ray itself
   would write it to ``~/.ray/auth_token`` with the umask's mode).
 - ``RAY_AUTH_MODE`` set to anything but ``token`` is refused, and so is a process that is
   already connected to a Ray without token authentication.
 - A token shorter than 32 characters is refused (Ray's own are 64 hex digits), and so is a
   token file that is missing or empty: Ray would abort the whole process on it.
 
-A token is never logged nor put in an error: they name where it came from.
+Ray reads all of this from the environment, so `prepare` sets it in this process's
+(one Ray, one token a process, as with ``ray.init`` itself). A token is never logged nor
+put in an error: they name where it came from.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from ctxactors.settings import RaySettings
 
 MIN_TOKEN_CHARS = 32
 _WHITESPACE = " \t\n\r\f\v"  # what Ray trims from a token (TrimWhitespace)
+_K8S_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 _TO_SET = (
     "set CTXACTORS_RAY_TOKEN_FILE (or --set ray.token_file=PATH) to a file holding the "
     "cluster's token, or give it as RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
@@ -134,6 +138,11 @@ def _token_source(token_file: str | None) -> str | None:
         path = os.environ["RAY_AUTH_TOKEN_PATH"]
         _check_file(path, "RAY_AUTH_TOKEN_PATH")
         return f"RAY_AUTH_TOKEN_PATH ({path})"
+    if os.environ.get("RAY_ENABLE_K8S_TOKEN_AUTH", "").strip().lower() in ("1", "true"):
+        # Kubernetes RBAC mode: Ray sends the pod's service account token, which the
+        # cluster checks with the Kubernetes API (Ray's k8s_constants.h names the file).
+        if Path(_K8S_TOKEN).is_file() and _check_file(_K8S_TOKEN, "RAY_ENABLE_K8S_TOKEN_AUTH"):
+            return f"RAY_ENABLE_K8S_TOKEN_AUTH ({_K8S_TOKEN})"
     default = Path(os.environ.get("HOME") or ".") / ".ray" / "auth_token"
     if default.exists() and _check_file(str(default), "~/.ray/auth_token", empty_ok=True):
         return str(default)

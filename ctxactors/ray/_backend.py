@@ -170,7 +170,8 @@ class RayBackend:
             ray.init(address=self.address, namespace=self.namespace, log_to_driver=False, **options)
         except ConnectionError as exc:
             raise ConnectionError(
-                f"{exc} (a wrong token fails the same way: the cluster logs Unauthenticated)"
+                f"{exc} (a token the cluster does not accept fails so too, after Ray's "
+                "'Unauthenticated' warnings)"
             ) from None
         _log.info(
             "ray_joined" if auth.joining else "ray_started",

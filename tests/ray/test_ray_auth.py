@@ -113,11 +113,15 @@ def refused(reader: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
-@pytest.fixture
-def tenant(cluster: RayCluster, tmp_path: Path) -> Iterator[tuple[str, str, str]]:
+@pytest.fixture(scope="module")
+def tenant(
+    cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, str, str]]:
     """A served front end on a fresh namespace, joined with nothing but the token file
     (``CTXACTORS_RAY_TOKEN_FILE``), after it stored a tenant's document in a fresh session
-    (the store outlives namespaces): (its base URL, the namespace, the session)."""
+    (the store outlives namespaces): (its base URL, the namespace, the session). One for
+    the module: it takes most of a minute to start on a busy machine."""
+    tmp_path = tmp_path_factory.mktemp("tenant")
     namespace = cluster.namespace()
     session = f"s-{namespace}"
     env = clean_env(tmp_path / "home", CTXACTORS_RAY_TOKEN_FILE=str(cluster.token_file))
