@@ -466,6 +466,41 @@ class HttpSettings(Group, frozen=True):
     ] = 100
 
 
+def _host(name: str, raw: str | None) -> Any:
+    if raw is None:
+        return _UNSET
+    if not re.fullmatch(r"[A-Za-z0-9.:\-]+", raw):
+        raise ValueError(f"{name} must be a host name or IP address, got {raw!r}")
+    return raw
+
+
+class RaySettings(Group, frozen=True):
+    """How a Ray backend (``serve --backend ray``) starts or joins Ray: always with Ray's own
+    token authentication (see `ctxactors.ray._auth`)."""
+
+    # A file holding the cluster's token (it becomes Ray's RAY_AUTH_TOKEN_PATH). Without it,
+    # Ray's own sources: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token. Joining a
+    # cluster needs one of them; starting one with none generates a token.
+    token_file: Annotated[str | None, var("CTXACTORS_RAY_TOKEN_FILE", _path)] = None
+    # Only when this process starts Ray: the address its node gives the others (None: Ray's
+    # choice), and Ray's dashboard (off; on, it listens on `dashboard_host`).
+    node_ip: Annotated[str | None, var("CTXACTORS_RAY_NODE_IP", _host)] = None
+    dashboard: Annotated[bool, var("CTXACTORS_RAY_DASHBOARD", _flag)] = False
+    dashboard_host: Annotated[str, var("CTXACTORS_RAY_DASHBOARD_HOST", _host)] = "127.0.0.1"
+
+
+class RedisSettings(Group, frozen=True):
+    """The credentials of a Redis store (``serve --store redis://...``; see
+    `ctxactors.redis_url`)."""
+
+    # A file whose first line is the password, for a URL that carries none: the password
+    # stays off the command line, where every local user can read it (ps).
+    password_file: Annotated[str | None, var("CTXACTORS_REDIS_PASSWORD_FILE", _path)] = None
+    # Accept a Redis with no password that tenants' code could reach (another host, or
+    # loopback while the sandbox shares the host's network): for a network you trust.
+    allow_no_auth: Annotated[bool, var("CTXACTORS_REDIS_ALLOW_NO_AUTH", _flag)] = False
+
+
 # -- where a call's conversation comes from ------------------------------------------------
 
 ContextRole = Literal["session", "assistant", "thread"]
@@ -563,6 +598,8 @@ class Settings(Group, frozen=True):
     metrics: MetricsSettings = MetricsSettings()
     actors: ActorSettings = ActorSettings()
     http: HttpSettings = HttpSettings()
+    ray: RaySettings = RaySettings()
+    redis: RedisSettings = RedisSettings()
     # The MCP _meta keys read as the context beside ctxactors/* (which come first), in order:
     # the first one present for a role gives it (`ctxactors.context.Carriers`).
     context_meta: Annotated[ContextMeta, var("CTXACTORS_CONTEXT_META", _context_meta)] = (
@@ -600,6 +637,8 @@ __all__ = [
     "MetricsSettings",
     "PlanningSettings",
     "PlaybooksSettings",
+    "RaySettings",
+    "RedisSettings",
     "SandboxSettings",
     "Settings",
     "WorkspaceSettings",

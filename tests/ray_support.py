@@ -1,13 +1,22 @@
-"""A multi-node Ray cluster on this machine (a head and two workers) and a real Redis.
+"""A multi-node Ray cluster on this machine (a head and two workers) and a real Redis, both
+as a deployment should run them: Ray with its token authentication, Redis asking an ACL
+user's password.
 
 Shards are kept off the head node (they need the ``ctxactors_shard`` resource that only
 worker nodes have), so removing a worker node really kills shards while the test process,
 connected through the head, keeps running. Health checks are fast so that a removed node
 is declared dead, and its shards restarted elsewhere, within a couple of seconds.
+
+The cluster's token is in a file (mode 0600) named by ``CTXACTORS_RAY_TOKEN_FILE`` in this
+process's environment while the cluster runs: this process's front ends, and the ``serve``
+and ``shards`` commands the tests start (their environment is a copy), join with it. The
+`cluster` fixture (session-wide, a plugin of ``tests/conftest.py``) starts it once.
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from state_support import RedisServer
 
 from ctxactors import Scope, Server, ToolContext, tool
@@ -29,6 +39,7 @@ class RayCluster:
     cluster: Any
     redis: RedisServer
     started_s: float
+    token_file: Path
     namespaces: list[str] = field(default_factory=list)
 
     def add_worker(self) -> Any:
@@ -49,15 +60,39 @@ class RayCluster:
         return name
 
 
+# What the cluster's processes and this one read the token and its mode from while it runs.
+_TOKEN_VARS = ("CTXACTORS_RAY_TOKEN_FILE", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """One cluster for the whole test session (it takes seconds to start)."""
+    with ray_cluster(tmp_path_factory.mktemp("ray-redis")) as started:
+        yield started
+
+
 @contextmanager
 def ray_cluster(directory: Path, workers: int = 2) -> Iterator[RayCluster]:
-    """Start Redis (data in `directory`) and the cluster (a head and `workers` worker
-    nodes); shut both down however it ends."""
+    """Start Redis (data in `directory`; an ACL user with a password, the default user off)
+    and the cluster (a head and `workers` worker nodes) with token authentication; shut
+    both down however it ends."""
     import ray
     from ray.cluster_utils import Cluster
 
-    redis = RedisServer(directory)
+    from ctxactors.ray._auth import _reload_ray_config
+
+    redis = RedisServer(directory, user="ctxactors", password=secrets.token_hex(16))
     redis.start()
+    token_file = directory / "ray-token"
+    token_file.touch(mode=0o600)
+    token_file.write_text(secrets.token_hex(32) + "\n")
+    saved = {name: os.environ.get(name) for name in _TOKEN_VARS}
+    os.environ.update(
+        CTXACTORS_RAY_TOKEN_FILE=str(token_file),  # the front ends, here and in commands
+        RAY_AUTH_TOKEN_PATH=str(token_file),  # the nodes (this process's children)
+        RAY_AUTH_MODE="token",
+    )
+    _reload_ray_config()  # this process's own GCS client waits for the nodes
     started = time.monotonic()
     cluster = Cluster(
         initialize_head=True,
@@ -72,7 +107,7 @@ def ray_cluster(directory: Path, workers: int = 2) -> Iterator[RayCluster]:
         },
     )
     try:
-        state = RayCluster(cluster, redis, 0.0)
+        state = RayCluster(cluster, redis, 0.0, token_file)
         for _ in range(workers):
             state.add_worker()
         state.started_s = time.monotonic() - started
@@ -83,6 +118,12 @@ def ray_cluster(directory: Path, workers: int = 2) -> Iterator[RayCluster]:
         finally:
             cluster.shutdown()
             redis.stop(kill=True)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            _reload_ray_config()
 
 
 class CrashOnce(Server):

@@ -69,22 +69,32 @@ def served_http(env: dict[str, str] | None = None) -> Iterator[tuple[str, Path]]
     its base URL and the file that collects its standard error."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "stderr"
-        port = free_port()
-        with log.open("wb") as err:
-            proc = subprocess.Popen(
-                [*SERVE, "--transport", "http", "--port", str(port)],
-                stdin=subprocess.DEVNULL,
-                stderr=err,
-                env={**serve_env(), **(env or {})},
-            )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            assert wait_until(lambda: _healthy(base) or proc.poll() is not None, 60)
-            assert proc.poll() is None, log.read_text()
+        with serving_http({**serve_env(), **(env or {})}, log) as (base, _):
             yield base, log
-        finally:
-            proc.terminate()
-            proc.wait(30)
+
+
+@contextlib.contextmanager
+def serving_http(
+    env: dict[str, str], log: Path, *flags: str, start_timeout: float = 60
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``ctxactors serve --transport http FLAGS`` on a free port with exactly `env`, its
+    standard error into `log`; yields its base URL and process once it answers."""
+    port = free_port()
+    with log.open("wb") as err:
+        proc = subprocess.Popen(
+            [*SERVE, "--transport", "http", "--port", str(port), *flags],
+            stdin=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _healthy(base) or proc.poll() is not None, start_timeout)
+        assert proc.poll() is None, log.read_text()
+        yield base, proc
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 def _healthy(base: str) -> bool:

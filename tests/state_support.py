@@ -1,4 +1,6 @@
-"""A real redis-server for the store tests, on a free loopback port, durable on every write."""
+"""A real redis-server for the store tests, on a free loopback port, durable on every write;
+with a password (``requirepass``), or an ACL user's with the rules docs/durable-state.md
+gives, when asked."""
 
 from __future__ import annotations
 
@@ -18,21 +20,51 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class RedisServer:
-    """``redis-server`` with append-only fsync on every write; `restart` keeps its data."""
+# The ACL rules of ctxactors' Redis user (docs/durable-state.md): its own keys, and the
+# commands of the store, the Ray shard layout and call claims (scripts, MULTI), no others.
+STORE_ACL = (
+    "~ctxactors:* resetchannels -@all +@read +@write +@scripting +@transaction "
+    "+@connection -@dangerous"
+)
 
-    def __init__(self, directory: Path) -> None:
+
+class RedisServer:
+    """``redis-server`` with append-only fsync on every write; `restart` keeps its data.
+
+    With a `password` it asks for it: as ``requirepass``, or with a `user` as that ACL
+    user's (`STORE_ACL`), the default user then off. `url` carries the credentials,
+    `bare_url` none."""
+
+    def __init__(
+        self, directory: Path, *, password: str | None = None, user: str | None = None
+    ) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (Debian package redis-server)")
         self.exe = exe
         self.dir = directory
         self.port = free_port()
+        self.password = password
+        self.user = user
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def url(self) -> str:
+    def bare_url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def url(self) -> str:
+        if self.password is None:
+            return self.bare_url
+        return f"redis://{self.user or ''}:{self.password}@127.0.0.1:{self.port}/0"
+
+    def _auth_arguments(self) -> list[str]:
+        if self.password is None:
+            return []
+        if self.user is None:
+            return ["--requirepass", self.password]
+        rules = [self.user, "on", f">{self.password}", *STORE_ACL.split()]
+        return ["--user", "default", "off", "--user", *rules]
 
     def start(self) -> None:
         self.proc = subprocess.Popen(
@@ -50,6 +82,7 @@ class RedisServer:
                 "yes",
                 "--appendfsync",
                 "always",
+                *self._auth_arguments(),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -57,10 +90,11 @@ class RedisServer:
         wait_until(self._answers_ping, 20, 0.05)
 
     def _answers_ping(self) -> bool:
+        # Asking for a password, it answers NOAUTH: up all the same.
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -28,7 +28,7 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
-from ctxactors import metrics, tracing
+from ctxactors import metrics, redis_url, tracing
 from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, import_server, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
@@ -140,7 +140,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     observe.add_arguments(parser)
     ray = parser.add_argument_group("Ray backend (key actors in Ray shard actors; see docs/ray.md)")
     ray.add_argument("--backend", choices=("embedded", "ray"), default="embedded")
-    ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster (default: local)")
+    ray.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="the Ray cluster to join, with its token (CTXACTORS_RAY_TOKEN_FILE); default: "
+        "RAY_ADDRESS's, or one `ray start` left on this machine, else start one with a "
+        "generated token; local: always start one",
+    )
     ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
     ray.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")
     ray.add_argument(
@@ -205,12 +211,18 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
             )
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
-    if args.backend == "ray":
-        return _ray_runtime([*builtin, *(s for s in extra if s not in builtin)], args, settings)
-    try:
-        store = open_store(args.store, data_dir=args.data_dir, retention=args.retention)
+    try:  # a Redis tenants could reach must ask for a password (`ctxactors.redis_url`)
+        store_spec = redis_url.resolve(args.store, settings)
+        redis_url.check_credentials(store_spec)
     except ValueError as exc:
-        raise SystemExit(f"--store: {exc}") from None
+        raise SystemExit(f"ctxactors serve: --store: {exc}") from None
+    if args.backend == "ray":
+        servers = [*builtin, *(s for s in extra if s not in builtin)]
+        return _ray_runtime(servers, args, settings, store_spec)
+    try:
+        store = open_store(store_spec, data_dir=args.data_dir, retention=args.retention)
+    except ValueError as exc:
+        raise SystemExit(f"--store: {redis_url.redact(str(exc))}") from None
     except StoreUnavailableError as exc:  # a damaged or unreadable file: the operator's fix
         raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
@@ -228,17 +240,18 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
 
 
 def _ray_runtime(
-    servers: list[type[Server]], args: argparse.Namespace, settings: Settings
+    servers: list[type[Server]], args: argparse.Namespace, settings: Settings, store: str
 ) -> Runtime:
-    """A stateless front end: the shards keep the state, in the Redis of ``--store``."""
-    from ctxactors.ray import RayBackend
+    """A stateless front end: the shards keep the state, in the Redis of ``--store``. Ray is
+    joined or started with its token authentication (`ctxactors.ray._auth`)."""
+    from ctxactors.ray import RayAuthError, RayBackend
     from ctxactors.ray._command import shard_options
 
     try:
         backend = RayBackend(
             args.ray_address,
             shards=args.shards,
-            store=args.store,
+            store=store,
             namespace=args.ray_namespace,
             ttl=args.ttl,
             retention=args.retention,
@@ -247,9 +260,9 @@ def _ray_runtime(
             shard_options=shard_options(args.shard_resource),
             settings=settings,
         )
-    except (ValueError, StoreUnavailableError) as exc:
-        raise SystemExit(f"--backend ray: {exc}") from None
-    return Runtime(servers, tools=args.tools, backend=backend, settings=settings)
+        return Runtime(servers, tools=args.tools, backend=backend, settings=settings)
+    except (ValueError, ConnectionError, StoreUnavailableError, RayAuthError) as exc:
+        raise SystemExit(f"--backend ray: {redis_url.redact(str(exc))}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -30,14 +30,18 @@ from ctxactors.errors import (
     RuntimeClosedError,
     ShardUnavailableError,
 )
+from ctxactors.logs import lazy_logger
+from ctxactors.ray._auth import check_connected, prepare, start_options
 from ctxactors.ray._directory import Directory, Layout
 from ctxactors.ray._hashing import owner
 from ctxactors.ray._observed import ObservedReply
 from ctxactors.ray._shard import Duplicate, Moved, Shard, ShardConfig
+from ctxactors.redis_url import redact
 from ctxactors.results import ToolResult
-from ctxactors.settings import Settings
+from ctxactors.settings import RaySettings, Settings
 from ctxactors.tools import Server, ToolSpec
 
+_log = lazy_logger("ctxactors.ray")
 _START_TIMEOUT = 180.0  # seconds for the shard processes to start
 # Waits between retries of a read-only call while its shard restarts.
 _RETRY_DELAYS = (0.05, 0.1, 0.2, 0.5, 1.0)
@@ -82,7 +86,8 @@ class RayBackend:
             raise ValueError(f"shards must be at least 1, got {shards}")
         if not store.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(
-                f"the Ray backend keeps state in Redis: store must be a redis:// URL, got {store!r}"
+                "the Ray backend keeps state in Redis: store must be a redis:// URL, "
+                f"got {redact(store)!r}"
             )
         self.address = address
         self.namespace = namespace
@@ -146,13 +151,39 @@ class RayBackend:
 
         if self._thread is not None:
             return
-        if not ray.is_initialized():
-            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False)
+        if ray.is_initialized():
+            check_connected()
+        else:
+            self._init_ray(ray)
         self._actor_class = ray.remote(Shard)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="ctxactors-ray", daemon=True
         )
         self._thread.start()
+
+    def _init_ray(self, ray: Any) -> None:
+        """``ray.init`` with Ray's token authentication on (`ctxactors.ray._auth`)."""
+        settings = self._ray_settings()
+        auth = prepare(self.address, settings)
+        options = {} if auth.joining else start_options(settings)
+        try:
+            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False, **options)
+        except ConnectionError as exc:
+            raise ConnectionError(
+                f"{exc} (a token the cluster does not accept fails so too, after Ray's "
+                "'Unauthenticated' warnings)"
+            ) from None
+        _log.info(
+            "ray_joined" if auth.joining else "ray_started",
+            address=ray.get_runtime_context().gcs_address,
+            auth="token",
+            token=auth.source,  # where it came from, never the token
+            dashboard=None if auth.joining or not settings.dashboard else settings.dashboard_host,
+        )
+
+    def _ray_settings(self) -> RaySettings:
+        given: Settings | None = self._limits["settings"]
+        return given.ray if given is not None else RaySettings.from_env()
 
     def submit(
         self,
@@ -455,6 +486,7 @@ class RayBackend:
         """Stop every shard of the namespace (their state stays in the store)."""
         import ray
 
+        self.connect()  # else Ray's calls would join whatever Ray they find, token or not
         for index in range(max(self.count, self._directory.layout(self.count).count)):
             try:
                 ray.kill(ray.get_actor(_name(index), namespace=self.namespace), no_restart=True)

@@ -13,8 +13,12 @@ import json
 import sys
 from typing import Any
 
+from ctxactors import redis_url
+from ctxactors.errors import StoreUnavailableError
+from ctxactors.ray._auth import RayAuthError
 from ctxactors.ray._backend import RayBackend
 from ctxactors.ray._directory import LayoutChangedError
+from ctxactors.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,13 +43,19 @@ def shard_options(resource: str | None) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    backend = RayBackend(
-        args.ray_address,
-        shards=1,
-        store=args.store,
-        namespace=args.ray_namespace,
-        shard_options=shard_options(args.shard_resource),
-    )
+    try:  # the Redis and Ray checks of `serve` (`ctxactors.redis_url`, `ctxactors.ray._auth`)
+        store = redis_url.resolve(args.store, Settings.from_env())
+        redis_url.check_credentials(store)
+        backend = RayBackend(
+            args.ray_address,
+            shards=1,
+            store=store,
+            namespace=args.ray_namespace,
+            shard_options=shard_options(args.shard_resource),
+        )
+    except (ValueError, StoreUnavailableError) as exc:
+        print(f"ctxactors shards: {redis_url.redact(str(exc))}", file=sys.stderr)
+        return 2
     try:
         if args.add:
             print(f"shards: {backend.add_shards(args.add)}")
@@ -54,8 +64,8 @@ def run(args: argparse.Namespace) -> int:
         backend.connect()
         for shard in backend.shard_stats():
             print(json.dumps(shard, sort_keys=True))
-    except (ValueError, LayoutChangedError) as exc:
-        print(f"ctxactors shards: {exc}", file=sys.stderr)
+    except (ValueError, LayoutChangedError, RayAuthError, ConnectionError) as exc:
+        print(f"ctxactors shards: {redis_url.redact(str(exc))}", file=sys.stderr)
         return 2
     finally:
         backend.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ray_support import SHARD_OPTIONS, SHARD_RESOURCE, TESTS_ENV, CrashOnce, RayCluster, ray_cluster
+from ray_support import SHARD_OPTIONS, SHARD_RESOURCE, TESTS_ENV, CrashOnce, RayCluster
 
 from ctxactors import Runtime
 from ctxactors.errors import CallTimeoutError, InvalidArgumentsError, UnknownToolError
@@ -31,13 +31,6 @@ from ctxactors.ray import RayBackend, ShardUnavailableError, owner
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 FrontEnd = tuple[Runtime, RayBackend]
-
-
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    """One cluster for the whole test session (it takes seconds to start)."""
-    with ray_cluster(tmp_path_factory.mktemp("ray-redis")) as started:
-        yield started
 
 
 @pytest.fixture
