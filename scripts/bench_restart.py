@@ -337,7 +337,8 @@ def run(
 def purge_after_downtime(directory: Path) -> dict[str, float]:
     """On a copy of the store: one retention purge with every session past its retention
     (the first reaper pass after a downtime longer than the retention), while another
-    thread loads a key in a loop: the pass's time and the longest a load waited."""
+    thread loads a key in a loop: the pass's time, the longest a load waited, and the
+    largest the WAL file grew (one transaction: no checkpoint can shrink it meanwhile)."""
     import threading
 
     from ctxactors.state import SQLiteStore
@@ -348,6 +349,7 @@ def purge_after_downtime(directory: Path) -> dict[str, float]:
         # The retention past for every session: the store's clock twice the retention ahead.
         store = SQLiteStore(copy, retention=RETENTION, clock=lambda: time.time() + 2 * RETENTION)
         waits: list[float] = []
+        wal = [0]
         stop = threading.Event()
 
         def load() -> None:
@@ -357,13 +359,22 @@ def purge_after_downtime(directory: Path) -> dict[str, float]:
                 waits.append(time.perf_counter() - t0)
                 time.sleep(0.001)
 
-        caller = threading.Thread(target=load)
-        caller.start()
+        def watch_wal() -> None:
+            while not stop.wait(0.05):
+                try:
+                    wal[0] = max(wal[0], os.path.getsize(f"{copy}-wal"))
+                except FileNotFoundError:
+                    pass
+
+        threads = [threading.Thread(target=load), threading.Thread(target=watch_wal)]
+        for thread in threads:
+            thread.start()
         started, cpu = time.perf_counter(), time.process_time()
         purged = store.purge()
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         stop.set()
-        caller.join()
+        for thread in threads:
+            thread.join()
         store.close()
     return {
         "purged": purged,
@@ -371,6 +382,7 @@ def purge_after_downtime(directory: Path) -> dict[str, float]:
         "purge_cpu_s": cpu,
         "longest_load_wait_ms": max(waits) * 1000,
         "loads_during": len(waits),
+        "largest_wal_mb": wal[0] / 1e6,
     }
 
 
@@ -478,7 +490,8 @@ def main() -> int:
         for n, p in purges.items():
             print(
                 f"  {n:>12,} sessions: {p['purge_s']:.2f} s ({p['purge_cpu_s']:.2f} s CPU); a "
-                f"concurrent load waited up to {p['longest_load_wait_ms']:,.0f} ms"
+                f"concurrent load waited up to {p['longest_load_wait_ms']:,.0f} ms; the WAL "
+                f"grew to {p['largest_wal_mb']:,.0f} MB"
             )
     if args.json:
         with open(args.json, "w") as f:
