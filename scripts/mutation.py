@@ -177,7 +177,15 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/batch/{m}.py" for m in ("engine", "plan", "template")),
             "ctxactors/servers/batch.py",
         ],
-        _tests("batch", "batch_rollback", "batch_safety", "batch_template", "batch_exact"),
+        _tests(
+            "batch",
+            "batch_rollback",
+            "batch_safety",
+            "batch_template",
+            "batch_exact",
+            "batch_presets",
+            "presets",  # tests/servers: the presets' refusals and options
+        ),
     ),
 }
 

@@ -12,7 +12,11 @@ import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
+import msgspec
+
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.batch.engine import BatchRun
+from ctxactors.batch.plan import BatchOptions, BatchResult, Operation, make_plan
 from ctxactors.errors import ToolError
 from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
@@ -182,3 +186,33 @@ def by_id(result: ToolResult) -> dict[str, dict[str, Any]]:
 
 def state(rt: Runtime, tool: str, session: str = "s1", **ctx: str) -> Any:
     return rt.call(tool, {"__sessionId": session, **ctx}).structured
+
+
+def run_plan(
+    runtime: Any,
+    rt: Runtime,
+    ops: list[dict[str, Any]],
+    options: BatchOptions,
+    *,
+    within: float,
+    ctx: ToolContext,
+) -> tuple[BatchResult, bool]:
+    """Plan `ops` with `rt`'s tools and run them on `runtime` (`rt` or a stand-in) for a
+    caller waiting `within` seconds: the engine's result and whether it rolled back."""
+    steps = make_plan(
+        msgspec.convert(ops, list[Operation]),
+        rt.tools,
+        ctx,
+        excluded=frozenset(),
+        max_operations=10,
+        transactional=options.transactional,
+    )
+    run = BatchRun(
+        runtime,
+        steps,
+        options,
+        caller_deadline=time.monotonic() + within,
+        max_expanded=1000,
+        max_result=1000,
+    )
+    return run.execute()

@@ -4,20 +4,25 @@ unasserted): reference lookup, its error text, and what plans and results carry.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar, cast
 
+import msgspec
 import pytest
-from batch_support import WAIT, Probe, batch, by_id
+from batch_support import WAIT, Probe, batch, by_id, run_plan
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors._call import caller_deadline
+from ctxactors.batch.compensation import Compensation
 from ctxactors.batch.engine import BatchRun, _margin, _OpReply
 from ctxactors.batch.plan import (
     BadReference,
     BatchOptions,
+    BatchResult,
+    Condition,
     Operation,
     OpError,
     lookup,
@@ -78,6 +83,23 @@ class Extra(Server):
     scope = Scope.THREAD
     gate: ClassVar[threading.Event] = threading.Event()
     undone: ClassVar[list[str]] = []
+    before: ClassVar[list[str]] = []  # what `tag`'s compensation recorded, in order
+
+    def __init__(self) -> None:
+        self.tags: list[str] = []
+
+    def _tags_before(self, ctx: ToolContext, args: Any) -> list[str]:
+        Extra.before.append(args.value)
+        return list(self.tags)
+
+    def _tags_back(self, ctx: ToolContext, args: Any, result: Any, prior: list[str]) -> None:
+        self.tags = prior
+
+    @tool(compensate=Compensation(_tags_back, _tags_before))
+    def tag(self, ctx: ToolContext, value: str) -> dict[str, Any]:
+        """Add a tag; its undo puts back the tags from before."""
+        self.tags.append(value)
+        return {"tags": list(self.tags)}
 
     def _undo(self, ctx: ToolContext, args: Any, result: dict[str, Any] | None) -> None:
         Extra.undone.append(repr(result))
@@ -126,6 +148,7 @@ class Extra(Server):
 def rt(rt_settings: Settings) -> Iterator[Runtime]:
     Extra.gate = threading.Event()
     Extra.undone = []
+    Extra.before = []
     runtime = Runtime(
         servers=[*BUILTIN, Probe, Extra], ttl=600, call_timeout=WAIT, settings=rt_settings
     )
@@ -327,6 +350,11 @@ def _op(op_id: str | None = None, tool: str = "say", **fields: Any) -> Operation
             "the operations' dependencies form a cycle: a -> b -> a",
         ),
         (
+            [_op("a", condition=Condition(if_success="b", if_failed="b")), _op("b")],
+            {},
+            "operation 0 ('a'): a condition names exactly one of ifSuccess/ifFailed",
+        ),
+        (
             [_op(action="note")],
             {},
             "operation 0: `tool` 'say' and `action` 'note' disagree",
@@ -369,3 +397,142 @@ def test_operations_a_closed_runtime_refuses_fail_saying_so() -> None:
         ("s1", "failed", closed),
     ]
     assert (result.summary.failed, rolled_back) == (2, False)
+
+
+def test_the_state_before_an_operation_is_recorded_only_in_a_transaction(rt: Runtime) -> None:
+    kept = batch(rt, [{"id": "a", "tool": "tag", "arguments": {"value": "a"}}])
+    assert by_id(kept)["a"]["data"] == {"tags": ["a"]}
+    assert Extra.before == []  # nothing to undo outside a transaction: nothing recorded
+    ops = [
+        {"id": "b", "tool": "tag", "arguments": {"value": "b"}},
+        {"id": "f", "tool": "fail", "arguments": {}},
+    ]
+    undone = batch(rt, ops, transactional=True)
+    assert [r["status"] for r in undone.structured["results"]] == ["rolled_back", "failed"]
+    assert Extra.before == ["b"]
+    again = batch(rt, [{"id": "c", "tool": "tag", "arguments": {"value": "c"}}])
+    assert by_id(again)["c"]["data"] == {"tags": ["a", "c"]}  # `b` undone to what it found
+
+
+def _run(
+    runtime: Any, rt: Runtime, options: BatchOptions, within: float
+) -> tuple[BatchResult, bool]:
+    """`held` (until the test opens the gate), then `say`, for a caller waiting `within` s."""
+    ops = [
+        {"id": "h", "tool": "held", "arguments": {}},
+        {"id": "s", "tool": "say", "arguments": {"text": "x"}},
+    ]
+    return run_plan(runtime, rt, ops, options, within=within, ctx=ToolContext("s1"))
+
+
+def test_a_batch_keeps_a_tenth_of_its_callers_time_to_hand_the_result_back(
+    rt: Runtime,
+) -> None:
+    try:
+        result, _ = _run(rt, rt, BatchOptions(), within=0.5)
+    finally:
+        Extra.gate.set()
+    held, said = result.results
+    assert held.error == OpError("timeout", "the batch ran out of time")
+    assert said.status == "skipped" and said.error is not None
+    found = re.fullmatch(r"the batch ran out of its (\S+) s", said.error.message)
+    assert found is not None, said.error.message
+    assert 0.4 < float(found.group(1)) <= 0.45  # 0.5 s less a tenth, less the start-up
+
+
+class _AnswersLate:
+    """A runtime stand-in: `say` answers only once its deadline has passed (before the
+    batch looks again), anything else never."""
+
+    call_timeout = WAIT
+
+    def _submit(
+        self, spec: Any, ctx: Any, validated: Any, args: Any, reply: Any, deadline: float, **_: Any
+    ) -> None:
+        if spec.name == "say":
+            while time.monotonic() <= deadline:
+                time.sleep(0.005)
+            reply.set(ToolResult.ok(args["text"]))
+
+
+def test_an_answer_that_comes_in_past_the_batchs_end_times_out_the_others(
+    rt: Runtime,
+) -> None:
+    options = BatchOptions(parallel=True, timeout=50)
+    result, rolled_back = _run(_AnswersLate(), rt, options, within=WAIT)
+    assert [(r.id, r.status, r.data, r.error) for r in result.results] == [
+        ("h", "failed", None, OpError("timeout", "the batch ran out of time")),
+        ("s", "success", "x", None),
+    ]
+    assert rolled_back is False
+
+
+def test_an_operation_the_batch_gave_up_on_is_refused_saying_why(rt: Runtime) -> None:
+    ops = [
+        {"id": "h", "tool": "held", "arguments": {}},
+        {"id": "s", "tool": "say", "arguments": {"text": "x"}},  # queued behind `h`
+    ]
+    result = batch(rt, ops, parallel=True, timeout=300)
+    assert [r["status"] for r in result.structured["results"]] == ["failed", "failed"]
+    Extra.gate.set()
+    rt.call("undone_now", ctx_args("s1"))  # queued behind both
+    recent = rt.call("get_recent_context", ctx_args("s1", limit=5, tool_filter="say"))
+    (said,) = recent.structured["operations"]
+    assert (said["tool"], said["is_error"], said["metadata"]) == (
+        "say",
+        True,
+        {"error": "not run: the batch gave up on it before it started"},
+    )
+
+
+class Box(msgspec.Struct):
+    w: int
+
+
+class Kinds(Server):
+    """Arguments of every kind the unified listing names."""
+
+    name = "kinds"
+    scope = Scope.SESSION
+
+    @tool(read_only=True)
+    def shapes(
+        self,
+        ctx: ToolContext,
+        box: Box,
+        anything: Any,
+        names: list[str],
+        bare: list,  # type: ignore[type-arg]
+        maybe: int | None = None,
+    ) -> dict[str, Any]:
+        """Takes every kind
+        of argument.
+
+        Details the listing leaves out."""
+        return {}
+
+    @tool(read_only=True)
+    def nothing(self, ctx: ToolContext) -> dict[str, Any]:
+        """No arguments."""
+        return {}
+
+
+def test_the_unified_listing_names_each_action_with_its_arguments_and_summary() -> None:
+    with Runtime(servers=[Kinds]) as every:
+        plain = {t["name"]: t for t in every.list_tools()}["batch"]["description"]
+    with Runtime(servers=[Kinds], tools="unified") as unified:
+        listed = {t["name"]: t for t in unified.list_tools()}
+    assert list(listed) == ["batch", "save_preset", "list_presets", "run_preset"]
+    head, catalog = listed["batch"]["description"].split(
+        "\n\nCategories and actions (category: action{arguments}, ? = optional):\n"
+    )
+    assert head == plain
+    kinds, history = catalog.split("\n")
+    assert kinds == (
+        "- kinds: shapes{box: object, anything: any, names: string[], bare: any[], "
+        "maybe?: integer|null} (Takes every kind of argument.); nothing{} (No arguments.)"
+    )
+    assert history.startswith(
+        "- history: get_recent_context{limit?: integer, tool_filter?: string|string[]|null} "
+        "(Recent operations of this conversation, newest first: "
+    )

@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from batch_support import run_plan
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.batch import engine as batch_engine
-from ctxactors.errors import ToolError
+from ctxactors.batch.plan import BatchOptions, BatchResult, OpError
+from ctxactors.errors import RuntimeClosedError, ToolError
 from ctxactors.testing import context_args as ctx_args
 
 
@@ -59,6 +61,12 @@ class Ledger(Server):
         Ledger.stalled.set()
         Ledger.release.wait(20)
         return {"stalled": True}
+
+    @tool(read_only=True)
+    def hold(self, ctx: ToolContext, ms: int) -> dict[str, Any]:
+        """Keep the key busy for `ms` milliseconds (a duration, not a synchronisation)."""
+        threading.Event().wait(ms / 1000)
+        return {"ms": ms}
 
     @tool(read_only=True)
     def broken(self, ctx: ToolContext) -> dict[str, Any]:
@@ -344,6 +352,8 @@ def test_a_timed_out_write_that_answers_before_the_rollback_starts_is_rolled_bac
             Late.gate.set()
             # Behind `w` on its key: once this answers, `w` has written and answered.
             assert rt.call("late_look", ctx_args("s")).structured == {"entries": ["late"]}
+            # Kept for the rollback, which undoes it after the others: not undone yet.
+            assert rt.call("late_look", ctx_args("s")).structured == {"entries": ["late"]}
             assert batch.is_alive()  # `s` still runs: the rollback has not started
         finally:
             Late.gate.set()
@@ -369,3 +379,87 @@ def test_a_timed_out_write_that_answers_before_the_rollback_starts_is_rolled_bac
         # after it. Nothing the batch wrote is left.
         assert rt.call("late_look", ctx_args("s")).structured == {"entries": []}
         assert rt.call("look", ctx_args("s")).structured == {"entries": [], "reads": 1}
+
+
+def test_long_operations_are_timed_on_one_clock_to_the_microsecond(rt: Runtime) -> None:
+    ops = [
+        {"id": "d", "tool": "hold", "arguments": {"ms": 1000}},
+        {"id": "r", "tool": "look", "arguments": {}},
+    ]
+    before = time.perf_counter()
+    result, _ = _execute(rt, rt, ops, BatchOptions(include_metadata=True), within=20)
+    wall_ms = (time.perf_counter() - before) * 1000
+    doze, look = (r.metadata for r in result.results)
+    assert doze is not None and look is not None
+    for meta in (doze, look):
+        assert isinstance(meta.started_ms, float) and isinstance(meta.duration_ms, float)
+    assert doze.duration_ms >= 1000
+    # Each end is read before the next start, and the total after the last end, within
+    # the test's own two readings: with one scale for all (ms) these hold to the rounding
+    # of each figure, even for operations a second long.
+    rounding = 0.002
+    assert doze.started_ms + doze.duration_ms <= look.started_ms + rounding
+    total = result.summary.execution_time
+    assert look.started_ms + look.duration_ms <= total + rounding
+    assert total <= wall_ms + rounding
+
+
+def _execute(
+    runtime: Any, rt: Runtime, ops: list[dict[str, Any]], options: BatchOptions, within: float
+) -> tuple[BatchResult, bool]:
+    return run_plan(runtime, rt, ops, options, within=within, ctx=ToolContext("s", "a1"))
+
+
+def test_an_undo_not_confirmed_by_the_callers_deadline_is_reported_and_still_runs(
+    rt: Runtime,
+) -> None:
+    # The caller waits 1 s; the batch ends 0.1 s before, when `h` has run 0.9 s of its 1.4:
+    # the undo of `w` queues behind `h` on their key, so it can't be done before 1.4 s. A
+    # rollback that waited a second (or for ever) would see it confirmed at about 1.4 s.
+    ops = [
+        {"id": "w", "tool": "add", "arguments": {"value": "x"}},
+        {"id": "h", "tool": "hold", "arguments": {"ms": 1400}},
+    ]
+    result, rolled_back = _execute(rt, rt, ops, BatchOptions(transactional=True), within=1.0)
+    assert rolled_back is True
+    assert [(r.id, r.status, r.error) for r in result.results] == [
+        (
+            "w",
+            "success",
+            OpError(
+                "compensation_failed",
+                "the compensation was not confirmed before the caller's deadline",
+            ),
+        ),
+        ("h", "failed", OpError("timeout", "the batch ran out of time")),
+    ]
+    # It was sent all the same: the next call on that key runs after it.
+    assert rt.call("look", ctx_args("s")).structured == {"entries": [], "reads": 1}
+
+
+class _RefusingUndos:
+    """The runtime, refusing every undo as a closed runtime would."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.call_timeout = runtime.call_timeout
+
+    def _submit(self, *args: Any, undo: Any = None, **kwargs: Any) -> None:
+        if undo is not None:
+            raise RuntimeClosedError("the runtime is closed")
+        self.runtime._submit(*args, **kwargs)  # noqa: SLF001
+
+
+def test_an_undo_the_runtime_refuses_is_reported_with_its_reason(rt: Runtime) -> None:
+    ops = [
+        {"id": "a", "tool": "add", "arguments": {"value": "x"}},
+        {"id": "b", "tool": "broken", "arguments": {}},
+    ]
+    options = BatchOptions(transactional=True)
+    result, rolled_back = _execute(_RefusingUndos(rt), rt, ops, options, within=20)
+    assert rolled_back is True
+    assert [(r.id, r.status, r.error) for r in result.results] == [
+        ("a", "success", OpError("compensation_failed", "the runtime is closed")),
+        ("b", "failed", OpError("tool_error", "broken read 1")),
+    ]
+    assert rt.call("look", ctx_args("s")).structured == {"entries": ["x"], "reads": 2}
