@@ -34,6 +34,11 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def socket(self) -> Path:
+        """Where it listens as well: a Unix socket (owner only)."""
+        return self.dir / "redis.sock"
+
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
@@ -42,6 +47,10 @@ class RedisServer:
                 str(self.port),
                 "--bind",
                 "127.0.0.1",
+                "--unixsocket",
+                str(self.socket),
+                "--unixsocketperm",
+                "700",
                 "--dir",
                 str(self.dir),
                 "--save",
