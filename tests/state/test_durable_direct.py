@@ -21,7 +21,7 @@ from ctxactors.results import ToolResult
 from ctxactors.servers import Planning
 from ctxactors.servers.planning import Goal, PlanningState
 from ctxactors.settings import HistorySettings, Settings
-from ctxactors.state import MemoryStore, Outcome, SessionRef, StateKey, Write
+from ctxactors.state import MemoryStore, Outcome, SessionRef, StateKey, StoreUnavailableError, Write
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
@@ -313,6 +313,7 @@ def test_a_used_session_is_touched_once_per_touch_period_across_purges() -> None
         assert durability.purge(every=0) == 0  # touches what waits (nothing) and the live
         durability.used(SESSION)  # half a second after its touch: none again
         durability.flush()
+        assert told.touches == [[SESSION], []]
         clock.advance(0.5)
         durability.used(SESSION)  # a second after: touched again
         durability.flush()
@@ -336,3 +337,28 @@ def test_the_peek_at_a_sessions_history_sees_its_last_call(tmp_path: Any) -> Non
         assert [c.tool for c in calls] == ["create_goal"]
         assert rt.durability.load_written(OTHER, HISTORY_KEY) is None  # no such session
         assert rt.durability.load_written(SESSION, ("planning", "nobody", None)) is None
+
+
+def test_ending_a_session_never_used_deletes_nothing_and_leaves_no_trace() -> None:
+    clock = ManualClock(1000.0)
+    store = MemoryStore(retention=100, clock=clock)
+    durability = Durability(store, clock=clock, flush_delay=600)
+    try:
+        assert durability.delete_session((None, "never")) == 0
+        clock.advance(100)
+        assert store.purge() == 0  # not even an empty session was left behind
+    finally:
+        durability.close()
+
+
+def test_ending_a_session_while_the_store_stays_busy_fails_in_time(keyed: Keyed) -> None:
+    keyed.busy()
+    keyed.durability.save_timeout = 0.2  # how long the delete waits for what is queued
+    with pytest.raises(StoreUnavailableError) as refused:
+        keyed.durability.delete_session(SESSION)
+    assert str(refused.value) == (
+        "the state store did not answer: the state store did not confirm the save in time"
+    )
+    keyed.store.let_one()
+    keyed.busy_thread.join(30)  # type: ignore[union-attr]
+    assert stored(keyed.store) == ["kept"]  # not deleted: the caller may retry
