@@ -364,8 +364,9 @@ def test_a_save_that_times_out_while_queued_is_never_written() -> None:
     first = threading.Thread(target=commit.save, args=(Write(S1, PLAN, b"a", 0),))
     first.start()
     assert store.inside.wait(30)
-    with pytest.raises(TimeoutError, match="did not confirm"):
+    with pytest.raises(TimeoutError) as late:
         commit.save(Write(S1, ("late",), b"late", 0), timeout=0.05)
+    assert str(late.value) == "the state store did not confirm the save in time"
     store.gate.set()
     first.join(30)
     commit.close()
@@ -525,13 +526,23 @@ def test_a_purged_or_ended_session_is_counted_once(kind: str, tmp_path: Path) ->
     store.close()
 
 
-def test_the_default_retention_is_an_hour(tmp_path: Path, redis: RedisServer) -> None:
+def test_the_default_retention_is_an_hour_and_the_redis_prefix_ctxactors(
+    tmp_path: Path, redis: RedisServer
+) -> None:
     stores: list[StateStore] = [
         MemoryStore(),
         SQLiteStore(tmp_path / "state.db"),
         RedisStore(redis.url),
     ]
     assert [s.retention for s in stores] == [3600.0] * 3
+    # Redis keeps each session in one hash under the prefix "ctxactors" by default.
+    import redis as redis_lib
+
+    session = (None, f"s{os.urandom(4).hex()}")
+    stores[2].write([Write(session, PLAN, b"a", 0)])
+    hashed = f'ctxactors:[null,"{session[1]}"]'
+    assert redis_lib.Redis.from_url(redis.url).exists(hashed) == 1
+    assert stores[2].delete_session(session) == 1
     for made in stores:
         made.close()
 
@@ -544,16 +555,21 @@ def test_a_closed_sqlite_store_says_it_is_unavailable(tmp_path: Path) -> None:
     assert str(refused.value) == ("SQLite store unavailable: Cannot operate on a closed database.")
 
 
-def test_redis_down_fails_an_end_of_session_clearly_and_never_purges(tmp_path: Path) -> None:
+def test_redis_down_fails_every_operation_clearly_and_never_purges(tmp_path: Path) -> None:
     with redis_server(tmp_path) as server:
         store = RedisStore(server.url, timeout=2)
         store.write([Write(S1, PLAN, b"a", 0)])
         assert store.purge() == 0  # Redis expires sessions itself
         assert store.load(S1, PLAN) == Record(1, b"a", {})
         server.stop()
-        with pytest.raises(StoreUnavailableError) as refused:
-            store.delete_session(S1)
-        assert str(refused.value).startswith("Redis store unavailable: Error ")
+        for failing in (
+            lambda: store.delete_session(S1),
+            lambda: store.load(S1, PLAN),
+            lambda: store.touch([S1]),
+        ):
+            with pytest.raises(StoreUnavailableError) as refused:
+                failing()
+            assert str(refused.value).startswith("Redis store unavailable: Error ")
         store.close()
 
 
@@ -610,3 +626,48 @@ def test_a_group_commit_never_closed_does_not_keep_its_process_alive() -> None:
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "answered\n"
+
+
+def test_a_batch_of_updates_with_a_delete_in_it_deletes_that_key(store: StateStore) -> None:
+    other = ("other",)
+    store.write([Write(S1, PLAN, b"p1", 0), Write(S1, other, b"o1", 0)])
+    assert store.write([Write(S1, PLAN, b"p2", 1), Write(S1, other, None, 1)]) == [2, 0]
+    assert store.load(S1, PLAN) == Record(2, b"p2", {})
+    assert store.load(S1, other) is None
+
+
+def test_empty_data_is_stored_as_it_is(store: StateStore) -> None:
+    assert store.write([Write(S1, PLAN, b"", 0)]) == [1]
+    assert store.load(S1, PLAN) == Record(1, b"", {})
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_session_ended_then_used_again_has_its_retention_again(kind: str, tmp_path: Path) -> None:
+    clock = ManualClock(1_000_000.0)
+    store = timed(kind, tmp_path, clock)
+    store.write([Write(S1, PLAN, b"a", 0)])
+    assert store.delete_session(S1) == 1
+    store.write([Write(S1, PLAN, b"again", 0)])  # at once: the same instant
+    clock.advance(60)
+    assert store.purge() == 1
+    assert store.load(S1, PLAN) is None
+    store.close()
+
+
+def test_a_save_with_no_time_limit_waits_as_long_as_the_store_takes() -> None:
+    store = GatedStore()
+    commit = GroupCommit(store)
+    first = _writing(commit, store)
+    saved: list[int] = []
+    waiting = threading.Thread(target=lambda: saved.append(commit.save(Write(S1, PLAN, b"a", 0))))
+    waiting.start()
+    _queued(commit, 1)
+    # Still waiting a good while later (a fixed time, as nothing would show it stopped
+    # early; longer than a wait of a second).
+    waiting.join(1.5)
+    assert waiting.is_alive() and saved == []
+    store.gate.set()
+    for thread in (first, waiting):
+        thread.join(30)
+    assert saved == [1]
+    commit.close()
