@@ -671,3 +671,23 @@ def test_a_save_with_no_time_limit_waits_as_long_as_the_store_takes() -> None:
         thread.join(30)
     assert saved == [1]
     commit.close()
+
+
+def test_a_redis_that_never_answers_fails_within_the_stores_timeout() -> None:
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepted: a connection waits, the next ones can't connect
+        url = f"redis://127.0.0.1:{server.getsockname()[1]}/0"
+        # Connected (the kernel queued it), the store waits for a reply that never comes.
+        silent = RedisStore(url, timeout=0.5)
+        with pytest.raises(StoreUnavailableError, match="^Redis store unavailable: Timeout"):
+            silent.load(S1, PLAN)
+        # The queue is full now (that connection is never accepted): the next connection
+        # can't even be made.
+        unreachable = RedisStore(url, timeout=0.5)
+        with pytest.raises(StoreUnavailableError, match="^Redis store unavailable: Timeout"):
+            unreachable.load(S1, PLAN)
+        unreachable.close()
+        silent.close()
