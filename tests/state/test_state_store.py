@@ -691,3 +691,12 @@ def test_a_redis_that_never_answers_fails_within_the_stores_timeout() -> None:
             unreachable.load(S1, PLAN)
         unreachable.close()
         silent.close()
+
+
+def test_a_delete_of_a_key_never_saved_is_done_and_an_update_of_one_is_stale(
+    store: StateStore,
+) -> None:
+    assert store.write([Write(S1, PLAN, None, 0)]) == [0]  # nothing to do: done
+    (stale,) = store.write([Write(S1, PLAN, b"v4", 3)])
+    assert isinstance(stale, StaleStateError) and (stale.expected, stale.current) == (3, 0)
+    assert store.load(S1, PLAN) is None
