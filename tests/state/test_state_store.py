@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from state_support import RedisServer, redis_server
@@ -620,7 +621,12 @@ print("answered", flush=True)
 
 def test_a_group_commit_never_closed_does_not_keep_its_process_alive() -> None:
     # The writer thread started (a save written behind its caller); nobody closes the
-    # commit. The generous limit only bounds a process that would never exit.
+    # commit. Here first (so this test is run against the writer's code), closed after...
+    here: dict[str, Any] = {}
+    exec(_LEFT_OPEN, here)  # noqa: S102 - the script below, in this process
+    here["commit"].close()
+    # ...then in a process of its own, never closed. The generous limit only bounds a
+    # process that would never exit.
     ran = subprocess.run(
         [sys.executable, "-c", _LEFT_OPEN], capture_output=True, text=True, timeout=60
     )
