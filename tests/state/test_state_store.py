@@ -640,6 +640,10 @@ def test_a_batch_of_updates_with_a_delete_in_it_deletes_that_key(store: StateSto
     assert store.write([Write(S1, PLAN, b"p2", 1), Write(S1, other, None, 1)]) == [2, 0]
     assert store.load(S1, PLAN) == Record(2, b"p2", {})
     assert store.load(S1, other) is None
+    # A batch of deletes only (as ending a key's sessions makes) deletes each.
+    assert store.write([Write(S1, ("third",), b"t", 0)]) == [1]
+    assert store.write([Write(S1, PLAN, None, 2), Write(S1, ("third",), None, 1)]) == [0, 0]
+    assert store.load(S1, PLAN) is None and store.load(S1, ("third",)) is None
 
 
 def test_empty_data_is_stored_as_it_is(store: StateStore) -> None:
