@@ -147,6 +147,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "history_store",
             "store_full_disk",
             "store_open",
+            "durable_direct",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.

@@ -66,6 +66,11 @@ class RedisServer:
         rules = [self.user, "on", f">{self.password}", *STORE_ACL.split()]
         return ["--user", "default", "off", "--user", *rules]
 
+    @property
+    def socket(self) -> Path:
+        """Where it listens as well: a Unix socket (owner only)."""
+        return self.dir / "redis.sock"
+
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
@@ -74,6 +79,10 @@ class RedisServer:
                 str(self.port),
                 "--bind",
                 "127.0.0.1",
+                "--unixsocket",
+                str(self.socket),
+                "--unixsocketperm",
+                "700",
                 "--dir",
                 str(self.dir),
                 "--save",

@@ -22,6 +22,8 @@ import msgspec
 import pytest
 
 from ctxactors import Runtime, ToolContext
+from ctxactors.history_store import KEY as HISTORY_KEY
+from ctxactors.history_store import StoredCall, unpack
 from ctxactors.servers import Planning
 from ctxactors.servers.planning import Goal, PlanningState
 from ctxactors.settings import HistorySettings, Settings
@@ -217,6 +219,16 @@ def test_end_session_deletes_after_the_saves_already_queued_for_the_session(
             state = rt.call("get_planning_state", ctx_args(S, A, thread), timeout=30)
             assert state.structured == {"goals": [], "todos": []}
         assert goal(S, "anew").structured == {"id": "g1", "goal": "anew"}
+    # The session's history holds only the calls made after its end: not "second", whose
+    # record came after the delete (written then, it would bring the ended session back).
+    record = store.load((None, S), HISTORY_KEY)
+    assert record is not None
+    calls = [r for r, _ in unpack(record.data) if isinstance(r, StoredCall)]
+    assert [(c.tool, c.thread_id) for c in calls] == [
+        ("get_planning_state", None),
+        ("get_planning_state", "t0"),
+        ("create_goal", None),
+    ]
     store.close()
 
 

@@ -529,3 +529,25 @@ def test_a_reloaded_history_shows_each_assistant_and_thread_what_it_saw_before(
         assert seen(rt, "s2", "B", "t1") == []
         assert seen(rt, "s3", A, "t1") == []
     store.close()
+
+
+def test_a_stored_history_too_large_or_cut_short_is_no_history() -> None:
+    import zlib
+
+    from ctxactors.history_store import pack
+
+    packed = pack([msgspec.msgpack.encode(Stored(1.0, ["s", "op"]))])
+    assert [r for r, _ in unpack(packed)] == [Stored(1.0, ["s", "op"])]
+    # A few kB that would inflate past 64 MiB (a bomb), and a history cut short.
+    bomb = b"z" + zlib.compress(b"\x90" * (64 * 1024 * 1024 + 1), 9)
+    for data in (bomb, packed[:-4]):
+        with pytest.raises(ValueError) as refused:
+            unpack(data)
+        assert str(refused.value) == "a stored history too large or cut short"
+
+
+def test_a_stored_wall_time_is_as_long_ago_on_the_runtimes_clock() -> None:
+    from ctxactors.history_store import wall_to_clock
+
+    ago = wall_to_clock(time.time() - 30.0, 1000.0)
+    assert 969.0 < ago <= 970.0  # 30 s before the clock's now (less the microseconds since)

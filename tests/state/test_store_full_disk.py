@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import string
 import subprocess
 import tempfile
@@ -18,7 +19,8 @@ import pytest
 
 from ctxactors import Runtime
 from ctxactors.servers.content import Content
-from ctxactors.state import SQLiteStore, StoreUnavailableError, Write
+from ctxactors.state import Record, SQLiteStore, StoreUnavailableError, Write
+from ctxactors.state._reserve import Reserve
 from ctxactors.testing import ManualClock, context_args
 
 KEY = ("k",)
@@ -157,3 +159,46 @@ def test_the_purge_deletes_on_a_full_disk_and_saves_resume_once_there_is_room(
         assert store.load(("bob", "b2"), KEY).data == b"bob 2"  # type: ignore[union-attr]
     finally:
         store.close()
+
+
+def test_a_load_on_a_full_disk_reads_without_its_touch_and_an_expired_session_as_gone(
+    small_disk: Path,
+) -> None:
+    clock = ManualClock(1_000_000.0)
+    path = small_disk / "state.db"
+    store = SQLiteStore(path, retention=3600, clock=clock, reserve_bytes=0)
+    try:
+        assert store.write([Write(("alice", "old"), KEY, b"old", 0)]) == [1]
+        clock.advance(1000)
+        assert store.write([Write(("alice", "live"), KEY, b"live", 0)]) == [1]
+        clock.advance(2600)  # "old" was used exactly its retention ago; both touches due
+        # The WAL emptied into the database (no frames left to write over), then the disk
+        # filled: a touch can't be written any more.
+        with sqlite3.connect(path) as other:
+            other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        with open(small_disk / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(os.urandom(64 << 10))
+                    f.flush()
+        with pytest.raises(StoreUnavailableError) as refused:
+            store.touch([("alice", "live")])
+        assert str(refused.value) == full(path)
+        # The loads are served still, as the purge would have left the sessions.
+        assert store.load(("alice", "live"), KEY) == Record(1, b"live", {})
+        assert store.load(("alice", "old"), KEY) is None
+        assert store.load(("alice", "never"), KEY) is None
+    finally:
+        store.close()
+
+
+def test_the_reserve_is_given_back_once_and_made_again(tmp_path: Path) -> None:
+    reserve = Reserve(tmp_path / "reserve", 64 << 10)
+    assert reserve.release() is False  # nothing held: nothing to give
+    assert reserve.hold() is True and reserve.path.stat().st_size == 64 << 10
+    assert reserve.release() is True and not reserve.path.exists()
+    assert reserve.release() is False
+    assert reserve.hold() is True and reserve.path.stat().st_size == 64 << 10
+    reserve.path.unlink()  # removed by someone else meanwhile
+    assert reserve.release() is True
+    assert reserve.hold() is True and reserve.path.stat().st_size == 64 << 10

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from state_support import RedisServer, redis_server
 
-from ctxactors.state import SQLiteStore, StoreUnavailableError
+from ctxactors.state import Record, RedisStore, SQLiteStore, StoreUnavailableError, Write
 from ctxactors.state._open import default_data_dir, open_store
 
 
@@ -110,3 +110,27 @@ def test_a_file_sqlite_cannot_open_says_what_to_check(tmp_path: Path) -> None:
         "that this user may read and write it and its directory, and that the disk has room"
     )
     assert os.listdir(path) == []
+
+
+def test_sqlite_opened_again_in_its_data_dir_has_what_was_saved(tmp_path: Path) -> None:
+    for expected, data in ((0, b"first"), (1, b"second")):
+        store = open_store("sqlite", data_dir=tmp_path / "data", retention=60.0)
+        assert store is not None
+        try:
+            assert store.write([Write((None, "s1"), ("k",), data, expected)]) == [expected + 1]
+        finally:
+            store.close()
+
+
+def test_a_unix_socket_or_tls_url_is_a_redis_store(redis: RedisServer) -> None:
+    store = open_store(f"unix://{redis.socket}", data_dir=None, retention=120.0)
+    assert isinstance(store, RedisStore)
+    try:
+        assert store.write([Write((None, "s1"), ("k",), b"over the socket", 0)]) == [1]
+        assert store.load((None, "s1"), ("k",)) == Record(1, b"over the socket", {})
+    finally:
+        store.close()
+    # TLS: nothing is connected before the first use.
+    tls = open_store("rediss://127.0.0.1:1/0", data_dir=None, retention=30.0)
+    assert isinstance(tls, RedisStore) and tls.retention == 30.0
+    tls.close()
