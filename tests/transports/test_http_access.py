@@ -32,7 +32,7 @@ from served_support import INITIALIZE_PARAMS, MCP_HEADERS
 from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 from structlog.testing import capture_logs
-from test_http_auth import AUDIENCE, ISSUER, _hs256_with, make_jwt
+from test_http_auth import AUDIENCE, ISSUER, _hs256_with, assert_401, make_jwt
 
 from ctxactors.logs import configure_logging
 from ctxactors.transports.access import HttpSecurity, jwt_auth_settings
@@ -42,6 +42,9 @@ from ctxactors.transports.auth import (
     PrincipalSessionManager,
     SessionLimit,
     SessionLimitExceeded,
+    StaticTokens,
+    is_operator,
+    principal_of,
 )
 
 pytestmark = pytest.mark.timeout(90)
@@ -268,8 +271,10 @@ def jwks(ec_key: ec.EllipticCurvePrivateKey) -> Iterator[Jwks]:
     served.close()
 
 
-def jwks_verifier(url: str) -> JwtVerifier:
-    return JwtVerifier.from_options(issuer=ISSUER, audience=AUDIENCE, jwks_url=url)
+def jwks_verifier(url: str, principal_claim: str = "sub") -> JwtVerifier:
+    return JwtVerifier.from_options(
+        issuer=ISSUER, audience=AUDIENCE, jwks_url=url, principal_claim=principal_claim
+    )
 
 
 def test_jwts_are_checked_against_the_key_their_kid_names_at_a_jwks_url(
@@ -292,6 +297,7 @@ def test_jwts_are_checked_against_the_key_their_kid_names_at_a_jwks_url(
         make_jwt(impostor, "ES256", headers={"kid": "k1"}),  # not the published key
         make_jwt(ec_key, "ES256", headers={"kid": "unknown"}),
         make_jwt(ec_key, "ES256", headers={"kid": "k1"}, aud="another-service"),
+        make_jwt(ec_key, "ES256", headers={"kid": "k1"}, iss="https://evil.example"),
         # The key's own algorithm only: ES384 is not what the JWKS key (P-256) signs.
         make_jwt(ec.generate_private_key(ec.SECP384R1()), "ES384", headers={"kid": "k1"}),
     ):
@@ -300,6 +306,46 @@ def test_jwts_are_checked_against_the_key_their_kid_names_at_a_jwks_url(
     # 30 s (PyJWT's cooldown, from the first fetch, a few milliseconds ago).
     assert jwks.fetches == 1
     assert (verifier.jwks.timeout, verifier.jwks.jwk_set_cache.lifespan) == (10, 300)  # type: ignore[union-attr]
+    # The principal claim the operator names, here too.
+    by_email = jwks_verifier(jwks.url, principal_claim="email")
+    token = make_jwt(ec_key, "ES256", headers={"kid": "k1"}, email="alice@example.org")
+    assert principal(by_email, token) == "alice@example.org"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({}, "give exactly one of --jwt-public-key and --jwt-jwks-url"),
+        (
+            {"public_key_file": "k.pem", "jwks_url": "https://idp.example/jwks"},
+            "give exactly one of --jwt-public-key and --jwt-jwks-url",
+        ),
+        (
+            {"jwks_url": "https://idp.example/jwks", "issuer": None},
+            "JWT authentication needs --jwt-issuer and --jwt-audience",
+        ),
+        (
+            {"jwks_url": "https://idp.example/jwks", "audience": ""},
+            "JWT authentication needs --jwt-issuer and --jwt-audience",
+        ),
+        (
+            {"jwks_url": "file:///etc/jwks.json"},
+            "--jwt-jwks-url 'file:///etc/jwks.json': expected an http(s) URL",
+        ),
+    ],
+)
+def test_jwt_options_that_cant_be_used_say_why(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(AuthConfigError) as refused:
+        JwtVerifier.from_options(**{"issuer": ISSUER, "audience": AUDIENCE, **options})
+    assert str(refused.value) == message
+
+
+def test_a_jwks_url_may_be_https_or_http() -> None:
+    """Neither is fetched before a token needs it."""
+    for url in ("https://idp.example/jwks.json", "http://127.0.0.1:1/jwks.json"):
+        verifier = jwks_verifier(url)
+        assert verifier.jwks is not None and verifier.jwks.uri == url
+        assert (verifier.issuer, verifier.audience) == (ISSUER, AUDIENCE)
 
 
 def test_concurrent_first_verifications_fetch_the_key_set_once(
@@ -334,6 +380,120 @@ def test_a_jwks_url_that_does_not_answer_refuses_tokens(
     assert verify(verifier, make_jwt(ec_key, "ES256", headers={"kid": "k1"})) is None
     [refusal] = [e for e in debug_logs if e["event"] == "token_refused"]
     assert refusal["reason"].startswith("PyJWKClientConnectionError: Fail to fetch data")
+
+
+# -- static tokens --------------------------------------------------------------------------
+
+
+def test_a_token_file_takes_comments_and_blank_lines(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    shortest = "t" * 16  # MIN_TOKEN characters: enough
+    path.write_text(f"# token principal\n\n{ALICE} alice # one # two\n  {shortest}\tbob\n")
+    tokens = StaticTokens.from_file(path)
+    assert [principal_of_token(tokens, t) for t in (ALICE, shortest, "t" * 17)] == [
+        "alice",
+        "bob",
+        None,
+    ]
+
+
+def principal_of_token(tokens: StaticTokens, token: str) -> str | None:
+    access = anyio.run(tokens.verify_token, token)
+    return None if access is None else access.subject
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", ": no 'token principal' line"),
+        ("# only a comment\n\n", ": no 'token principal' line"),
+        (f"{ALICE} alice extra\n", " line 1: expected 'token principal'"),
+        (f"# who\n{ALICE}\n", " line 2: expected 'token principal'"),
+        ("t" * 15 + " alice\n", " line 1: a token needs at least 16 characters"),
+    ],
+)
+def test_a_token_file_that_cant_be_used_says_why(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "tokens"
+    path.write_text(text)
+    with pytest.raises(AuthConfigError) as refused:
+        StaticTokens.from_file(path)
+    assert str(refused.value) == f"--auth-tokens {path}{message}"  # never the token itself
+
+
+def test_static_tokens_that_cant_be_used_say_why() -> None:
+    refusals = {
+        "auth tokens: no token given": [],
+        "auth tokens: a token is listed twice": [(ALICE, "alice"), (ALICE, "bob")],
+        "auth tokens: a principal must be a string, not int": [(ALICE, 42)],
+        "auth tokens: the principal contains the character '\\x07', which no header carries": [
+            (ALICE, "bob\x07")
+        ],
+    }
+    for message, entries in refusals.items():
+        with pytest.raises(AuthConfigError) as refused:
+            StaticTokens(entries)  # type: ignore[arg-type]
+        assert str(refused.value) == message
+
+
+def test_a_presented_token_of_any_text_is_checked_without_error() -> None:
+    """A token is hashed whatever it holds (a lone surrogate, say): a refusal, not a 500."""
+    tokens = StaticTokens([(ALICE, "alice")])
+    for token in ("\ud800" * 20, "", ALICE + "\udfff", "é" * 16):
+        assert principal_of_token(tokens, token) is None
+    assert principal_of_token(tokens, ALICE) == "alice"
+
+
+def test_without_authentication_there_is_no_principal_and_everyone_is_operator() -> None:
+    assert principal_of(None) is None
+    assert principal_of({"type": "http"}) is None
+    assert is_operator(None, frozenset({"alice"})) is True
+
+
+# -- requiring a token -----------------------------------------------------------------------
+
+
+def test_a_request_without_a_valid_token_gets_a_401_that_closes_its_connection(
+    tmp_path: Path, rsa_key: rsa.RSAPrivateKey
+) -> None:
+    pem = pem_file(tmp_path / "public.pem", rsa_key)
+    flags = ("--jwt-public-key", pem, "--jwt-issuer", ISSUER, "--jwt-audience", AUDIENCE)
+    flags += ("--public-url", "https://tools.example")
+    metadata = "https://tools.example/.well-known/oauth-protected-resource"
+    with (
+        serve_in_process(*flags) as served,
+        httpx.Client(base_url=served.url, timeout=WAIT) as http,
+    ):
+
+        def call(
+            token: str | None, path: str = "/api/v1/tools/get_planning_state"
+        ) -> httpx.Response:
+            headers = {
+                "X-Session-Id": "s",
+                **({"Authorization": f"Bearer {token}"} if token else {}),
+            }
+            return http.post(path, json={}, headers=headers)
+
+        for token in (None, "not-a-jwt", make_jwt(rsa_key, "RS256", aud="other")):
+            for path in ("/api/v1/tools/get_planning_state", "/mcp"):
+                refused = call(token, path)
+                assert_401(refused, metadata)
+                assert refused.headers["connection"] == "close"
+        answered = call(make_jwt(rsa_key, "RS256"))
+        assert answered.status_code == 200, answered.text
+        assert answered.headers.get("connection") != "close"  # kept alive
+        # The public paths: the health probe and the metadata that says where to get a token.
+        assert http.get("/healthz").status_code == 200
+        assert http.get("/.well-known/oauth-protected-resource").json() == {
+            "resource": "https://tools.example",
+            "authorization_servers": [ISSUER],
+            "bearer_methods_supported": ["header"],
+            "resource_name": "ctxactors",
+        }
+        # Below the metadata path (RFC 9728 allows the resource's path there): public, so
+        # not found rather than refused; a path that merely begins the same way is not.
+        assert http.get("/.well-known/oauth-protected-resource/mcp").status_code == 404
+        for path in ("/.well-known/oauth-protected-resource-x", "/healthz/x", "/healthzx"):
+            assert_401(http.get(path), metadata)
 
 
 # -- what the MCP SDK is told ----------------------------------------------------------------
