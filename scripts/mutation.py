@@ -164,6 +164,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "http_endpoints",
             "http_admission",
             "http_slow_clients",
+            # The same promises in this process, where mutmut sees them (the ones above
+            # drive a `ctxactors serve` subprocess, which its coverage can't see).
+            "connection_guard",
+            "http_access",
+            "metrics_served",
         ),
     ),
     # The shard's logic is plain Python: tested in-process (test_ray_shard and the tests of

@@ -51,3 +51,27 @@ def test_an_ipv4_mapped_address_counts_as_its_ipv4_client() -> None:
 )
 def test_client_of(host: str, client: str) -> None:
     assert client_of(host) == client
+
+
+def test_a_descriptor_handed_out_again_frees_the_place_of_its_old_connection() -> None:
+    """A connection asyncio failed to make a transport for never reaches `connection_lost`:
+    when the kernel hands its descriptor to a new connection, its place is given back."""
+    admission = Admission(HttpSettings(max_connections=64, max_connections_per_client=1))
+    assert admission.admit(10, "192.0.2.1") is None
+    assert admission.admit(10, "192.0.2.1") is None  # 10 again: the first is gone
+    assert admission.open == 1
+    assert admission.admit(11, "192.0.2.1") is not None  # the one place is held
+
+
+def test_a_closed_connection_gives_its_client_one_place_back() -> None:
+    admission = Admission(HttpSettings(max_connections=64, max_connections_per_client=3))
+    fds = itertools.count(10)
+    held = [next(fds) for _ in range(3)]
+    assert [admission.admit(fd, "192.0.2.7") for fd in held] == [None] * 3
+    admission.release(held[0])
+    admission.release(held[0])  # twice: nothing more
+    assert refused(admission, fds, ["192.0.2.7", "192.0.2.7"]) == [False, True]
+    for fd in held[1:]:
+        admission.release(fd)
+    assert admission.open == 1  # the one admitted after the first release
+    assert refused(admission, fds, ["192.0.2.7"] * 3) == [False, False, True]

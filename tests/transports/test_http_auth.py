@@ -621,6 +621,10 @@ def test_protected_resource_metadata_is_served(jwt_url: str) -> None:
 
 
 class _Jwks(BaseHTTPRequestHandler):
+    """A JWKS endpoint; each test makes its own subclass (`_jwks_handler`), whose count
+    starts at zero: a count kept on this class would carry over from an earlier run of the
+    test in the same process (mutmut runs the tests twice in one process)."""
+
     document = b"{}"
     fetches = 0
 
@@ -635,11 +639,15 @@ class _Jwks(BaseHTTPRequestHandler):
         pass
 
 
+def _jwks_handler(document: bytes) -> type[_Jwks]:
+    return type("Jwks", (_Jwks,), {"document": document, "fetches": 0})
+
+
 def test_jwts_checked_against_a_jwks_url() -> None:
     key = ec.generate_private_key(ec.SECP256R1())
     jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(key.public_key()))
-    _Jwks.document = json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig"}]}).encode()
-    jwks = ThreadingHTTPServer(("127.0.0.1", 0), _Jwks)
+    handler = _jwks_handler(json.dumps({"keys": [{**jwk, "kid": "k1", "use": "sig"}]}).encode())
+    jwks = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=jwks.serve_forever, daemon=True).start()
     options = ("--jwt-issuer", ISSUER, "--jwt-audience", AUDIENCE)
     jwks_url = f"http://127.0.0.1:{jwks.server_address[1]}/jwks.json"
@@ -658,11 +666,13 @@ def test_jwts_checked_against_a_jwks_url() -> None:
                     call(rest, "list_content", {}, token=token, session="k"),
                     f"{rest}/.well-known/oauth-protected-resource",
                 )
-            # Unknown kids refresh the key set at most once per cooldown, not once a token.
+            # Unknown kids refresh the key set at most once per cooldown (PyJWT's 30 s from
+            # the first fetch), not once a token. These few requests take well under 30 s,
+            # even on a loaded machine; a run that took longer would see one refetch more.
             for n in range(5):
                 forged = make_jwt(key, "ES256", headers={"kid": f"forged-{n}"})
                 assert call(rest, "list_content", {}, token=forged, session="k").status_code == 401
-            assert _Jwks.fetches == 1
+            assert handler.fetches == 1
     finally:
         jwks.shutdown()
 
