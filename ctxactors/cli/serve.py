@@ -144,8 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ray-address",
         metavar="ADDR",
         help="the Ray cluster to join, with its token (CTXACTORS_RAY_TOKEN_FILE); default: "
-        "RAY_ADDRESS's, or one `ray start` left on this machine, else start one with a "
-        "generated token; local: always start one",
+        "RAY_ADDRESS's, or one `ray start` left on this machine (only when Ray's discovery "
+        "file is this user's alone), else start one with a generated token; local: always "
+        "start one",
     )
     ray.add_argument("--shards", type=int, default=2, help="shard actors (first front end)")
     ray.add_argument("--ray-namespace", default="ctxactors", metavar="NAME")

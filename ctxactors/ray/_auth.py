@@ -65,6 +65,7 @@ class Auth:
 
     joining: bool
     source: str
+    address: str | None  # what to give ray.init: see `trusted_address`
 
 
 def prepare(address: str | None, settings: RaySettings) -> Auth:
@@ -76,6 +77,7 @@ def prepare(address: str | None, settings: RaySettings) -> Auth:
             f"RAY_AUTH_MODE is {mode!r}: ctxactors uses Ray only with token authentication "
             "(unset it, or set it to token)"
         )
+    address = trusted_address(address)
     target = _bootstrap_address(address)
     source = _token_source(settings.token_file)
     if source is None:
@@ -85,7 +87,45 @@ def prepare(address: str | None, settings: RaySettings) -> Auth:
         source = "generated"
     os.environ["RAY_AUTH_MODE"] = "token"
     _reload_ray_config()
-    return Auth(joining=target is not None, source=source)
+    return Auth(joining=target is not None, source=source, address=address)
+
+
+def trusted_address(address: str | None) -> str | None:
+    """`address`, or ``"local"`` (start a Ray of our own) where Ray would otherwise join the
+    cluster named in its discovery file and that file is not this user's alone.
+
+    With no address (or ``auto``) and no ``RAY_ADDRESS``, Ray joins the cluster a ``ray
+    start`` wrote into ``<temp dir>/ray/ray_current_cluster``, under a world-writable
+    ``/tmp`` by default: any local user could point it at a listener of theirs, which would
+    then receive our token (and the shards' store URL). Trusted only when the file and its
+    directory are ours and writable by no one else (nobody can swap it after the check)."""
+    if os.environ.get("RAY_ADDRESS") or address not in (None, "auto"):
+        return address
+    from ray._common.utils import get_ray_address_file
+
+    path = Path(get_ray_address_file(None))
+    if not path.exists():
+        # None starts a Ray; "auto" would join any cluster found among the processes.
+        if address == "auto":
+            raise RayAuthError(
+                f"--ray-address auto: there is no {path} from a `ray start` of this user's; "
+                "give the cluster's address"
+            )
+        return None
+    if _only_ours(path) and _only_ours(path.parent):
+        return address
+    if address == "auto":
+        raise RayAuthError(
+            f"--ray-address auto: {path} (or its directory) belongs to another user or is "
+            "writable by others, so it can't say which cluster to join; give the address"
+        )
+    _log.warning("ray_discovery_file_ignored", path=str(path))
+    return "local"
+
+
+def _only_ours(path: Path) -> bool:
+    info = path.stat()
+    return info.st_uid == os.geteuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
 def check_connected() -> None:

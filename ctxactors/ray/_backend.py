@@ -167,7 +167,7 @@ class RayBackend:
         auth = prepare(self.address, settings)
         options = {} if auth.joining else start_options(settings)
         try:
-            ray.init(address=self.address, namespace=self.namespace, log_to_driver=False, **options)
+            ray.init(address=auth.address, namespace=self.namespace, log_to_driver=False, **options)
         except ConnectionError as exc:
             raise ConnectionError(
                 f"{exc} (a token the cluster does not accept fails so too, after Ray's "
