@@ -28,16 +28,25 @@ from urllib.parse import parse_qs, quote, urlsplit
 
 from ctxactors.settings import Settings
 
-# A password in a URL's user part (up to the URL's last "@"), or in a password= parameter.
-_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:@/\s'\"]*):[^\s'\"]*@")
-_PARAMETER = re.compile(r"(?P<head>[?&]password=)[^&#\s'\"]*", re.IGNORECASE)
+# A password in a URL's user part (up to the URL's last "@"; a user part with no colon is
+# hidden whole: redis://PASSWORD@host is a common slip), or in a (ssl_)password= parameter.
+_USERINFO = re.compile(
+    r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/\s'\"]*)(?P<colon>:)?"
+    r"(?(colon)[^\s'\"]*)@"
+)
+_PARAMETER = re.compile(r"(?P<head>[?&](?:ssl_)?password=)[^&#\s'\"]*", re.IGNORECASE)
 _SCHEMES = ("redis://", "rediss://", "unix://")
 
 
 def redact(text: str) -> str:
     """`text` (a URL, or a message that quotes URLs) with every password replaced by
     ``***``."""
-    return _PARAMETER.sub(r"\g<head>***", _USERINFO.sub(r"\g<head>:***@", text))
+    return _PARAMETER.sub(r"\g<head>***", _USERINFO.sub(_hidden, text))
+
+
+def _hidden(match: re.Match[str]) -> str:
+    user = f"{match['user']}:" if match["colon"] else ""
+    return f"{match['head']}{user}***@"
 
 
 def has_credentials(url: str) -> bool:

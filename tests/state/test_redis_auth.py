@@ -219,7 +219,12 @@ def test_passwords_are_found_and_hidden_wherever_redis_py_reads_them() -> None:
         "unix:///run/redis.sock?db=0&password=***"
     )
     assert redact("redis://h:6379/0") == "redis://h:6379/0"
-    assert redact("redis://p@ss@h/0") == "redis://p@ss@h/0"  # a user name only: no password
+    # A user part with no colon is hidden whole: redis://PASSWORD@host is a common slip.
+    assert redact("redis://p@ss@h/0") == "redis://***@h/0"
+    assert redact(f"at redis://{PASSWORD}@10.0.0.5/0 x") == "at redis://***@10.0.0.5/0 x"
+    assert redact(f"rediss://h/0?ssl_password={PASSWORD}&db=0") == (
+        "rediss://h/0?ssl_password=***&db=0"
+    )
     for url, expected in [
         ("redis://:pw@h/0", True),
         ("redis://alice:pw@h/0", True),
