@@ -9,27 +9,32 @@ servers (the workspace sandbox included) and its default SQLite store. Two princ
   from `--workers` threads, every answer and final state checked exactly), run after run
   (fresh sessions each time) for `--seconds`; and, every two seconds, a sandboxed
   ``echo`` of its own, polled until it exits;
-- the *attacker* goes for every resource a tenant can spend, up to its budgets and past them:
-  CPU (32 busy loops in a sandbox), memory (sandboxes filling their tmpfs ``/tmp`` and
-  ``/dev/shm`` to just under its memory budget, then one more that goes over), disk (a file
-  in its workspace, and 1 MB documents in the content store, session after session, until
-  the per-principal cap refuses them), and processes (sandboxes forking sleepers until a
-  fork fails); then, until the phase ends, a new attempt of each every half second.
+- the *attacker*, in the second phase, first spends every budget a tenant has, then keeps
+  pushing past each while the victim runs: CPU (32 busy loops in a sandbox), memory
+  (sandboxes filling their tmpfs ``/tmp`` and ``/dev/shm`` to 512 MiB under its memory
+  budget, then 512 MiB more), disk (a 256 MiB file in its workspace, and 1 MB documents in
+  the content store from four sessions until the per-principal cap refuses them), and
+  processes (sandboxes forking sleepers, holding what they got, until a fork fails); then a
+  new attempt at processes, content and a 5 MiB request body every half second, memory
+  every five. In the third phase, with its budgets given back, it makes the server itself
+  work: `--streams` sessions adding and deleting a 1 MB document of random words (its
+  full-text index), which spends no budget at all.
 
-The victim's workload runs twice in the same run: alone (the baseline), then beside the
-attacker, started at the same moment. The table puts the victim's p50/p99 and errors of
-both side by side with their ratio, what the attacker got (each refusal by the budget that
-refused it: the variable its error names, or what the kernel did to its command), what
-the kernel counted in the attacker's cgroup, and which enforcement is in force, as the
-server's startup log line ``workspace_budgets`` says. Target: the victim's p99 within 2x of
-its baseline and no error. At the end the attacker's sessions are ended (DELETE), which
-must work with every budget spent.
+The victim's workload runs three times in the same run: alone (the baseline), beside the
+attacker at its budgets, and beside its server work. The table puts the victim's p50/p99,
+errors and sandboxes of the three side by side with their ratios to the baseline; then
+what the attacker got (each refusal by the budget that refused it: the variable its error
+names, or what the kernel did to its command), what the kernel counted in its cgroups, and
+how its sessions ended (DELETE, which must answer 200 with every budget spent). The
+enforcement in force is the server's startup log line ``workspace_budgets``. Target: the
+victim's p99 within 2x of its baseline, and no victim error.
 
 Run as root, so that the server may make cgroups (CI is root; elsewhere the fallback is in
 force and the line says so). The machine is shared: say what else ran beside the figures.
 `--server-cpus` pins the server (and so every sandbox it starts) with ``taskset``.
 
-    python scripts/bench_tenants.py [--seconds 40] [--server-cpus 1] [--set NAME=VALUE] [--json PATH]
+    python scripts/bench_tenants.py [--seconds 20] [--server-cpus 1] [--set NAME=VALUE]
+                                    [--streams 4] [--json PATH]
 """
 
 from __future__ import annotations

@@ -78,8 +78,12 @@ class RestartedServer:
         self._thread = threading.Thread(target=self._restart_forever, name="loadtest-chaos")
 
     def start(self) -> None:
-        """Start the server and the restarts; raises RuntimeError if it doesn't come up."""
+        """Start the server; raises RuntimeError if it doesn't come up."""
         self._spawn()
+
+    def restart_from_now(self) -> None:
+        """Start the restarts: once the load test's checks before its first call are done
+        (a kill between the server coming up and those checks failed the run at once)."""
         self._thread.start()
 
     def _spawn(self) -> None:
@@ -127,10 +131,12 @@ class RestartedServer:
         """No more restarts; the server is up when this returns. A run shorter than the
         interval gets its one restart here, so the verification always reads a restarted
         server's state."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
-        if self.restarts == 0 and self.failure is None:
+        if self._thread.ident is not None and self.restarts == 0 and self.failure is None:
             self._kill()
             self._spawn()
             self.restarts += 1

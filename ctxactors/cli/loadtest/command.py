@@ -520,6 +520,8 @@ def _run(options: LoadOptions, chaos: RestartedServer | None) -> int:
     except ValueError as exc:
         print(f"ctxactors loadtest: {exc}", file=sys.stderr)
         return 2
+    if chaos is not None:
+        chaos.restart_from_now()
     metrics = Metrics()
     report = _drive(options, target, units, books, metrics, chaos)
     if chaos is not None:
