@@ -31,10 +31,11 @@ victim's p99 within 2x of its baseline, and no victim error.
 
 Run as root, so that the server may make cgroups (CI is root; elsewhere the fallback is in
 force and the line says so). The machine is shared: say what else ran beside the figures.
-`--server-cpus` pins the server (and so every sandbox it starts) with ``taskset``.
+`--server-cpus` pins the server (and so every sandbox it starts) with ``taskset``;
+`--attacks` runs some of the attacks only, to find which one costs the victim.
 
-    python scripts/bench_tenants.py [--seconds 20] [--server-cpus 1] [--set NAME=VALUE]
-                                    [--streams 4] [--json PATH]
+    python scripts/bench_tenants.py [--seconds 12] [--server-cpus 1] [--set NAME=VALUE]
+                                    [--streams 4] [--attacks cpu,memory,...] [--json PATH]
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ import httpx
 import psutil
 
 from ctxactors import cgroups
+from ctxactors.cli.loadtest.hostile import HOLDING_BOMB, call, printed, run_command
 from ctxactors.cli.loadtest.refusals import command_refusal, refusal
 from ctxactors.cli.loadtest.targets import RestTarget
 from ctxactors.cli.loadtest.workload import Outcome
@@ -77,6 +79,8 @@ ITEM = 1_000_000  # one document: under the default 1 MiB item cap
 LOOPS = 32  # the issue's figure: 32 busy loops raised another tenant's p50 tenfold
 WAIT = 60.0  # seconds a command of the attacker's ramp may take to get where it is going
 PROBE_EVERY = 2.0
+# What the attacker goes for: its budgets (the second phase), then the server's own work.
+ATTACKS = ("cpu", "memory", "processes", "disk", "pressure", "work")
 
 
 # -- the server ----------------------------------------------------------------------------
@@ -88,7 +92,6 @@ class Served:
     proc: psutil.Process
     log: Path
     budgets: dict[str, Any]  # the startup line workspace_budgets
-    settings: dict[str, Any] = field(default_factory=dict)
 
     @property
     def enforcement(self) -> str:
@@ -137,6 +140,13 @@ def serving(tokens: Path, data: Path, cpus: str | None, assignments: list[str]) 
             proc.kill()
             proc.wait()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def healthy(base: str) -> bool:
@@ -226,8 +236,18 @@ class Victim:
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
 
-    def result(self) -> dict[str, Any]:
-        out, _ = self.proc.communicate(timeout=600)
+    def result(self, served: Served) -> dict[str, Any]:
+        """Its figures, once it is done. If the server dies meanwhile, the load tester
+        would send its calls again forever (a call refused before it was sent did not
+        run): stop it and say so instead."""
+        while self.proc.poll() is None:
+            if not alive(served.proc):
+                self.proc.kill()
+                self.proc.wait()
+                tail = served.log.read_text(errors="replace")[-2000:]
+                raise SystemExit(f"bench_tenants: the server died during a phase:\n{tail}")
+            time.sleep(0.5)
+        out, _ = self.proc.communicate()
         found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return found
 
@@ -246,7 +266,7 @@ class Probe:
             n += 1
             ctx = ToolContext(f"probe-{n}")
             began = time.perf_counter()
-            done = run_command(self.target, ctx, "echo ok", timeout=30)
+            done = run_command(self.target, ctx, "echo ok", timeout=30, until=ended, poll_for=WAIT)
             if isinstance(done, Outcome) and not done.is_error:
                 got = done.structured or {}
                 if (got.get("status"), got.get("exitCode"), got.get("output")) == (
@@ -259,6 +279,10 @@ class Probe:
             self.failures[refusal(done) or f"answer {short(done)}"] += 1
 
 
+def ended(got: dict[str, Any]) -> bool:
+    return got.get("status") != "running"
+
+
 def short(result: Outcome | BaseException) -> str:
     if isinstance(result, Outcome):
         return str(result.structured or result.text)[:120]
@@ -268,50 +292,6 @@ def short(result: Outcome | BaseException) -> str:
 # -- the attacker -------------------------------------------------------------------------
 
 
-def call(target: RestTarget, ctx: ToolContext, tool: str, args: dict[str, Any]) -> Any:
-    try:
-        return target.call(tool, args, ctx)
-    except Exception as exc:  # noqa: BLE001 - every failure is an outcome to count
-        return exc
-
-
-def run_command(
-    target: RestTarget,
-    ctx: ToolContext,
-    command: str,
-    *,
-    timeout: float,
-    until: Callable[[dict[str, Any]], bool] = lambda got: got.get("status") != "running",
-) -> Outcome | BaseException:
-    """Start a command and poll it until `until` holds (by default: until it ended); the
-    refused start, or the last poll."""
-    started = call(target, ctx, "execute_command", {"command": command, "timeout": timeout})
-    if not isinstance(started, Outcome) or started.is_error or started.structured is None:
-        return started
-    pid = started.structured["processId"]
-    deadline = time.monotonic() + WAIT
-    while True:
-        polled = call(target, ctx, "poll_process", {"processId": pid})
-        if not isinstance(polled, Outcome) or polled.is_error:
-            return polled
-        if until(polled.structured or {}) or time.monotonic() > deadline:
-            return polled
-        time.sleep(0.1)
-
-
-def printed(marker: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda got: marker in (got.get("output") or "") or got.get("status") != "running"
-
-
-# A fork bomb that keeps what it got: dash gives up at its first failed fork (and its
-# sandbox, with every sleeper, ends with it); perl counts the failures and holds the rest.
-# 240 a sandbox: under the sandbox's own RLIMIT_NPROC (256), so only the principal's
-# budget can refuse a fork.
-BOMB = (
-    "perl -e '$| = 1; $f = 0; for (1..240) { $p = fork; if (!defined $p) { $f++; next } "
-    "if (!$p) { sleep 100000; exit } } "
-    'print $f ? "Cannot fork: $f of 240\\n" : "forked\\n"; sleep 100000\''
-)
 LOOPS_COMMAND = f"for i in $(seq {LOOPS}); do (while :; do :; done) & done; echo spinning; wait"
 TMPFS = "head -c 256M /dev/zero > /tmp/f; head -c 256M /dev/zero > /dev/shm/f"
 
@@ -327,8 +307,10 @@ class Attacker:
         budgets: dict[str, Any],
         hold: float,
         oom_kills: Callable[[], int] = lambda: 0,
+        attacks: frozenset[str] = frozenset(ATTACKS),
     ):
         self.target = target
+        self.attacks = attacks
         self.oom_kills = oom_kills  # the kernel's count of OOM kills in its memory group
         self.token = token
         self.budgets = budgets
@@ -360,7 +342,12 @@ class Attacker:
         at its start (the budget's error), or refused by the kernel on the way; True when
         it was accepted."""
         done = run_command(
-            self.target, self._ctx(resource), command, timeout=self.hold, until=printed(marker)
+            self.target,
+            self._ctx(resource),
+            command,
+            timeout=self.hold,
+            until=printed(marker),
+            poll_for=WAIT,
         )
         outcome = refusal(done)
         if isinstance(done, Outcome) and outcome is None:
@@ -375,37 +362,43 @@ class Attacker:
     # -- budgets ----------------------------------------------------------------------------
 
     def ramp(self) -> None:
-        """Up to every budget: the content store from four sessions meanwhile; a workspace
-        file, memory, processes, then CPU. The busy loops come late because they take the
-        principal's own CPU share from its later commands, and every sandbox needs a few
-        processes, so room is left for them before a last bomb forks into the limit."""
+        """Up to every budget of `attacks`: the content store from four sessions meanwhile;
+        a workspace file, memory, processes, then CPU. The busy loops come late because
+        they take the principal's own CPU share from its later commands, and every sandbox
+        needs a few processes, so room is left for them before a last bomb forks into the
+        limit."""
         began = time.monotonic()
         content = threading.Thread(target=self._fill_content, args=(began,))
-        content.start()
-        self._command("disk: workspace file", "head -c 256M /dev/zero > f && sync && echo ok", "ok")
-        self.notes["disk: workspace file"] = (
-            "256 MiB, then no more: no budget holds workspace files"
-        )
-        budget = int(self.budgets.get("principal_memory_bytes") or 2 << 30)
-        held = 0
-        while held + 1024 * MIB <= budget:  # all but the last 512 MiB, in 512 MiB sandboxes
-            if not self._command("memory", TMPFS + "; echo held; sleep 100000", "held"):
-                break
-            held += 512 * MIB
-        self.notes["memory"] = f"{held // MIB} MiB of tmpfs held, then 512 MiB more at a time"
-        self._past_memory()
-        self._timed("memory", began)
+        if "disk" in self.attacks:
+            content.start()
+            write = "head -c 256M /dev/zero > f && sync && echo ok"
+            self._command("disk: workspace file", write, "ok")
+            self.notes["disk: workspace file"] = "256 MiB: no budget holds workspace files"
+        if "memory" in self.attacks:
+            budget = int(self.budgets.get("principal_memory_bytes") or 2 << 30)
+            held = 0
+            while held + 1024 * MIB <= budget:  # all but 512 MiB, in 512 MiB sandboxes
+                if not self._command("memory", TMPFS + "; echo held; sleep 100000", "held"):
+                    break
+                held += 512 * MIB
+            self.notes["memory"] = f"{held // MIB} MiB of tmpfs held, then 512 MiB more"
+            self._past_memory()
+            self._timed("memory", began)
+        bombs = "processes" in self.attacks
         processes = int(self.budgets.get("principal_processes") or 1024)
-        for _ in range(max(processes // 244 - 1, 0)):  # room left for the loops' sandbox
-            if not self._command("processes", BOMB, "fork"):
+        for _ in range(max(processes // 244 - 1, 0) if bombs else 0):  # room for the loops
+            if not self._command("processes", HOLDING_BOMB, "fork"):
                 break
-        self._command("cpu", LOOPS_COMMAND, "spinning")
-        self._timed("cpu", began)
-        for _ in range(4):  # into the limit: a fork fails, or a sandbox is refused
-            if not self._command("processes", BOMB, "fork"):
+        if "cpu" in self.attacks:
+            self._command("cpu", LOOPS_COMMAND, "spinning")
+            self._timed("cpu", began)
+        for _ in range(4 if bombs else 0):  # into the limit: a fork fails, or a refusal
+            if not self._command("processes", HOLDING_BOMB, "fork"):
                 break
-        self._timed("processes", began)
-        content.join()
+        if bombs:
+            self._timed("processes", began)
+        if content.ident is not None:
+            content.join()
 
     def _past_memory(self) -> None:
         """512 MiB more of tmpfs: past the budget, the kernel's OOM killer ends one of the
@@ -413,7 +406,12 @@ class Attacker:
         before = self.oom_kills()
         command = TMPFS + "; echo rc=$?"
         done = run_command(
-            self.target, self._ctx("memory"), command, timeout=60, until=printed("rc=")
+            self.target,
+            self._ctx("memory"),
+            command,
+            timeout=60,
+            until=printed("rc="),
+            poll_for=WAIT,
         )
         killed = self.oom_kills() - before
         if killed > 0:
@@ -449,12 +447,14 @@ class Attacker:
         self._timed("disk: content", began)
 
     def pressure(self, stop: threading.Event) -> None:
-        """Until `stop`: a new attempt past each budget every half second (memory: every
-        five seconds)."""
+        """Until `stop` (with "pressure" in `attacks`): a new attempt past each budget every
+        half second (memory: every five seconds)."""
+        if "pressure" not in self.attacks:
+            return
         tick = 0
         while not stop.wait(0.5):
             tick += 1
-            self._command("processes", BOMB, "fork")
+            self._command("processes", HOLDING_BOMB, "fork")
             args = {"filename": "d", "content": FILLER}
             got = call(self.target, self._ctx("content"), "add_content", args)
             self._count("disk: content", refusal(got) or "accepted")
@@ -604,6 +604,16 @@ class KernelWatch:
 PHASES = ("alone", "budgets", "server work")
 
 
+def phases(attacks: frozenset[str]) -> list[str]:
+    """The attacked phases `attacks` asks for (the baseline runs before and after them)."""
+    out = []
+    if attacks - {"work"}:
+        out.append("budgets")
+    if "work" in attacks:
+        out.append("server work")
+    return out
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -626,7 +636,12 @@ def phase(
     )
     watch = KernelWatch(group_dirs(served.budgets, ATTACKER) if name == "budgets" else {})
     attacker = Attacker(
-        attack_target, bearer(tokens, ATTACKER), served.budgets, args.seconds + 300, watch.oom_kills
+        attack_target,
+        bearer(tokens, ATTACKER),
+        served.budgets,
+        args.seconds + 300,
+        watch.oom_kills,
+        args.attacks,
     )
     victim = Victim(served.base, tokens[VICTIM], args)
     probe = Probe(victim_target)
@@ -649,25 +664,19 @@ def phase(
     victim.go()
     for t in threads:
         t.start()
-    result = victim.result()
+    result = victim.result(served)
     stop.set()
     for t in [*threads, watcher]:
         t.join()
     elapsed = time.monotonic() - began
     cpu_after = served.proc.cpu_times()
     watch.sample()
-    lat = result["latencies"]
     out.update(
+        figures(result["latencies"], probe.seconds),
         runs=result["runs"],
-        calls=len(lat),
-        p50_ms=percentile(lat, 0.50) * 1000,
-        p99_ms=percentile(lat, 0.99) * 1000,
-        max_ms=max(lat, default=0.0) * 1000,
         errors=result["errors"],
         violations=len(result["violations"]),
         violation_samples=result["violations"][:5],
-        probe_ok=len(probe.seconds),
-        probe_p50_ms=percentile(probe.seconds, 0.5) * 1000,
         probe_failures=dict(probe.failures),
         server_cpu_s=(cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system),
         elapsed_s=elapsed,
@@ -690,12 +699,41 @@ def phase(
     return out
 
 
+def figures(latencies: list[float], probes: list[float]) -> dict[str, Any]:
+    """The victim's latency figures (and the raw latencies, which the JSON leaves out)."""
+    return {
+        "calls": len(latencies),
+        "p50_ms": percentile(latencies, 0.50) * 1000,
+        "p99_ms": percentile(latencies, 0.99) * 1000,
+        "max_ms": max(latencies, default=0.0) * 1000,
+        "probe_ok": len(probes),
+        "probe_p50_ms": percentile(probes, 0.5) * 1000,
+        "latencies": latencies,
+        "probe_seconds": probes,
+    }
+
+
+def merged(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The baseline: the victim alone before the attacks and after them, as one."""
+    out = figures(
+        first["latencies"] + last["latencies"], first["probe_seconds"] + last["probe_seconds"]
+    )
+    for key in ("errors", "probe_failures"):
+        out[key] = dict(Counter(first[key]) + Counter(last[key]))
+    for key in ("runs", "violations", "server_cpu_s", "elapsed_s"):
+        out[key] = first[key] + last[key]
+    out["violation_samples"] = first["violation_samples"] + last["violation_samples"]
+    out["p99_first_last_ms"] = [first["p99_ms"], last["p99_ms"]]
+    return out
+
+
 def ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}x" if base else "-"
 
 
 def report(result: dict[str, Any]) -> str:
     alone = result["alone"]
+    ran = [p for p in PHASES if p in result]
     lines = [
         f"bench_tenants: {result['machine']}",
         f"  enforcement  {result['enforcement']}",
@@ -705,12 +743,13 @@ def report(result: dict[str, Any]) -> str:
         f"{result['shape']['calls']} --workers {result['shape']['workers']} over REST with its "
         f"token, run after run for {result['shape']['seconds']:g} s a phase; a sandboxed echo "
         f"every {PROBE_EVERY:g} s",
+        f"  attacks      {', '.join(result['attacks'])}",
         "",
-        f"  {'':22}" + "".join(f"{p:>20}" for p in PHASES),
+        f"  {'':22}" + "".join(f"{p:>20}" for p in ran),
     ]
 
     def row(label: str, get: Callable[[dict[str, Any]], str]) -> None:
-        lines.append(f"  {label:22}" + "".join(f"{get(result[p]):>20}" for p in PHASES))
+        lines.append(f"  {label:22}" + "".join(f"{get(result[p]):>20}" for p in ran))
 
     row("victim calls", lambda f: f"{f['calls']:,}")
     for q in ("p50_ms", "p99_ms", "max_ms"):
@@ -724,12 +763,14 @@ def report(result: dict[str, Any]) -> str:
     row("victim sandboxes ok", lambda f: f"{f['probe_ok']} (p50 {f['probe_p50_ms']:.0f} ms)")
     row("  refused or failed", lambda f: str(sum(f["probe_failures"].values())))
     row("server CPU s", lambda f: f"{f['server_cpu_s']:.1f} of {f['elapsed_s']:.0f}")
-    for p in PHASES:
+    before, after = alone["p99_first_last_ms"]
+    lines.append(f"  (alone: before and after the attacks; p99 {before:.1f} and {after:.1f} ms)")
+    for p in ran:
         for sample in result[p]["violation_samples"]:
             lines.append(f"  VIOLATION ({p}) {sample}")
         for kind, n in {**result[p]["errors"], **result[p]["probe_failures"]}.items():
             lines.append(f"  victim error ({p}) {kind}: {n}")
-    for p in PHASES[1:]:
+    for p in ran[1:]:
         attacker = result[p]["attacker"]
         ramp = result[p].get("ramp_s")
         lines += [
@@ -751,7 +792,7 @@ def report(result: dict[str, Any]) -> str:
             f"slowest {ended['slowest_s'] * 1000:.0f} ms"
         )
     lines.append("")
-    for p in PHASES[1:]:
+    for p in ran[1:]:
         f = result[p]
         errors = sum(f["errors"].values()) + sum(f["probe_failures"].values()) + f["violations"]
         met = f["p99_ms"] <= 2 * alone["p99_ms"] and errors == 0
@@ -769,14 +810,30 @@ DEFAULT_SETTINGS = [
 ]
 
 
+def attacks_of(text: str) -> frozenset[str]:
+    chosen = frozenset(a.strip() for a in text.split(",") if a.strip())
+    unknown = chosen - set(ATTACKS)
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"choose from {','.join(ATTACKS)}, got {text!r}")
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--seconds", type=float, default=20.0, help="each phase (default 20)")
-    parser.add_argument("--sessions", type=int, default=8, help="victim sessions per run")
-    parser.add_argument("--calls", type=int, default=40, help="victim calls per session")
+    parser.add_argument("--seconds", type=float, default=12.0, help="each phase (default 12)")
+    parser.add_argument("--sessions", type=int, default=4, help="victim sessions per run")
+    parser.add_argument("--calls", type=int, default=30, help="victim calls per session")
     parser.add_argument("--workers", type=int, default=2, help="victim sender threads")
     parser.add_argument("--streams", type=int, default=4, help="the attacker's server work at once")
     parser.add_argument("--server-cpus", metavar="LIST", help="taskset CPU list for the server")
+    parser.add_argument(
+        "--attacks",
+        type=attacks_of,
+        default=frozenset(ATTACKS),
+        metavar="LIST",
+        help=f"what the attacker goes for, of {','.join(ATTACKS)} (default: all; to find "
+        "which one costs the victim)",
+    )
     parser.add_argument(
         "--set",
         dest="assignments",
@@ -812,17 +869,23 @@ def main(argv: list[str] | None = None) -> int:
                 "enforcement": served.enforcement,
                 "uids": served.budgets.get("uids"),
                 "seccomp": served.budgets.get("seccomp"),
-                "budgets": budgets,
+                "server_budgets": budgets,
                 "budget_line": ", ".join(f"{k} {v}" for k, v in budgets.items())
                 + "; "
                 + ", ".join(assignments),
                 "shape": {k: getattr(args, k) for k in ("sessions", "calls", "workers", "seconds")},
             }
-            for name in PHASES:
+            result["attacks"] = sorted(args.attacks)
+            first = phase(served, tokens, args, "alone")
+            for name in phases(args.attacks):
                 result[name] = phase(served, tokens, args, name)
+            result["alone"] = merged(first, phase(served, tokens, args, "alone"))
             result["load_average_end"] = os.getloadavg()[0]
     print(report(result))
     if args.json:
+        for name in PHASES:  # the raw latencies stay out
+            for key in ("latencies", "probe_seconds"):
+                result.get(name, {}).pop(key, None)
         Path(args.json).write_text(json.dumps(result, indent=2))
     return 0
 

@@ -335,6 +335,7 @@ def test_options_carry_the_restarts_and_the_embedded_runtimes_settings() -> None
 # -- --restart-every: a server killed and restarted under load ----------------------------
 
 
+@pytest.mark.timeout(180)  # each restart is a server's start-up: seconds on a loaded machine
 def test_a_server_restarted_under_load_loses_no_acknowledged_call(tmp_path: Path) -> None:
     code, report = run_cli(
         tmp_path, "--restart-every", "0.5", "--sessions", "10", "--calls", "40", "--workers", "4"

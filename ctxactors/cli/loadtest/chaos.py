@@ -75,7 +75,9 @@ class RestartedServer:
             self.tokens = (Bearer(checked, CHECKED), Bearer(hostile, HOSTILE))
         self._proc: subprocess.Popen[bytes] | None = None
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._restart_forever, name="loadtest-chaos")
+        self._thread = threading.Thread(
+            target=self._restart_forever, name="loadtest-chaos", daemon=True
+        )
 
     def start(self) -> None:
         """Start the server; raises RuntimeError if it doesn't come up."""

@@ -297,7 +297,12 @@ def run_threads(
             if between is not None:
                 between()
             checks.extend(reversed(verification_calls(units, books)))
-        pool = [threading.Thread(target=phase, name=f"loadtest-{i}") for i in range(workers)]
+        # Daemons: a caller interrupted while they wait (a test's timeout) must not leave
+        # them sending a call to a server that is gone, again and again, at exit.
+        pool = [
+            threading.Thread(target=phase, name=f"loadtest-{i}", daemon=True)
+            for i in range(workers)
+        ]
         for t in pool:
             t.start()
         for t in pool:

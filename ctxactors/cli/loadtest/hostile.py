@@ -524,7 +524,9 @@ def alongside(hostile: HostileTenant) -> Iterator[HostileTenant]:
     """Run `hostile` in a thread of its own for the block; then let it end its cycle and
     its sessions."""
     stop = threading.Event()
-    thread = threading.Thread(target=hostile.run, args=(stop,), name="loadtest-hostile")
+    thread = threading.Thread(
+        target=hostile.run, args=(stop,), name="loadtest-hostile", daemon=True
+    )
     thread.start()
     try:
         yield hostile
