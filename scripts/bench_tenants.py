@@ -240,14 +240,17 @@ class Victim:
         """Its figures, once it is done. If the server dies meanwhile, the load tester
         would send its calls again forever (a call refused before it was sent did not
         run): stop it and say so instead."""
-        while self.proc.poll() is None:
-            if not alive(served.proc):
-                self.proc.kill()
-                self.proc.wait()
-                tail = served.log.read_text(errors="replace")[-2000:]
-                raise SystemExit(f"bench_tenants: the server died during a phase:\n{tail}")
-            time.sleep(0.5)
-        out, _ = self.proc.communicate()
+        while True:
+            try:
+                out, _ = self.proc.communicate(timeout=0.5)  # reading all the while
+                break
+            except subprocess.TimeoutExpired:
+                if alive(served.proc):
+                    continue
+            self.proc.kill()
+            self.proc.wait()
+            tail = served.log.read_text(errors="replace")[-2000:]
+            raise SystemExit(f"bench_tenants: the server died during a phase:\n{tail}")
         found: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
         return found
 
