@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import socket
 import sys
 from pathlib import Path
 from types import FrameType
@@ -378,7 +379,7 @@ def _serve_http(
         loop="asyncio",  # its selector loop accepts through the listener's accept (uvloop would not)
     )
     # The socket is bound here so that its accept is the guard's (`connections`).
-    listener = connections.GuardedListener(config.bind_socket(), admission)
+    listener = connections.GuardedListener(tcp_socket(config.bind_socket()), admission)
     listener.set_inheritable(False)  # not into the sandboxes' processes
     server = _DrainingServer(config, frontend, runtime.call_timeout)
     log.info(
@@ -393,6 +394,17 @@ def _serve_http(
         body_timeout_s=limits.body_timeout,
     )
     server.run(sockets=[listener])
+
+
+def tcp_socket(bound: socket.socket) -> socket.socket:
+    """`bound` as a socket whose protocol says TCP, so that the connections it accepts get
+    ``TCP_NODELAY``. asyncio sets it only on a socket of ``proto == IPPROTO_TCP``; uvicorn
+    binds ``socket.socket(family)`` (proto 0) and the guard's accepted sockets inherit
+    that, so each response's second write waited for the client's delayed ACK: 44 ms for
+    any request, ``/healthz`` included, against 1 ms from uvicorn's own listener."""
+    if bound.family not in (socket.AF_INET, socket.AF_INET6) or bound.proto:
+        return bound
+    return socket.socket(bound.family, bound.type, socket.IPPROTO_TCP, fileno=bound.detach())
 
 
 class _DrainingServer(uvicorn.Server):
