@@ -1,6 +1,6 @@
 """``ctxactors serve``'s access options, read in this process into `access.HttpSecurity`: the
 Host names a bind accepts, the origins it allows, the refusals with their exact messages, and
-the options' help.
+the options' help; the same checks on a served app.
 
 `test_http_auth` starts ``serve`` with these options as a subprocess and checks what a client
 sees; mutation testing sees only code run in the test process, so here the options go
@@ -12,12 +12,21 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import httpx
 import pytest
-from in_process_support import parse_serve_args
+from in_process_support import WAIT, parse_serve_args, serve_in_process
+from starlette.datastructures import Headers
 
+from ctxactors import Runtime
 from ctxactors.transports import access
-from ctxactors.transports.auth import AuthConfigError, StaticTokens
-from ctxactors.transports.guard import LOOPBACK_HOSTS, is_loopback, normalise_origin
+from ctxactors.transports.auth import AuthConfigError, JwtVerifier, StaticTokens
+from ctxactors.transports.guard import (
+    LOOPBACK_HOSTS,
+    RequestGuard,
+    host_name,
+    is_loopback,
+    normalise_origin,
+)
 
 TOKEN = "t" * 32
 ISSUER = "https://issuer.example"
@@ -53,6 +62,7 @@ def refusal(*argv: str) -> str:
         ("10.1.2.3", False),
         ("tools.example", False),
         ("LOCALHOST", False),  # a name the resolver may map anywhere: only "localhost" is
+        ("X127.0.0.1", False),
         ("", False),
     ],
 )
@@ -200,9 +210,104 @@ def test_options_that_cant_be_used_together_say_why(tokens: str) -> None:
     assert refusal("--auth-tokens", tokens, *jwt) == (
         "give either --auth-tokens or the --jwt-* options, not both"
     )
-    assert refusal("--auth-tokens", tokens, "--jwt-audience", "tools") == (
-        "give either --auth-tokens or the --jwt-* options, not both"
+    for option, value in (("--jwt-public-key", "k.pem"), ("--jwt-audience", "tools")):
+        assert refusal("--auth-tokens", tokens, option, value) == (
+            "give either --auth-tokens or the --jwt-* options, not both"
+        )
+
+
+def test_a_jwks_url_and_a_principal_claim_reach_the_verifier() -> None:
+    built = security(
+        "--jwt-jwks-url",
+        "https://idp.example/jwks.json",
+        "--jwt-issuer",
+        ISSUER,
+        "--jwt-audience",
+        "tools",
+        "--jwt-principal-claim",
+        "email",
     )
+    verifier = built.verifier
+    assert isinstance(verifier, JwtVerifier) and verifier.jwks is not None
+    assert (verifier.jwks.uri, verifier.issuer, verifier.audience, verifier.principal_claim) == (
+        "https://idp.example/jwks.json",
+        ISSUER,
+        "tools",
+        "email",
+    )
+
+
+# -- what a web page could send -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "name"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("LocalHost:8765", "localhost"),
+        ("[::1]", "[::1]"),
+        ("[::1]:80", "[::1]"),
+        ("[::1", None),
+        ("[::1]80", None),
+        ("[::1]:", None),
+        ("[::1]x]", None),
+        ("tools.example:x", None),
+        ("tools.example:x1", None),
+        ("tools.example:", None),
+        ("a:1:2", None),
+        (":80", None),
+        ("", None),
+    ],
+)
+def test_the_name_part_of_a_host_header(host: str, name: str | None) -> None:
+    assert host_name(host) == name
+
+
+def guard_refusal(
+    method: str, hosts: tuple[str, ...] | None = LOOPBACK_HOSTS, **headers: str
+) -> tuple[int, str, str] | None:
+    guard = RequestGuard(lambda *_: None, hosts, ("https://app.example",))  # type: ignore[arg-type]
+    return guard.refusal(method, Headers({k.replace("_", "-"): v for k, v in headers.items()}))
+
+
+def test_a_foreign_host_is_refused_naming_it() -> None:
+    def refused(shown: str) -> tuple[int, str, str]:
+        return (
+            421,
+            "host_not_allowed",
+            f"Host {shown!r} is not a name of this server (DNS-rebinding protection); an "
+            "operator behind a proxy adds it with --allow-host",
+        )
+
+    assert guard_refusal("GET", host="evil.example") == refused("evil.example")
+    assert guard_refusal("GET") == refused("")  # no Host at all
+    long = "e" * 300
+    assert guard_refusal("GET", host=long) == refused("e" * 200)  # the name is cut for the log
+    assert guard_refusal("GET", host="LOCALHOST:1") is None
+    assert guard_refusal("GET", hosts=None, host="evil.example") is None  # no Host check
+
+
+def test_a_foreign_origin_is_refused_naming_it() -> None:
+    assert guard_refusal("GET", host="localhost", origin="https://evil.example") == (
+        403,
+        "origin_not_allowed",
+        "cross-origin requests from 'https://evil.example' are refused; the operator allows "
+        "an origin with --allow-origin",
+    )
+    evil = "https://" + "e" * 300
+    refused = guard_refusal("GET", host="localhost", origin=evil)
+    assert refused is not None and repr(evil[:200]) in refused[2] and evil[:201] not in refused[2]
+    assert guard_refusal("GET", host="localhost", origin="HTTPS://APP.example") is None
+    assert guard_refusal("GET", host="localhost") is None  # not from a page
+
+
+def test_a_post_that_is_not_json_is_refused() -> None:
+    refused = (415, "unsupported_media_type", "a POST needs Content-Type: application/json")
+    assert guard_refusal("POST", host="localhost") == refused
+    assert guard_refusal("POST", host="localhost", content_type="text/plain") == refused
+    for media_type in ("application/json", "Application/JSON; charset=utf-8"):
+        assert guard_refusal("POST", host="localhost", content_type=media_type) is None
+    assert guard_refusal("DELETE", host="localhost") is None
 
 
 HELP = """\
@@ -244,3 +349,87 @@ def test_the_options_help_says_what_each_one_is(monkeypatch: pytest.MonkeyPatch)
     )
     assert defaults.insecure_no_auth is False
     assert parser.parse_args(["--max-actors-per-principal", "7"]).max_actors_per_principal == 7
+
+
+# -- the same checks on a served app ---------------------------------------------------------
+
+
+def test_a_served_app_refuses_what_a_page_could_send_and_lets_an_allowed_origin_in() -> None:
+    flags = ("--allow-origin", "https://app.example", "--allow-host", "tools.example")
+    with (
+        serve_in_process(*flags) as served,
+        httpx.Client(base_url=served.url, timeout=WAIT) as http,
+    ):
+
+        def create(goal: str, **headers: str) -> httpx.Response:
+            return http.post(
+                "/api/v1/tools/create_goal",
+                json={"goal": goal},
+                headers={"X-Session-Id": "web", **headers},
+            )
+
+        def error(response: httpx.Response) -> tuple[int, str]:
+            return response.status_code, response.json()["error"]["code"]
+
+        assert error(create("a", Host="evil.example")) == (421, "host_not_allowed")
+        assert error(create("b", Origin="https://evil.example")) == (403, "origin_not_allowed")
+        simple = http.post(
+            "/api/v1/tools/create_goal",
+            content=b'{"goal": "c"}',
+            headers={"Content-Type": "text/plain", "X-Session-Id": "web"},
+        )
+        assert simple.json() == {
+            "error": {
+                "code": "unsupported_media_type",
+                "message": "a POST needs Content-Type: application/json",
+            }
+        }
+        assert simple.status_code == 415
+        # /mcp too, before the SDK sees anything.
+        mcp = http.post("/mcp", json={}, headers={"Host": "evil.example:80"})
+        assert error(mcp) == (421, "host_not_allowed")
+        assert create("by a proxy", Host="Tools.Example:443").status_code == 200
+        allowed = create("from the app", Origin="https://app.example")
+        assert allowed.status_code == 200, allowed.text
+        assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+        assert allowed.headers["access-control-expose-headers"] == (
+            "Mcp-Session-Id, X-Session-Id, WWW-Authenticate"
+        )
+        preflight = http.options(
+            "/api/v1/tools/create_goal",
+            headers={
+                "Origin": "https://app.example",
+                "Access-Control-Request-Method": "DELETE",
+                "Access-Control-Request-Headers": "authorization, mcp-session-id, x-thread-id",
+            },
+        )
+        assert preflight.status_code == 200
+        assert preflight.headers["access-control-allow-methods"] == "GET, POST, DELETE"
+        assert preflight.headers["access-control-allow-headers"] == (
+            "Accept, Accept-Language, Authorization, Content-Language, Content-Type, "
+            "Last-Event-ID, Mcp-Protocol-Version, Mcp-Session-Id, X-Assistant-Id, "
+            "X-Session-Id, X-Thread-Id"
+        )
+        put = http.options(
+            "/api/v1/tools/create_goal",
+            headers={"Origin": "https://app.example", "Access-Control-Request-Method": "PUT"},
+        )
+        assert (put.status_code, put.text) == (400, "Disallowed CORS method")
+        assert goals(served.runtime, "web") == ["by a proxy", "from the app"]
+
+
+def goals(runtime: Runtime, session: str) -> list[str]:
+    state = runtime.call("get_planning_state", {"__sessionId": session})
+    assert state.structured is not None
+    return [g["goal"] for g in state.structured["goals"]]
+
+
+def test_the_guard_compares_host_names_in_lower_case() -> None:
+    guard = RequestGuard(lambda *_: None, ("Tools.Example",), ())  # type: ignore[arg-type]
+    assert guard.refusal("GET", Headers({"host": "TOOLS.example:8443"})) is None
+    assert guard.refusal("GET", Headers({"host": "other.example"})) is not None
+    # Without a Host check, any Host passes, and origins are still checked.
+    open_guard = RequestGuard(lambda *_: None, None, ())  # type: ignore[arg-type]
+    assert open_guard.refusal("GET", Headers({"host": "any.example"})) is None
+    refused = open_guard.refusal("GET", Headers({"host": "a", "origin": "https://b"}))
+    assert refused is not None and refused[0] == 403
