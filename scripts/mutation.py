@@ -168,6 +168,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             # drive a `ctxactors serve` subprocess, which its coverage can't see).
             "connection_guard",
             "http_access",
+            "access_options",
             "metrics_served",
         ),
     ),
