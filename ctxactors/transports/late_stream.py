@@ -1,0 +1,127 @@
+"""``/mcp`` answers as JSON, and turns into an SSE stream only for a call that runs long.
+
+The SDK's session manager runs in its JSON-response mode: each POST gets its JSON-RPC answer
+as one ``application/json`` body. Its SSE mode puts, around every request, a task group, a
+second task watching for the client to leave and a stream for notifications; ctxactors
+sends no notification or request during a call, so for a call that answers quickly that
+machinery was a third of the SDK's CPU per call, for the same bytes (a 2026-07-28 POST that
+answers within the ping interval is JSON in SSE mode too).
+
+What SSE mode still gave is that bytes keep flowing while a call runs, so a proxy's
+idle-read timeout doesn't cut a long call. `LateStream` keeps that: a POST whose answer has
+not started after ``http.ping_interval`` seconds becomes the stream SSE mode would have sent (the
+SSE headers and a ping comment, another ping every interval, then the answer as one
+``event: message``). A client that doesn't accept ``text/event-stream`` keeps waiting for
+its JSON. Unlike SSE mode, a client that leaves doesn't cancel its call: the call was
+handed to its key's actor and runs to its end (and its state is saved) either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+from starlette.types import Message, Send
+
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
+_PING = {"type": "http.response.body", "body": b": ping\r\n\r\n", "more_body": True}
+
+
+def may_stream(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | None]:
+    """Whether a POST with these raw headers may turn into a stream, and its
+    ``Mcp-Session-Id``: the client accepts SSE, and the request is a 2026-07-28 one (which
+    is not ``subscriptions/listen``, a stream the SDK makes itself) or one in an open MCP
+    session (not the ``initialize`` that opens one: its answer carries the new id)."""
+    accepts = modern = False
+    session: bytes | None = None
+    for name, value in headers:
+        if name == b"accept":
+            accepts = accepts or b"text/event-stream" in value.lower()
+        elif name == b"mcp-session-id":
+            session = value
+        elif name == b"mcp-protocol-version":
+            modern = value >= b"2026"
+        elif name == b"mcp-method" and value == b"subscriptions/listen":
+            return False, None
+    return accepts and (modern or session is not None), session
+
+
+class LateStream:
+    """The `send` of one POST: passes the SDK's answer through while it comes within
+    `interval`; past that, frames it as an SSE stream (see the module)."""
+
+    def __init__(self, send: Send, session: bytes | None, interval: float) -> None:
+        self._send = send
+        self._session = session
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(interval, self._commit)
+        self._pinger: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # after the commit: the pings and the answer, in turn
+        self._opened = False  # the SSE headers are sent
+        self._raw = False  # the SDK streams SSE itself: pass its frames through
+        self._answer: list[bytes] = []
+        self._done = False
+
+    async def send(self, message: Message) -> None:
+        if self._pinger is None:
+            if self._timer is not None:  # the answer started in time: no stream
+                self._timer.cancel()
+                self._timer = None
+            await self._send(message)
+            return
+        async with self._lock:
+            await self._sdk_message(message)
+
+    def close(self) -> None:
+        """The request is over: no more pings."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._done = True
+        if self._pinger is not None:  # sleeping or waiting for the lock: safe to stop
+            self._pinger.cancel()
+
+    def _commit(self) -> None:
+        self._timer = None
+        self._pinger = self._loop.create_task(self._ping())
+
+    async def _open(self) -> None:
+        if not self._opened:
+            self._opened = True
+            headers = list(_SSE_HEADERS)
+            if self._session is not None:
+                headers.append((b"mcp-session-id", self._session))
+            await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def _ping(self) -> None:
+        while True:
+            async with self._lock:
+                if self._done:
+                    return
+                await self._open()
+                await self._send(_PING)
+            await asyncio.sleep(self._interval)
+
+    async def _sdk_message(self, message: Message) -> None:
+        if message["type"] == "http.response.start":  # the stream's headers are sent already
+            headers = dict(message.get("headers", ()))
+            self._raw = headers.get(b"content-type", b"").startswith(b"text/event-stream")
+            return
+        if message["type"] != "http.response.body" or self._done:
+            return
+        await self._open()
+        more = message.get("more_body", False)
+        if self._raw:
+            await self._send(message)
+        else:
+            self._answer.append(message.get("body", b""))
+            if not more:  # compact JSON: one line, so one data field
+                answer = b"".join(self._answer)
+                event = b"event: message\r\ndata: " + answer + b"\r\n\r\n" if answer else b""
+                await self._send({"type": "http.response.body", "body": event, "more_body": False})
+        self._done = not more
