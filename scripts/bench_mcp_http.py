@@ -11,7 +11,10 @@ the clients to the other CPUs, so the server's own CPU time per call is comparab
 Both serve the same transport mode, `--protocol`: ``stateless``, the client speaks the
 2026-07-28 protocol (one POST per call, no MCP session); ``stateful``, the SDK's default
 before it (an initialize handshake, then every call in that ``Mcp-Session-Id``'s session).
-Both answer in the SDK's default SSE mode (not ``json_response``). ctxactors runs with
+The peer answers in the SDK's default SSE mode; ctxactors runs its session manager in the
+SDK's JSON-response mode and turns an answer into an SSE stream only for a call that runs
+past ``http.ping_interval`` (`ctxactors.transports.late_stream`): for calls as quick as
+these, both send the same bytes in the stateless protocol. ctxactors runs with
 ``--store memory`` (the peer keeps nothing either) and, as its own row, with its default
 SQLite store. `--unpinned` lets servers and clients run on any CPU (as deployed); the CPU
 per call is still the server process's own.
@@ -19,9 +22,15 @@ per call is still the server process's own.
 The servers run in turn, `--rounds` times, and each figure is the median of its rounds (the
 machine is shared: one round can be slowed by a neighbour). "switches/call" counts the
 server's context switches (every thread): the peer answers in its event loop, ctxactors hands
-each call to its key's actor thread and back.
+each call of a sync tool to a worker of its scheduler and back.
 
-    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 3] [--json PATH]
+`--profile DIR` runs each server under cProfile, timing CPU in every thread (its figures are
+then the profiler's, not the servers'), from the end of the warm-up on, writes
+``DIR/<server>.prof`` and prints the top functions by own time per call.
+
+    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 3]
+        [--protocol stateless|stateful] [--unpinned] [--no-sqlite] [--json PATH]
+        [--profile DIR]
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ machinery was a third of the SDK's CPU per call, for the same bytes (a 2026-07-2
 answers within the ping interval is JSON in SSE mode too).
 
 What SSE mode still gave is that bytes keep flowing while a call runs, so a proxy's
-idle-read timeout doesn't cut a long call. `LateStream` keeps that: a POST whose answer has
-not started after ``http.ping_interval`` seconds becomes the stream SSE mode would have sent (the
+idle-read timeout doesn't cut a long call. `LateStreams` keeps that: a POST whose answer
+has not started after ``http.ping_interval`` seconds becomes the stream SSE mode would have sent (the
 SSE headers and a ping comment, another ping every interval, then the answer as one
 ``event: message``). A client that doesn't accept ``text/event-stream`` keeps waiting for
 its JSON. Unlike SSE mode, a client that leaves doesn't cancel its call: the call was
@@ -51,16 +51,57 @@ def may_stream(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | No
     return accepts and (modern or session is not None), session
 
 
-class LateStream:
-    """The `send` of one POST: passes the SDK's answer through while it comes within
-    `interval`; past that, frames it as an SSE stream (see the module)."""
+class LateStreams:
+    """The answers of one endpoint that have not started, looked at every quarter of
+    `interval`: one that is `interval` old becomes a stream (so a stream starts between 1
+    and 1.25 intervals into its call). A timer per request cost more than the check."""
 
-    def __init__(self, send: Send, session: bytes | None, interval: float) -> None:
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting: dict[LateStream, float] = {}  # when each is due
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def start(self, send: Send, session: bytes | None) -> LateStream:
+        """The `send` to give the SDK for one POST (`close` it when the request is over)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a server has one loop; a test may run one after another
+            self._loop, self._waiting, self._sweep = loop, {}, None
+        answer = LateStream(self, send, session, loop)
+        self._waiting[answer] = loop.time() + self.interval
+        if self._sweep is None:
+            self._sweep = loop.call_later(self.interval / 4, self._check)
+        return answer
+
+    def settle(self, answer: LateStream) -> None:
+        self._waiting.pop(answer, None)
+
+    def _check(self) -> None:
+        assert self._loop is not None
+        now = self._loop.time()
+        for answer in [a for a, due in self._waiting.items() if due <= now]:
+            answer.commit()
+        self._sweep = (
+            self._loop.call_later(self.interval / 4, self._check) if self._waiting else None
+        )
+
+
+class LateStream:
+    """The `send` of one POST: passes the SDK's answer through while it comes in time;
+    past that, frames it as an SSE stream (see the module)."""
+
+    def __init__(
+        self,
+        streams: LateStreams,
+        send: Send,
+        session: bytes | None,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self._streams = streams
         self._send = send
         self._session = session
-        self._interval = interval
-        self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = self._loop.call_later(interval, self._commit)
+        self._loop = loop
+        self._waiting = True  # in `streams`, not yet answered nor a stream
         self._pinger: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # after the commit: the pings and the answer, in turn
         self._opened = False  # the SSE headers are sent
@@ -70,9 +111,9 @@ class LateStream:
 
     async def send(self, message: Message) -> None:
         if self._pinger is None:
-            if self._timer is not None:  # the answer started in time: no stream
-                self._timer.cancel()
-                self._timer = None
+            if self._waiting:  # the answer started in time: no stream
+                self._waiting = False
+                self._streams.settle(self)
             await self._send(message)
             return
         async with self._lock:
@@ -80,14 +121,17 @@ class LateStream:
 
     def close(self) -> None:
         """The request is over: no more pings."""
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._waiting:
+            self._waiting = False
+            self._streams.settle(self)
         self._done = True
         if self._pinger is not None:  # sleeping or waiting for the lock: safe to stop
             self._pinger.cancel()
 
-    def _commit(self) -> None:
-        self._timer = None
+    def commit(self) -> None:
+        """Become a stream: send the SSE headers and ping until the answer comes."""
+        self._waiting = False
+        self._streams.settle(self)
         self._pinger = self._loop.create_task(self._ping())
 
     async def _open(self) -> None:
@@ -105,7 +149,7 @@ class LateStream:
                     return
                 await self._open()
                 await self._send(_PING)
-            await asyncio.sleep(self._interval)
+            await asyncio.sleep(self._streams.interval)
 
     async def _sdk_message(self, message: Message) -> None:
         if message["type"] == "http.response.start":  # the stream's headers are sent already

@@ -148,3 +148,15 @@ def test_the_stream_of_a_session_names_it(url: str) -> None:
     assert lines.count(": ping") >= 1
     assert [d["id"] for d in data] == [7]
     assert data[0]["result"]["structuredContent"] == {"slept": 3 * PING_S}
+
+
+def test_an_mcp_body_over_the_cap_gets_the_apis_413(url: str) -> None:
+    """``/mcp`` POSTs skip Starlette's router; the body cap still answers as for the API,
+    whether the client declared the length or streams the body."""
+    big = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "x": "' + b"x" * (4 << 20) + b'"}'
+    with httpx.Client(timeout=30) as client:
+        declared = client.post(url, content=big, headers=MODERN)
+        streamed = client.post(url, content=iter([big[:1000], big[1000:]]), headers=MODERN)
+    for answer in (declared, streamed):
+        assert answer.status_code == 413
+        assert answer.json()["error"]["code"] == "body_too_large"
