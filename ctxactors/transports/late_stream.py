@@ -37,18 +37,13 @@ def may_stream(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bool, bytes | No
     ``Mcp-Session-Id``: the client accepts SSE, and the request is a 2026-07-28 one (which
     is not ``subscriptions/listen``, a stream the SDK makes itself) or one in an open MCP
     session (not the ``initialize`` that opens one: its answer carries the new id)."""
-    accepts = modern = False
-    session: bytes | None = None
-    for name, value in headers:
-        if name == b"accept":
-            accepts = accepts or b"text/event-stream" in value.lower()
-        elif name == b"mcp-session-id":
-            session = value
-        elif name == b"mcp-protocol-version":
-            modern = value >= b"2026"
-        elif name == b"mcp-method" and value == b"subscriptions/listen":
-            return False, None
-    return accepts and (modern or session is not None), session
+    named = dict(headers)  # one pass in C; a repeated header counts by its last copy
+    if b"text/event-stream" not in named.get(b"accept", b"").lower():
+        return False, None
+    if named.get(b"mcp-method") == b"subscriptions/listen":
+        return False, None
+    session = named.get(b"mcp-session-id")
+    return session is not None or named.get(b"mcp-protocol-version", b"") >= b"2026", session
 
 
 class LateStreams:
@@ -103,7 +98,8 @@ class LateStream:
         self._loop = loop
         self._waiting = True  # in `streams`, not yet answered nor a stream
         self._pinger: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()  # after the commit: the pings and the answer, in turn
+        # The rest only serves a stream (made at the commit: most answers never need it).
+        self._lock: asyncio.Lock
         self._opened = False  # the SSE headers are sent
         self._raw = False  # the SDK streams SSE itself: pass its frames through
         self._answer: list[bytes] = []
@@ -132,6 +128,7 @@ class LateStream:
         """Become a stream: send the SSE headers and ping until the answer comes."""
         self._waiting = False
         self._streams.settle(self)
+        self._lock = asyncio.Lock()  # the pings and the answer, in turn
         self._pinger = self._loop.create_task(self._ping())
 
     async def _open(self) -> None:
