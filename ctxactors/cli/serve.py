@@ -43,6 +43,7 @@ from ctxactors.transports import access, connections, observe
 from ctxactors.transports.guard import is_loopback
 from ctxactors.transports.http import create_app
 from ctxactors.transports.mcp import (
+    MCP_PATH,
     McpFrontend,
     mcp_parts,
     serve_stdio,
@@ -346,6 +347,7 @@ def http_app(
         model=model,
         in_flight=frontend.in_flight,
         security=security,
+        direct_posts={MCP_PATH: route.endpoint},
     )
     if tracing.provider_installed():  # as the runtime: without a provider nothing is traced
         app.add_middleware(observe.TraceContextMiddleware)  # REST calls continue the trace
