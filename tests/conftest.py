@@ -20,8 +20,9 @@ from ctxactors.testing import ManualClock
 # were one flat directory: every test folder is on sys.path before any is collected.
 sys.path[:0] = [str(d) for d in TEST_DIRS if str(d) not in sys.path]
 
-# The workspace fixtures (workspace_root, leaks, rt): see workspace_support.
-pytest_plugins = ("workspace_support",)
+# The workspace fixtures (workspace_root, leaks, rt): see workspace_support; how the suite
+# spreads over pytest-xdist's workers: see parallel.
+pytest_plugins = ("workspace_support", "parallel")
 
 
 @pytest.fixture(autouse=True)
