@@ -12,9 +12,16 @@ A worker takes the next module when it is nearly done with its last, so a long m
 started last would leave the others idle: this plugin (``tests/conftest.py`` loads it)
 puts the modules in order of their longest declared timeout (pytest-timeout's mark, the
 ini's default otherwise), then of their size; ``--no-loadscope-reorder`` keeps that order.
+
+Those timeouts only stop a test that hangs, and were set for a test running alone: beside
+N-1 others (N workers on the same cores) a test may take N times as long, so on a worker
+each is N times the declared one. What a test asserts, and the deadlines of the conditions
+it waits for, stay as written.
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -31,8 +38,16 @@ def module_of(item: pytest.Item) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not hasattr(config, "workerinput"):  # not an xdist worker: the written order
+    if not hasattr(config, "workerinput"):  # not an xdist worker: as written
         return
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    for item in items:
+        declared = declared_timeout(item)
+        if declared > 0 and workers > 1:
+            mark = item.get_closest_marker("timeout")
+            kwargs = mark.kwargs if mark is not None else {}
+            # First among the item's own marks: the one pytest-timeout reads.
+            item.add_marker(pytest.mark.timeout(declared * workers, **kwargs), append=False)
     longest: dict[str, float] = {}
     size: dict[str, int] = {}
     first: dict[str, int] = {}
