@@ -7,10 +7,9 @@
 
 Creates `.venv` beside the project on first use and installs the project into it
 (editable, with every extra and the test tools), then re-runs inside it. Uses only the
-standard library so it works before anything is installed; the installs go through uv
-(from PyPI, into `.venv`: it downloads and unpacks in parallel, several times faster than
-pip on a machine with an empty cache), or pip where uv can't be had. Before the tests it installs,
-from Debian, the programs and libraries they run for real when they are missing (bubblewrap
+standard library so it works before anything is installed. The installs go through uv
+(from PyPI, into `.venv`: it downloads and unpacks in parallel), or pip where uv can't be
+had. Before the tests it installs, from Debian, the programs and libraries they run for real when they are missing (bubblewrap
 and libseccomp2 for the workspace sandbox, redis-server for the Redis store, tmux for
 `ctxactors top`), as root or through sudo, and builds `.venv-mcp1`: langchain-mcp-adapters
 needs ``mcp<2`` while `ctxactors serve` needs ``mcp>=2.3``, so the adapter's client runs from
@@ -132,19 +131,23 @@ def ensure_test_programs() -> None:
         subprocess.run([*sudo, "apt-get", *step], check=True, stdout=subprocess.DEVNULL)
 
 
-# Workers for the suite: measured on 2 cores with one kept busy beside the run (the suite
-# waits on subprocesses, servers, sandboxes and Ray more than it computes).
+# Four workers on two cores: the suite waits on subprocesses, servers, sandboxes and Ray
+# more than it computes.
 WORKERS = 4
 PARALLEL = ["--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def pytest_args(args: list[str]) -> list[str]:
-    """What `test` passes to pytest: `args`, on WORKERS workers unless they say otherwise."""
-    chosen = any(
-        a in ("-n", "no:xdist") or a.startswith(("--numprocesses", "-n")) and a[1] != "-"
+    """What `test` passes to pytest: `args`, on WORKERS workers unless they name a count,
+    whole modules each unless they name a --dist (docs pages must stay whole)."""
+    if "no:xdist" in args:
+        return args
+    counted = any(
+        a == "-n" or a.startswith("--numprocesses") or a.startswith("-n") and a[1:2] != "-"
         for a in args
     )
-    return args if chosen else ["-n", str(WORKERS), *PARALLEL, *args]
+    dist = any(a.startswith("--dist") for a in args)
+    return [*([] if counted else ["-n", str(WORKERS)]), *([] if dist else PARALLEL), *args]
 
 
 def main(argv: list[str]) -> int:
