@@ -162,7 +162,9 @@ def test_idle_keys_are_reaped_on_their_shard_and_reload_from_redis(
 ) -> None:
     runtime, _ = front_ends(ttl=0.3)
     runtime.call("create_goal", {"goal": "kept", "__sessionId": "reap-1"})
-    assert runtime.has_session("reap-1")
+    # Its key was made for the call (on a loaded machine it may be reaped before a look at
+    # has_session: the TTL is short).
+    assert runtime.stats()["spawned"] == 1
     deadline = time.monotonic() + 30
     while runtime.stats()["actors"] and time.monotonic() < deadline:
         time.sleep(0.1)
