@@ -287,12 +287,13 @@ class SQLiteStore:
             if w.parts:
                 self._write_parts(sid, kid, w.parts)
             return w.expected + 1
-        if w.data is None and w.expected == 0:
-            return 0  # deleting what was never saved: nothing to do
         row = self._db.execute(
             "SELECT revision FROM state WHERE session = ? AND key = ?", (sid, kid)
         ).fetchone()
-        return StaleStateError(w.key, w.expected, 0 if row is None else row[0])
+        current = 0 if row is None else int(row[0])
+        if w.data is None and w.expected == current == 0:
+            return 0  # deleting what was never saved: nothing to do
+        return StaleStateError(w.key, w.expected, current)
 
     def _write_parts(self, sid: str, kid: str, parts: Sequence[Part]) -> None:
         gone = [(sid, kid, name) for name, data in parts if data is None]
