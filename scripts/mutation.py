@@ -143,6 +143,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "ctxactors/history_store.py",
             *(f"ctxactors/state/{m}.py" for m in ("_base", "_commit", "_memory", "_sqlite")),
             *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open", "_reserve")),
+            "ctxactors/state/_turns.py",
         ],
         _tests(
             "durable",
@@ -152,6 +153,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "store_full_disk",
             "store_open",
             "durable_direct",
+            "sqlite_purge",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
