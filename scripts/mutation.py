@@ -197,6 +197,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "batch_template",
             "batch_exact",
             "batch_presets",
+            "batch_slow_undo",
             "presets",  # tests/servers: the presets' refusals and options
         ),
     ),
