@@ -196,7 +196,12 @@ class LoopImages:
         try:
             with _locked(os.path.join(self.disks, group + ".mount")):
                 if not os.path.ismount(point):
-                    self._mount_fitted(image, point)
+                    try:
+                        self._mount_fitted(image, point)
+                    except BaseException:  # not left mounted with nobody to unmount it
+                        if os.path.ismount(point):
+                            subprocess.run(["umount", "-l", point], capture_output=True)
+                        raise
         except BaseException:
             os.close(use)
             raise

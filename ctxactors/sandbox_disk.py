@@ -29,11 +29,13 @@ host). Ending a session only deletes, which needs no space.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 from typing import NamedTuple
 
 from ctxactors import cgroups, loop_images
-from ctxactors.errors import SandboxUnavailableError
+from ctxactors.errors import SandboxUnavailableError, ToolError
+from ctxactors.logs import get_logger
 from ctxactors.settings import Cap, WorkspaceSettings
 
 MAX_ENTRIES = 200_000  # files and directories the measured walk visits per principal
@@ -162,7 +164,14 @@ class DiskBudgets:
     def area(self, principal: str | None) -> str:
         """Where the principal's session directories go (made, or mounted, if needed)."""
         if self.images is not None and principal is not None:
-            return self.images.area(principal)
+            try:
+                return self.images.area(principal)
+            except (OSError, subprocess.SubprocessError) as exc:  # no loop device left, ...
+                get_logger("ctxactors.workspace").error("disk_mount_failed", error=str(exc))
+                raise ToolError(
+                    "this principal's workspace disk can't be mounted now (the server's log "
+                    "says why: disk_mount_failed); try again later"
+                ) from None
         return plain_area(self.root, principal)
 
     def areas(self) -> list[str]:

@@ -20,6 +20,7 @@ from structlog.testing import capture_logs
 from workspace_support import Leaks, call, start, wait_done
 
 from ctxactors import Runtime
+from ctxactors.cli.loadtest.refusals import command_refusal
 from ctxactors.sandbox_disk import DiskBudgets
 from ctxactors.servers.workspace import Workspace
 from ctxactors.settings import Settings
@@ -238,3 +239,14 @@ def test_a_session_directory_is_in_its_principals_own_area(
         with open(os.path.join(path, "f")) as f:
             assert f.read() == "hi\n"
         assert disks_of(rt).area("alice") == os.path.dirname(path)
+
+
+def test_the_load_testers_count_a_command_started_at_a_disk_budget_by_its_variable() -> None:
+    note = "[ctxactors: " + FULL.format(used=9, limit=8) + "]\n"
+    assert command_refusal(note + "File size limit exceeded\n", 153, "exited") == (
+        "CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES"
+    )
+    assert command_refusal("head: error writing 'f': No space left on device\n", 1, "exited") == (
+        "kernel: no space (a tmpfs: CTXACTORS_WORKSPACE_TMP_BYTES, or the principal's disk: "
+        "CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES)"
+    )
