@@ -121,8 +121,10 @@ class DiskBudgets:
         self.root = settings.root
         self.images = images
         self._lock = threading.Lock()
-        # Area name (`cgroups.group_name`) -> (bytes, entries) of the measured areas.
-        self._measured: dict[str, tuple[int, int]] = {}
+        # Area name (`cgroups.group_name`) -> session directory -> its (bytes, entries),
+        # of the measured areas walked in this run.
+        self._dirs: dict[str, dict[str, tuple[int, int]]] = {}
+        self._walked: set[str] = set()
         self._walks: dict[str, threading.Lock] = {}
         self._all_walked = False
         self.server_bytes = self.budget.server_disk_bytes or self._three_quarters()
@@ -180,37 +182,55 @@ class DiskBudgets:
             return list(self.images.mounted())
         return plain_areas(self.root)
 
-    def measure(self, principal: str | None) -> tuple[int, int]:
-        """Walk the principal's directories again (after a command ended): (bytes, entries).
-        For a kernel-held principal, its filesystem's count."""
+    def measure(self, principal: str | None, directory: str | None = None) -> tuple[int, int]:
+        """Count the principal's files again: (bytes, entries). After a command, only its
+        session's `directory` is walked (a principal's other sessions didn't change, and
+        callers with no principal may hold thousands); the first time in this run, all of
+        the principal's directories. A kernel-held principal: its filesystem's count."""
         if self._kernel(principal):
             assert self.images is not None
             return self.images.usage(principal).used, 0
-        return self._walk(cgroups.group_name(principal), self.area(principal))
+        name = cgroups.group_name(principal)
+        with self._lock:
+            walked = name in self._walked
+        if walked and directory is not None:
+            found = measure(directory)
+            with self._lock:
+                self._dirs.setdefault(name, {})[directory] = found
+        elif not walked:
+            self._walk(name, self.area(principal))
+        return self._total(name)
 
-    def _walk(self, name: str, path: str) -> tuple[int, int]:
+    def _walk(self, name: str, area: str) -> None:
+        """Walk every session directory of an area (callers with no principal: the root's)."""
         with self._lock:
             walk = self._walks.setdefault(name, threading.Lock())
-        with walk:  # one walk of an area at a time; a second caller gets a fresh count
-            found = measure(path, names="ws-" if path == self.root else None)
+        with walk:  # one full walk of an area at a time
+            try:
+                names = [n for n in os.listdir(area) if area != self.root or n.startswith("ws-")]
+            except FileNotFoundError:
+                names = []
+            found = {os.path.join(area, n): measure(os.path.join(area, n)) for n in names}
             with self._lock:
-                self._measured[name] = found
-            return found
+                self._dirs[name] = found
+                self._walked.add(name)
 
-    def forget(self, principal: str | None = None, *, every: bool = False) -> None:
-        """Files went another way (a session ended; with `every`, a purge): count the
-        principal's (every principal's) again before its next command."""
+    def _total(self, name: str) -> tuple[int, int]:
         with self._lock:
-            if every:
-                self._measured.clear()
+            counts = list(self._dirs.get(name, {}).values())
+        return sum(b for b, _ in counts), sum(e for _, e in counts)
+
+    def forget(self, directory: str | None = None) -> None:
+        """Files went another way: a session's `directory` was removed (its end), or with
+        None, any (a purge: every area is walked again before its next command)."""
+        with self._lock:
+            if directory is None:
+                self._dirs.clear()
+                self._walked.clear()
                 self._all_walked = False
-            else:
-                self._measured.pop(cgroups.group_name(principal), None)
-
-    def _known(self, principal: str | None) -> tuple[int, int]:
-        with self._lock:
-            found = self._measured.get(cgroups.group_name(principal))
-        return found if found is not None else self.measure(principal)
+                return
+            for found in self._dirs.values():
+                found.pop(directory, None)
 
     def server_used(self) -> int:
         """Every workspace file: the images' blocks on the host, and the measured areas."""
@@ -218,14 +238,14 @@ class DiskBudgets:
             # Areas not walked yet in this run (after a restart): walked once, so that the
             # server-wide count holds them from the start.
             self._all_walked = True
-            if self.images is None:
-                for path in self.areas():
-                    if os.path.basename(path) not in self._measured:
-                        self._walk(os.path.basename(path), path)
-            if cgroups.group_name(None) not in self._measured:
-                self.measure(None)
+            areas = [] if self.images is not None else self.areas()
+            for name, path in [(cgroups.group_name(None), self.root)] + [
+                (os.path.basename(a), a) for a in areas
+            ]:
+                if name not in self._walked:
+                    self._walk(name, path)
         with self._lock:
-            measured = sum(b for b, _ in self._measured.values())
+            measured = sum(b for found in self._dirs.values() for b, _ in found.values())
         return measured + (self.images.allocated() if self.images is not None else 0)
 
     def admit(self, principal: str | None) -> Admission:
@@ -242,7 +262,7 @@ class DiskBudgets:
             if server <= 0:
                 return Admission(0, self._full("server_disk_bytes", self.server_used()))
             return Admission(min(file_bytes, server), note)
-        used, entries = self._known(principal)
+        used, entries = self.measure(principal)
         if entries > MAX_ENTRIES:
             return Admission(
                 0,

@@ -317,7 +317,6 @@ class Workspace(Server):
         self._host: Tenants | None = None  # the runtime's, across sessions
         self._ids: tuple[int, int] | None = None  # the uid and gid of its principal
         self._dir: str | None = None
-        self._principal: str | None = None  # whose directory it is, once made
         self._active = 0  # watchers still running; read by is_busy() from another thread
         self._active_lock = threading.Lock()
         self._log: Any = None
@@ -351,7 +350,6 @@ class Workspace(Server):
                 area = self._host.disks.area(ctx.principal) if self._host is not None else self.root
                 self._dir = tempfile.mkdtemp(prefix="ws-", dir=area)
                 sandboxes.prepare_directory(self.sandbox, self._dir, ids)
-            self._principal = ctx.principal
             self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
             self._log.info("workspace_created", directory=self._dir, uid=ids[0])
         return self._dir
@@ -369,7 +367,7 @@ class Workspace(Server):
         process reads as done, so the next command is admitted on the new count)."""
         try:
             if self._host is not None:
-                self._host.disks.measure(principal)
+                self._host.disks.measure(principal, self._dir)
         except OSError as exc:  # the last count stays; the next command's ends walk again
             get_logger("ctxactors.workspace").warning("disk_measure_failed", error=str(exc))
         finally:
@@ -516,7 +514,7 @@ class Workspace(Server):
         elif self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             if self._host is not None:
-                self._host.disks.forget(self._principal)
+                self._host.disks.forget(self._dir)
             self._log.info(
                 "workspace_removed", directory=self._dir, processes=len(procs), stuck=stuck
             )

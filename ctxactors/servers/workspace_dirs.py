@@ -147,7 +147,7 @@ class SessionDirs:
         shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
         _unlink(self._use_file(path))
         if self._disks is not None:
-            self._disks.forget(session[0])
+            self._disks.forget(path)
 
     def _directories(self) -> dict[str, str]:
         """Name -> path of every kept directory: the root's and every principal area's."""
@@ -175,7 +175,7 @@ class SessionDirs:
                 shutil.rmtree(path, ignore_errors=True)
                 _unlink(self._use_file(path))
                 if self._disks is not None:
-                    self._disks.forget(every=True)
+                    self._disks.forget()
         # Records whose directory went another way (a touch racing an end_session).
         uses = os.path.join(self.root, _USES)
         for name in os.listdir(uses) if os.path.isdir(uses) else ():

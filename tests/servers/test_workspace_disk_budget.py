@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 from structlog.testing import capture_logs
-from workspace_support import Leaks, call, start, wait_done
+from workspace_support import WAIT, Leaks, call, start, wait_done
 
 from ctxactors import Runtime
 from ctxactors.cli.loadtest.refusals import command_refusal
@@ -25,6 +25,7 @@ from ctxactors.sandbox_disk import DiskBudgets
 from ctxactors.servers.workspace import Workspace
 from ctxactors.settings import Settings
 from ctxactors.state import SQLiteStore
+from ctxactors.testing import wait_until
 
 pytestmark = pytest.mark.usefixtures("workspace_root")
 
@@ -192,7 +193,7 @@ def test_the_measured_fallback_caps_files_to_what_is_left_and_refuses_writes_pas
         # 2 MiB are left (less the directories' blocks): no one file may be larger.
         out = write(rt, "m2", "6M", "b", "mallory")
         assert out == "File size limit exceeded\nrc=153\n"
-        used, _ = disks.measure("mallory")
+        used, _ = disks.measure("mallory")  # every directory: walked at its first command
         assert used == 8 * MIB
         # At its budget: told so, and no file can grow at all.
         answer = started(rt, "m1", "echo x > c; echo rc=$?", "mallory")
@@ -250,3 +251,32 @@ def test_the_load_testers_count_a_command_started_at_a_disk_budget_by_its_variab
         "kernel: no space (a tmpfs: CTXACTORS_WORKSPACE_TMP_BYTES, or the principal's disk: "
         "CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES)"
     )
+
+
+@pytest.fixture
+def short_store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    """A store whose sessions are kept one second after their last use."""
+    opened = SQLiteStore(tmp_path / "short.db", retention=1.0)
+    yield opened
+    opened.close()
+
+
+def test_the_purge_reaches_a_principals_directories_on_a_disk_not_mounted_yet(
+    short_store: SQLiteStore, leaks: Leaks
+) -> None:
+    """After a restart a principal's image is mounted on its first use, or by the purge:
+    a session past its retention goes even if its principal never came back."""
+    with disk_runtime(leaks, short_store) as rt:
+        kernel(rt)
+        run(rt, "s1", "echo kept > note", "alice")
+        path = Workspace._kept[rt].path(("alice", "s1"))  # noqa: SLF001
+        assert rt.durability is not None
+        rt.durability.flush()
+    assert not os.path.exists(path)  # its filesystem was unmounted with the runtime
+    with disk_runtime(leaks, short_store) as rt:
+
+        def purged() -> bool:
+            rt.reap()  # a purge pass now (the session's last use was >= 1 s ago)
+            return os.path.ismount(os.path.dirname(path)) and not os.path.exists(path)
+
+        wait_until(purged, WAIT, describe=lambda: os.listdir(os.path.dirname(path)))
