@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from ctxactors import cgroups
+from ctxactors.logs import get_logger
 
 DISKS = ".ctxactors-disks"  # in the workspace root: the images and their lock files
 AREAS = "principals"  # in the workspace root: one directory (mount point) per principal
@@ -233,7 +234,9 @@ class LoopImages:
                 if target < size:
                     os.truncate(image, target)
             except OSError as exc:  # e.g. shrinking below what is stored: kept as it is
-                self.notes.append(f"{image} kept at {capacity:,} bytes, {used:,} used: {exc}")
+                note = f"{image} kept at {capacity:,} bytes, {used:,} used: {exc}"
+                self.notes.append(note)
+                get_logger("ctxactors.workspace").warning("disk_not_resized", note=note)
                 if not os.path.ismount(point):
                     _run("mount", "-t", "ext4", "-o", f"loop,{_MOUNT_OPTIONS}", image, point)
                 break

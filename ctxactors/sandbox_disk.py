@@ -29,6 +29,7 @@ host). Ending a session only deletes, which needs no space.
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import threading
 from typing import NamedTuple
@@ -98,9 +99,10 @@ def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
                     st = os.stat(name, dir_fd=fd, follow_symlinks=False)
                 except FileNotFoundError:
                     continue  # deleted meanwhile
-                if st.st_nlink > 1 and not os.path.isdir(name) and (st.st_dev, st.st_ino) in seen:
-                    continue
-                seen.add((st.st_dev, st.st_ino))
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):  # a hard link: once
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
                 total += st.st_blocks * 512
     finally:
         os.close(top)

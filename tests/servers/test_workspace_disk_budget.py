@@ -21,7 +21,7 @@ from workspace_support import WAIT, Leaks, call, start, wait_done
 
 from ctxactors import Runtime
 from ctxactors.cli.loadtest.refusals import command_refusal
-from ctxactors.sandbox_disk import DiskBudgets
+from ctxactors.sandbox_disk import DiskBudgets, measure
 from ctxactors.servers.workspace import Workspace
 from ctxactors.settings import Settings
 from ctxactors.state import SQLiteStore
@@ -280,3 +280,22 @@ def test_the_purge_reaches_a_principals_directories_on_a_disk_not_mounted_yet(
             return os.path.ismount(os.path.dirname(path)) and not os.path.exists(path)
 
         wait_until(purged, WAIT, describe=lambda: os.listdir(os.path.dirname(path)))
+
+
+def test_the_walk_counts_each_inode_once_and_never_follows_a_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "big").write_bytes(b"x" * (1 << 20))
+    area = tmp_path / "area"
+    (area / "d").mkdir(parents=True)
+    (area / "d" / "f").write_bytes(b"y" * 8192)
+    os.link(area / "d" / "f", area / "d" / "g")  # the same blocks: counted once
+    os.symlink(outside, area / "d" / "out")  # not followed
+    os.symlink(outside / "big", area / "big")
+    blocks = sum(
+        os.stat(p, follow_symlinks=False).st_blocks * 512
+        for p in (area / "d", area / "d" / "f", area / "d" / "out", area / "big")
+    )
+    assert measure(str(area)) == (blocks, 5)
+    assert measure(str(area), names="d") == (blocks - os.lstat(area / "big").st_blocks * 512, 4)
+    assert measure(str(tmp_path / "missing")) == (0, 0)
