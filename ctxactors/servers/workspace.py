@@ -368,7 +368,7 @@ class Workspace(Server):
         try:
             if self._host is not None:
                 self._host.disks.measure(principal, self._dir)
-        except OSError as exc:  # the last count stays; the next command's ends walk again
+        except Exception as exc:  # never in the way of "done": the last count stays
             get_logger("ctxactors.workspace").warning("disk_measure_failed", error=str(exc))
         finally:
             with self._active_lock:
