@@ -18,6 +18,7 @@ Retention uses the wall clock: it must mean the same after a restart.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -35,6 +36,7 @@ from ctxactors.state._base import (
     StoreUnavailableError,
     Write,
     encode_ref,
+    principal_prefix,
 )
 from ctxactors.state._checkpoint import BACKSTOP_PAGES, Checkpointer
 from ctxactors.state._reserve import Reserve
@@ -320,6 +322,22 @@ class SQLiteStore:
         with self._transaction():
             self._forget(sid)
             return int(self._db.execute("DELETE FROM state WHERE session = ?", (sid,)).rowcount)
+
+    def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
+        low = principal_prefix(principal)
+        high = low[:-1] + chr(ord(",") + 1)  # past every text that starts with `low`
+        with self._lock:
+            cutoff = self._clock() - self.retention
+            with self._transaction("BEGIN"):
+                rows = self._db.execute(
+                    "SELECT parts.session, sum(length(parts.data)) FROM parts "
+                    "LEFT JOIN sessions ON sessions.session = parts.session "
+                    "WHERE parts.key = ? AND parts.session >= ? AND parts.session < ? "
+                    "AND (sessions.touched IS NULL OR sessions.touched > ?) "
+                    "GROUP BY parts.session",
+                    (encode_ref(key), low, high, cutoff),
+                ).fetchall()
+        return {str(json.loads(sid)[1]): int(size) for sid, size in rows}
 
     def purge(self) -> int:
         cutoff = self._clock() - self.retention
