@@ -26,7 +26,9 @@ as fast). ``--profile PREFIX`` writes a cProfile of each size's startup (its fir
 
 ``--purge`` also times, on a copy of each file, the first retention purge after a downtime
 longer than the retention (every session expired: `SQLiteStore.purge`, which the reaper
-runs once a minute) and the longest a concurrent load waited for it.
+runs once a minute), the largest the WAL grew meanwhile, and what a concurrent caller (a
+load then a save of a live session, in a loop) waited for it; ``--purge-only`` runs only
+that (no restarts).
 
 Filling 1,000,000 sessions takes minutes and about 1.5 GB: the filled files are cached under
 ``build/bench_restart/``, keyed by this script's fill version, the store's schema and the
@@ -35,7 +37,7 @@ runs touch the sessions they call and add one fresh session each; the retention 
 out (``--retention``) so that a file filled days ago still holds every session.
 
     python scripts/bench_restart.py [--sizes 10000,1000000] [--rounds 3] [--samples 200]
-        [--json PATH] [--no-pin] [--profile PREFIX] [--purge]
+        [--json PATH] [--no-pin] [--profile PREFIX] [--purge | --purge-only]
 """
 
 from __future__ import annotations
@@ -337,26 +339,33 @@ def run(
 def purge_after_downtime(directory: Path) -> dict[str, float]:
     """On a copy of the store: one retention purge with every session past its retention
     (the first reaper pass after a downtime longer than the retention), while another
-    thread loads a key in a loop: the pass's time, the longest a load waited, and the
-    largest the WAL file grew (one transaction: no checkpoint can shrink it meanwhile)."""
+    thread loads then saves a live key in a loop: the pass's time, how long those loads and
+    saves waited (longest, p99), and the largest the WAL file grew."""
     import threading
 
-    from ctxactors.state import SQLiteStore
+    from ctxactors.state import SQLiteStore, Write
 
     with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
         copy = Path(tmp) / "state.db"
         shutil.copyfile(directory / "state.db", copy)
         # The retention past for every session: the store's clock twice the retention ahead.
         store = SQLiteStore(copy, retention=RETENTION, clock=lambda: time.time() + 2 * RETENTION)
-        waits: list[float] = []
+        loads: list[float] = []
+        saves: list[float] = []
         wal = [0]
         stop = threading.Event()
 
-        def load() -> None:
+        def call() -> None:
+            session, key, revision = (None, "a caller"), ("planning", ASSISTANT, None), 0
             while not stop.is_set():
                 t0 = time.perf_counter()
-                store.load((None, "a caller"), ("planning", ASSISTANT, None))
-                waits.append(time.perf_counter() - t0)
+                store.load(session, key)
+                t1 = time.perf_counter()
+                (outcome,) = store.write([Write(session, key, b"{}", revision)])
+                saves.append(time.perf_counter() - t1)
+                loads.append(t1 - t0)
+                assert isinstance(outcome, int), outcome  # the only writer of its key
+                revision = outcome
                 time.sleep(0.001)
 
         def watch_wal() -> None:
@@ -366,7 +375,7 @@ def purge_after_downtime(directory: Path) -> dict[str, float]:
                 except FileNotFoundError:
                     pass
 
-        threads = [threading.Thread(target=load), threading.Thread(target=watch_wal)]
+        threads = [threading.Thread(target=call), threading.Thread(target=watch_wal)]
         for thread in threads:
             thread.start()
         started, cpu = time.perf_counter(), time.process_time()
@@ -380,10 +389,18 @@ def purge_after_downtime(directory: Path) -> dict[str, float]:
         "purged": purged,
         "purge_s": elapsed,
         "purge_cpu_s": cpu,
-        "longest_load_wait_ms": max(waits) * 1000,
-        "loads_during": len(waits),
+        "longest_load_wait_ms": max(loads) * 1000,
+        "load_p99_ms": percentile(loads, 0.99) * 1000,
+        "longest_save_wait_ms": max(saves) * 1000,
+        "save_p99_ms": percentile(saves, 0.99) * 1000,
+        "saves_during": len(saves),
         "largest_wal_mb": wal[0] / 1e6,
     }
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -438,6 +455,7 @@ def main() -> int:
         action="store_true",
         help="also time one retention purge of every session (on a copy of each size)",
     )
+    parser.add_argument("--purge-only", action="store_true", help="only time the purge")
     parser.add_argument(
         "--profile", metavar="PREFIX", help="write a cProfile of startup to PREFIX-N.pstats"
     )
@@ -465,6 +483,38 @@ def main() -> int:
         pinned = min(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {pinned})  # the runs inherit it
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {"cold": {}, "warm": {}}
+    report: dict[str, Any] = {"benchmark": "restart", "sizes": sizes}
+    if not args.purge_only:
+        report["medians"] = restarts(args, sizes, directories, expected, runs, pinned)
+    if args.purge or args.purge_only:
+        report["purge"] = purges = {n: purge_after_downtime(directories[n]) for n in sizes}
+        print(
+            "\nthe first retention purge after a downtime past the retention (every session), "
+            f"pinned to CPU {pinned}"
+        )
+        for n, p in purges.items():
+            print(
+                f"  {n:>12,} sessions: {p['purge_s']:.2f} s ({p['purge_cpu_s']:.2f} s CPU); the "
+                f"WAL grew to {p['largest_wal_mb']:,.0f} MB; a concurrent caller's load waited "
+                f"up to {p['longest_load_wait_ms']:,.0f} ms (p99 {p['load_p99_ms']:,.1f}), its "
+                f"save up to {p['longest_save_wait_ms']:,.0f} ms (p99 {p['save_p99_ms']:,.1f}; "
+                f"{p['saves_during']:,} saves)"
+            )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**report, "runs": runs}, f)
+    return 0
+
+
+def restarts(
+    args: argparse.Namespace,
+    sizes: list[int],
+    directories: dict[int, Path],
+    expected: list[dict[str, Any]],
+    runs: dict[str, dict[int, list[dict[str, Any]]]],
+    pinned: int | None,
+) -> dict[str, dict[int, dict[str, float]]]:
+    """The restart runs (`runs` filled in), printed; their medians."""
     for round_ in range(args.rounds):
         for n in sizes:
             for mode in ("cold", "warm"):
@@ -483,20 +533,7 @@ def main() -> int:
         )
     )
     print_report(sizes, medians)
-    report: dict[str, Any] = {"benchmark": "restart", "sizes": sizes, "medians": medians}
-    if args.purge:
-        report["purge"] = purges = {n: purge_after_downtime(directories[n]) for n in sizes}
-        print("\nthe first retention purge after a downtime past the retention (every session)")
-        for n, p in purges.items():
-            print(
-                f"  {n:>12,} sessions: {p['purge_s']:.2f} s ({p['purge_cpu_s']:.2f} s CPU); a "
-                f"concurrent load waited up to {p['longest_load_wait_ms']:,.0f} ms; the WAL "
-                f"grew to {p['largest_wal_mb']:,.0f} MB"
-            )
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**report, "runs": runs}, f)
-    return 0
+    return medians
 
 
 if __name__ == "__main__":

@@ -160,9 +160,7 @@ class RedisStore:
         for w, (ok, revision) in zip(writes, replies, strict=True):
             if ok:
                 outcomes.append(int(revision))
-            elif w.data is None and w.expected == 0:
-                outcomes.append(0)
-            else:
+            else:  # a delete expecting no key that finds one is stale too, as in every store
                 outcomes.append(StaleStateError(w.key, w.expected, int(revision)))
         return outcomes
 

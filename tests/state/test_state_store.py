@@ -710,3 +710,16 @@ def test_a_delete_of_a_key_never_saved_is_done_and_an_update_of_one_is_stale(
     (stale,) = store.write([Write(S1, PLAN, b"v4", 3)])
     assert isinstance(stale, StaleStateError) and (stale.expected, stale.current) == (3, 0)
     assert store.load(S1, PLAN) is None
+
+
+def test_a_write_expecting_no_key_that_finds_one_is_stale_and_keeps_it(
+    store: StateStore,
+) -> None:
+    # Revision 0 means "the key must not exist", for a delete as for a save: a writer that
+    # never saw the key must not remove (nor overwrite) what another writer stored.
+    assert store.write([Write(S1, PLAN, b"theirs", 0)]) == [1]
+    delete, save = store.write([Write(S1, PLAN, None, 0), Write(S1, PLAN, b"mine", 0)])
+    for outcome in (delete, save):
+        assert isinstance(outcome, StaleStateError)
+        assert (outcome.key, outcome.expected, outcome.current) == (PLAN, 0, 1)
+    assert store.load(S1, PLAN) == Record(1, b"theirs")
