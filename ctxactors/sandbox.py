@@ -168,17 +168,21 @@ def _proc_masks(root: str = "/") -> tuple[str, ...]:
     return tuple(out)
 
 
-def limit_args(settings: SandboxSettings, nproc: int | None = None) -> list[str]:
+def limit_args(
+    settings: SandboxSettings, nproc: int | None = None, file_bytes: int | None = None
+) -> list[str]:
     """prlimit inside the sandbox (soft = hard, so the command can't raise them back), and
     choom: should memory run out anyway (many processes, each under its own address-space
     limit), the kernel's OOM killer picks a sandboxed process before the server. `nproc`:
-    the tenant's own RLIMIT_NPROC outside, which the one inside can't exceed."""
+    the tenant's own RLIMIT_NPROC outside, which the one inside can't exceed; `file_bytes`:
+    what is left of its disk budget (`ctxactors.sandbox_disk`), if less than the setting."""
     processes = settings.processes if nproc is None else min(settings.processes, nproc)
+    fsize = settings.file_bytes if file_bytes is None else min(settings.file_bytes, file_bytes)
     return [
         _PRLIMIT,
         f"--cpu={settings.cpu_seconds}",
         f"--as={settings.memory_bytes}",
-        f"--fsize={settings.file_bytes}",
+        f"--fsize={fsize}",
         f"--nproc={processes}",
         "--",
         "/usr/bin/choom",
@@ -226,6 +230,7 @@ class Tenant(NamedTuple):
     ids: tuple[int, int] | None = None
     join: tuple[str, ...] = ()
     nproc: int | None = None
+    file_bytes: int | None = None  # the largest file its disk budget leaves (RLIMIT_FSIZE)
 
 
 _SERVERS = Tenant()  # the server's own uid, no cgroup, no RLIMIT_NPROC outside
@@ -254,7 +259,8 @@ def start(
     uid, gid = tenant.ids if switch and tenant.ids else (os.getuid(), os.getgid())
     with _sandbox_fds(workdir, uid, gid) as fds:
         nproc = tenant.nproc if switch else None
-        argv = [*bwrap_args(settings, *fds), *limit_args(settings, nproc), "/bin/sh", "-c", command]
+        limits = limit_args(settings, nproc, tenant.file_bytes)
+        argv = [*bwrap_args(settings, *fds), *limits, "/bin/sh", "-c", command]
         if nproc is not None:
             argv = [_PRLIMIT, f"--nproc={nproc}", "--", *argv]
         if switch and join:  # setpriv switches, after the join

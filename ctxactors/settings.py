@@ -364,6 +364,17 @@ class BudgetSettings(Group, frozen=True):
     # Every sandbox together, against the server's own threads.
     server_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_SERVER_CPU_WEIGHT")] = 100
     server_running: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_RUNNING")] = 512
+    # Workspace files on disk (`ctxactors.sandbox_disk`). auto: an ext4 image per principal
+    # when the server may loop-mount one, else measured; require: refuse to start without
+    # images; off: measured.
+    disk: Annotated[
+        Literal["auto", "require", "off"], var("CTXACTORS_WORKSPACE_DISK", _cgroups)
+    ] = "auto"
+    principal_disk_bytes: Annotated[Count, var("CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES")] = (
+        1 << 30
+    )
+    # None: 3/4 of what the root's filesystem had free at start plus what workspaces held.
+    server_disk_bytes: Annotated[Count | None, var("CTXACTORS_WORKSPACE_SERVER_DISK_BYTES")] = None
 
 
 # -- one group per server -------------------------------------------------------------------

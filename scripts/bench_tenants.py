@@ -12,8 +12,8 @@ servers (the workspace sandbox included) and its default SQLite store. Two princ
 - the *attacker*, in the second phase, first spends every budget a tenant has, then keeps
   pushing past each while the victim runs: CPU (32 busy loops in a sandbox), memory
   (sandboxes filling their tmpfs ``/tmp`` and ``/dev/shm`` to 512 MiB under its memory
-  budget, then 512 MiB more), disk (a 256 MiB file in its workspace, and 1 MB documents in
-  the content store from four sessions until the per-principal cap refuses them), and
+  budget, then 512 MiB more), disk (a file 256 MiB past its workspace disk budget, then a
+  write from another session, and 1 MB documents in the content store from four sessions until the per-principal cap refuses them), and
   processes (sandboxes forking sleepers, holding what they got, until a fork fails); then a
   new attempt at processes, content and a 5 MiB request body every half second, memory
   every five. In the third phase, with its budgets given back, it makes the server itself
@@ -374,9 +374,16 @@ class Attacker:
         content = threading.Thread(target=self._fill_content, args=(began,))
         if "disk" in self.attacks:
             content.start()
-            write = "head -c 256M /dev/zero > f && sync && echo ok"
+            budget = int(self.budgets.get("principal_disk_bytes") or 1 << 30)
+            size = budget // MIB + 256  # past its disk budget, in one session
+            write = f"head -c {size}M /dev/zero > f && sync && echo ok"
             self._command("disk: workspace file", write, "ok")
-            self.notes["disk: workspace file"] = "256 MiB: no budget holds workspace files"
+            # Then from another session, which must be told that the budget is spent.
+            self._command("disk: workspace file", "echo x > g && echo ok", "ok")
+            self.notes["disk: workspace file"] = (
+                f"{size} MiB against a {budget // MIB} MiB budget "
+                f"({self.budgets.get('disk_enforcement', 'unknown')})"
+            )
         if "memory" in self.attacks:
             budget = int(self.budgets.get("principal_memory_bytes") or 2 << 30)
             held = 0
@@ -810,6 +817,8 @@ DEFAULT_SETTINGS = [
     # The content cap per principal, down from 512 MiB so that the ramp reaches it in
     # seconds (a megabyte document costs the server about 0.2 s to index even as one trigram).
     "content.max_principal_bytes=33554432",
+    # The workspace disk per principal, down from 1 GiB: the ramp writes 512 MiB, not 1.25 GiB.
+    "workspace.budget.principal_disk_bytes=268435456",
 ]
 
 

@@ -10,7 +10,7 @@ Creates `.venv` beside the project on first use and installs the project into it
 standard library so it works before anything is installed. The installs go through uv
 (from PyPI, into `.venv`: it downloads and unpacks in parallel), or pip where uv can't be
 had. Before the tests it installs, from Debian, the programs and libraries they run for real when they are missing (bubblewrap
-and libseccomp2 for the workspace sandbox, redis-server for the Redis store, tmux for
+and libseccomp2 for the workspace sandbox, e2fsprogs for its disk images, redis-server for the Redis store, tmux for
 `ctxactors top`), as root or through sudo, and builds `.venv-mcp1`: langchain-mcp-adapters
 needs ``mcp<2`` while `ctxactors serve` needs ``mcp>=2.3``, so the adapter's client runs from
 that second environment (the project's core and the adapter, no `[serve]`) against `serve`
@@ -112,7 +112,12 @@ def ensure_mcp1_venv() -> None:
 
 
 # program the tests run -> the Debian package that has it
-TEST_PROGRAMS = {"bwrap": "bubblewrap", "redis-server": "redis-server", "tmux": "tmux"}
+TEST_PROGRAMS = {
+    "bwrap": "bubblewrap",
+    "redis-server": "redis-server",
+    "tmux": "tmux",
+    "mkfs.ext4": "e2fsprogs",  # the workspace's disk images (ctxactors.loop_images)
+}
 # library loaded at run time -> its Debian package (libseccomp: the sandbox's seccomp filter)
 TEST_LIBRARIES = {"seccomp": "libseccomp2"}
 

@@ -97,8 +97,8 @@ class Content(Server):
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
-        ledger = cls._ledgers[runtime] = ContentLedger()
         durability = getattr(runtime, "durability", None)
+        ledger = cls._ledgers[runtime] = ContentLedger(getattr(durability, "store", None))
         if durability is not None:  # stored content counts until its session goes
             durability.listen(ledger)
 

@@ -175,6 +175,10 @@ class _Process:
                 elif self.stopping:
                     self.kill("killed")
 
+    def note(self, text: str) -> None:
+        """A line of the server's, first in the output (before the command writes any)."""
+        self._append(f"[ctxactors: {text}]\n".encode())
+
     def _append(self, data: bytes) -> None:
         with self._lock:
             self._output += data
@@ -270,11 +274,11 @@ class Workspace(Server):
             sandboxes.check(settings.sandbox, settings.root)
         else:
             _warn_unsandboxed(log, "workspace_unsandboxed")
+        tenants = cls._tenants[runtime] = Tenants(settings)
         durability = getattr(runtime, "durability", None)
         if durability is not None:
-            dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox)
+            dirs = cls._kept[runtime] = SessionDirs(settings.root, settings.sandbox, tenants.disks)
             durability.listen(dirs)
-        tenants = cls._tenants[runtime] = Tenants(settings)
         log.info(
             "workspace_budgets", **tenants.describe(), **msgspec.structs.asdict(settings.budget)
         )
@@ -343,7 +347,8 @@ class Workspace(Server):
             if self._dirs is not None:
                 self._dir = self._dirs.open(ctx.session_key, ids)
             else:
-                self._dir = tempfile.mkdtemp(prefix="ws-", dir=self.root)
+                area = self._host.disks.area(ctx.principal) if self._host is not None else self.root
+                self._dir = tempfile.mkdtemp(prefix="ws-", dir=area)
                 sandboxes.prepare_directory(self.sandbox, self._dir, ids)
             self._log = get_logger("ctxactors.workspace", session_id=ctx.session_id)
             self._log.info("workspace_created", directory=self._dir, uid=ids[0])
@@ -357,9 +362,17 @@ class Workspace(Server):
             )
         return self._ids
 
-    def _finished(self) -> None:
-        with self._active_lock:
-            self._active -= 1
+    def _finished(self, principal: str | None) -> None:
+        """From a command's watcher once it ended: count what it left on disk (before the
+        process reads as done, so the next command is admitted on the new count)."""
+        try:
+            if self._host is not None:
+                self._host.disks.measure(principal, self._dir)
+        except Exception as exc:  # never in the way of "done": the last count stays
+            get_logger("ctxactors.workspace").warning("disk_measure_failed", error=str(exc))
+        finally:
+            with self._active_lock:
+                self._active -= 1
 
     def is_busy(self) -> bool:
         return self._active > 0
@@ -411,10 +424,10 @@ class Workspace(Server):
         process_id = "p_" + secrets.token_urlsafe(12)
         if not self.sandbox.enabled:
             _warn_unsandboxed(self._log, "command_unsandboxed", process_id=process_id)
-        tenant, lease = (
+        tenant, lease, admission = (
             self._host.enter(ctx.principal, self._principal_ids(ctx))
             if self._host is not None
-            else (sandboxes.Tenant(self._principal_ids(ctx)), None)
+            else (sandboxes.Tenant(self._principal_ids(ctx)), None, None)
         )
         try:
             # From the launcher's thread: this one may end before the command does (see there).
@@ -425,9 +438,11 @@ class Workspace(Server):
             if lease is not None:
                 lease.release()
             raise
-        proc = _Process(
-            process_id, command, popen, seconds, self.max_output_bytes, self._finished, lease
-        )
+        done = functools.partial(self._finished, ctx.principal)
+        proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, done, lease)
+        full = admission.full if admission is not None else None
+        if full is not None:  # said first in its output too: the model reads that
+            proc.note(full)
         with self._active_lock:
             self._active += 1
         try:
@@ -444,6 +459,8 @@ class Workspace(Server):
             raise
         self._procs[process_id] = proc
         self._log.info("process_started", process_id=process_id, pid=popen.pid, timeout_s=seconds)
+        if full is not None:
+            return {"processId": process_id, "status": "running", "warning": full}
         return {"processId": process_id, "status": "running"}
 
     def _forget_old(self) -> None:
@@ -496,6 +513,8 @@ class Workspace(Server):
             self._log.info("workspace_kept", directory=self._dir, processes=len(procs))
         elif self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
+            if self._host is not None:
+                self._host.disks.forget(self._dir)
             self._log.info(
                 "workspace_removed", directory=self._dir, processes=len(procs), stuck=stuck
             )

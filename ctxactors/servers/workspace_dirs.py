@@ -10,6 +10,10 @@ sees (only its own directory is mounted); every call of the session sets it, beh
 calls, as the store's touch does, and sessions with a live actor are touched before each
 purge.
 
+A principal's directories are in its own area, ``<root>/principals/<hash of the
+principal>/`` (on a root server, its own loop-mounted filesystem: `ctxactors.sandbox_disk`);
+callers with no principal keep theirs in the root itself.
+
 The name is an HMAC of the session's key under a secret kept in the root (mode 0600), so
 nobody who can't read the root can derive a session's directory from its id (a plain hash
 of a guessable session id would be guessable).
@@ -17,6 +21,7 @@ of a guessable session id would be guessable).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import os
@@ -26,6 +31,8 @@ import shutil
 import time
 
 from ctxactors import sandbox as sandboxes
+from ctxactors.errors import ToolError
+from ctxactors.sandbox_disk import DiskBudgets, area_path, plain_area, plain_areas
 from ctxactors.state import SessionRef, encode_ref
 
 _KEY_FILE = ".ctxactors-session-key"
@@ -54,9 +61,12 @@ def _read_key(path: str) -> bytes:
 class SessionDirs:
     """The kept directories under `root`; a `SessionListener` of the runtime's durability."""
 
-    def __init__(self, root: str, sandbox: sandboxes.SandboxSettings) -> None:
+    def __init__(
+        self, root: str, sandbox: sandboxes.SandboxSettings, disks: DiskBudgets | None = None
+    ) -> None:
         self.root = root
         self._sandbox = sandbox
+        self._disks = disks  # None: principals' areas are plain directories
         self._key: bytes | None = None
 
     def _secret(self) -> bytes:
@@ -82,17 +92,40 @@ class SessionDirs:
         return self._key
 
     def path(self, session: SessionRef) -> str:
+        """The session's directory (in its principal's area; nothing is made or mounted)."""
+        return os.path.join(area_path(self.root, session[0]), self._name(session))
+
+    def _name(self, session: SessionRef) -> str:
         digest = hmac.new(self._secret(), encode_ref(session).encode(), hashlib.sha256)
-        return os.path.join(self.root, "ws-" + digest.hexdigest()[:48])
+        return "ws-" + digest.hexdigest()[:48]
+
+    def _area(self, principal: str | None) -> str:
+        """The principal's area, made (or mounted) if needed."""
+        if self._disks is not None:
+            return self._disks.area(principal)
+        return plain_area(self.root, principal)
 
     def open(self, session: SessionRef, ids: tuple[int, int]) -> str:
         """The session's directory, made (and handed to its principal's uid, `ids`) if new."""
+        legacy = os.path.join(self.root, self._name(session))
+        if session[0] is not None and os.path.isdir(legacy):
+            # Kept by a version that had no areas: used where it is until its retention ends.
+            self._record_use(legacy)
+            return legacy
+        self._area(session[0])
         path = self.path(session)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
             if self._sandbox.switch_user and os.lstat(path).st_uid != ids[0]:
                 _hand_over(path, ids)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise ToolError(
+                "this principal's workspace disk is full: no new session directory fits; "
+                "delete files in another session (rm) or end sessions"
+            ) from None
         else:
             sandboxes.prepare_directory(self._sandbox, path, ids)
         self._record_use(path)  # in use (again): a purge pass must not take it now
@@ -101,28 +134,48 @@ class SessionDirs:
     def touched(self, sessions: list[SessionRef]) -> None:
         for session in sessions:
             path = self.path(session)
-            if os.path.isdir(path):  # else the session never ran a command
+            # Else the session never ran a command (its record exists from its first: the
+            # directory may be on a principal's disk that is not mounted in this run).
+            if os.path.isdir(path) or os.path.exists(self._use_file(path)):
                 self._record_use(path)
 
     def deleted(self, session: SessionRef) -> None:
         path = self.path(session)
+        if session[0] is not None and os.path.exists(self._use_file(path)):
+            self._area(session[0])  # its disk, mounted: ending a session always deletes
         shutil.rmtree(path, ignore_errors=True)
+        shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
         _unlink(self._use_file(path))
+        if self._disks is not None:
+            self._disks.forget(path)
+
+    def _directories(self) -> dict[str, str]:
+        """Name -> path of every kept directory: the root's and every principal area's."""
+        found: dict[str, str] = {}
+        areas = self._disks.areas() if self._disks is not None else plain_areas(self.root)
+        for area in [self.root, *areas]:
+            try:
+                names = os.listdir(area)
+            except FileNotFoundError:
+                continue
+            found.update((n, os.path.join(area, n)) for n in names if _NAME.fullmatch(n))
+        return found
 
     def purge(self, retention: float) -> None:
-        try:
-            names = {n for n in os.listdir(self.root) if _NAME.fullmatch(n)}
-        except FileNotFoundError:
+        if not os.path.isdir(self.root):
             return
+        directories = self._directories()
+        names = set(directories)
         now = time.time()
-        for name in names:
-            path = os.path.join(self.root, name)
+        for path in directories.values():
             used = _mtime(self._use_file(path))
             if used is None:  # kept from before these records: its retention starts now
                 self._record_use(path)
             elif now - used >= retention:
                 shutil.rmtree(path, ignore_errors=True)
                 _unlink(self._use_file(path))
+                if self._disks is not None:
+                    self._disks.forget()
         # Records whose directory went another way (a touch racing an end_session).
         uses = os.path.join(self.root, _USES)
         for name in os.listdir(uses) if os.path.isdir(uses) else ():

@@ -12,6 +12,7 @@ import os
 
 from ctxactors import sandbox as sandboxes
 from ctxactors import sandbox_seccomp
+from ctxactors.sandbox_disk import Admission, DiskBudgets
 from ctxactors.sandbox_limits import Lease, SandboxBudgets
 from ctxactors.sandbox_uids import SandboxUids
 from ctxactors.settings import WorkspaceSettings
@@ -24,6 +25,7 @@ class Tenants:
         self.settings = settings
         sandbox = settings.sandbox
         self.budgets = SandboxBudgets.open(settings.budget)
+        self.disks = DiskBudgets.open(settings)
         self.uids = (
             SandboxUids(settings.root, sandbox.uid_first, sandbox.uid_count)
             if sandbox.switch_user and sandbox.uid_first is not None
@@ -36,6 +38,7 @@ class Tenants:
         sandbox = self.settings.sandbox
         return {
             "enforcement": self.budgets.enforcement,
+            "disk_enforcement": self.disks.describe(),
             "uids": (
                 f"one per principal from {sandbox.uid_first} ({sandbox.uid_count:,})"
                 if self.uids is not None
@@ -56,16 +59,21 @@ class Tenants:
         uid = self.uids.uid(principal)
         return (uid, uid)
 
-    def enter(self, principal: str | None, ids: tuple[int, int]) -> tuple[sandboxes.Tenant, Lease]:
-        """A place in the budgets for one more sandbox (`ToolError` if none), and how to
-        start it there; release the lease once it ended."""
+    def enter(
+        self, principal: str | None, ids: tuple[int, int]
+    ) -> tuple[sandboxes.Tenant, Lease, Admission]:
+        """A place in the budgets for one more sandbox (`ToolError` if none), how to start
+        it there, and what its disk budget lets it write; release the lease once it ended."""
+        admission = self.disks.admit(principal)
         lease = self.budgets.enter(principal)
         budget = self.settings.budget
         nproc = budget.server_processes if principal is None else budget.principal_processes
-        return sandboxes.Tenant(ids, tuple(lease.procs_files), nproc), lease
+        tenant = sandboxes.Tenant(ids, tuple(lease.procs_files), nproc, admission.file_bytes)
+        return tenant, lease, admission
 
     def close(self) -> list[str]:
-        """Remove the cgroups (returns any left behind) and close the uid table."""
+        """Remove the cgroups and unmount the disks (returns any left behind), and close the
+        uid table."""
         if self.uids is not None:
             self.uids.close()
-        return self.budgets.close()
+        return self.budgets.close() + self.disks.close()

@@ -41,6 +41,12 @@ _encode = msgspec.json.Encoder().encode
 
 
 @functools.lru_cache(maxsize=4096)
+def principal_prefix(principal: str) -> str:
+    """What every encoded session of `principal` starts with (``["alice",``), and nothing
+    else's: a JSON string ends at its closing quote."""
+    return encode_ref((principal, ""))[: -len('""]')]
+
+
 def encode_ref(value: SessionRef | StateKey) -> str:
     """An unambiguous text form of a session or key tuple (a JSON array).
 
@@ -109,6 +115,12 @@ class StateStore(Protocol):
 
     def purge(self) -> int:
         """Forget sessions past their retention; returns how many sessions went."""
+        ...
+
+    def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
+        """Session id -> bytes of `key`'s parts, for each live session of `principal` that
+        has any; refreshes no retention (the content ledger recounts with it after a
+        restart)."""
         ...
 
     def close(self) -> None: ...

@@ -92,3 +92,18 @@ class MemoryStore:
         with self._lock:
             self._sessions.clear()
             self._touched.clear()
+
+    def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
+        with self._lock:
+            now = self._clock()
+            out: dict[str, int] = {}
+            for (owner, session_id), keys in self._sessions.items():
+                touched = self._touched.get((owner, session_id))
+                if owner != principal or key not in keys:
+                    continue
+                if touched is not None and now - touched >= self.retention:
+                    continue  # expired: forgotten on its next use
+                size = sum(len(data) for data in keys[key].parts.values())
+                if size:
+                    out[session_id] = size
+            return out

@@ -14,6 +14,8 @@ Uses the official ``redis`` package (the ``ctxactors[redis]`` extra).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from ctxactors.state._base import (
     StoreUnavailableError,
     Write,
     encode_ref,
+    principal_prefix,
 )
 
 # KEYS[1]: the session hash. ARGV: key, expected revision, "s"ave or "d"elete, data, TTL ms,
@@ -167,8 +170,36 @@ class RedisStore:
         except self._errors as exc:
             raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
 
+    def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
+        hashes = f"{self._prefix}:{principal_prefix(principal)}"
+        field = b"p" + encode_ref(key).encode() + b"\0"
+        out: dict[str, int] = {}
+        try:
+            for name in self._redis.scan_iter(match=_glob_escape(hashes) + "*", count=1000):
+                fields = [f for f in self._redis.hkeys(name) if _raw(f).startswith(field)]
+                if not fields:
+                    continue
+                pipe = self._redis.pipeline(transaction=False)
+                for f in fields:
+                    pipe.hstrlen(name, f)
+                session = json.loads(_raw(name)[len(self._prefix.encode()) + 1 :])
+                out[str(session[1])] = sum(int(n) for n in pipe.execute())
+        except self._errors as exc:
+            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
+        return out
+
     def purge(self) -> int:
         return 0  # Redis expires whole sessions itself (PEXPIRE on every save and load)
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _glob_escape(text: str) -> str:
+    """`text` matched literally by a Redis glob pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _raw(value: bytes | str) -> bytes:
+    """A reply as bytes (the client answers bytes unless told to decode)."""
+    return value if isinstance(value, bytes) else value.encode()

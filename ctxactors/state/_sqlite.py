@@ -23,6 +23,7 @@ Retention uses the wall clock: it must mean the same after a restart.
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -39,6 +40,7 @@ from ctxactors.state._base import (
     StoreUnavailableError,
     Write,
     encode_ref,
+    principal_prefix,
 )
 from ctxactors.state._checkpoint import BACKSTOP_PAGES, Checkpointer
 from ctxactors.state._reserve import Reserve
@@ -341,6 +343,22 @@ class SQLiteStore:
         with self._transaction():
             self._forget(sid)
             return int(self._db.execute("DELETE FROM state WHERE session = ?", (sid,)).rowcount)
+
+    def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
+        low = principal_prefix(principal)
+        high = low[:-1] + chr(ord(",") + 1)  # past every text that starts with `low`
+        with self._lock:
+            cutoff = self._clock() - self.retention
+            with self._transaction("BEGIN"):
+                rows = self._db.execute(
+                    "SELECT parts.session, sum(length(parts.data)) FROM parts "
+                    "LEFT JOIN sessions ON sessions.session = parts.session "
+                    "WHERE parts.key = ? AND parts.session >= ? AND parts.session < ? "
+                    "AND (sessions.touched IS NULL OR sessions.touched > ?) "
+                    "GROUP BY parts.session",
+                    (encode_ref(key), low, high, cutoff),
+                ).fetchall()
+        return {str(json.loads(sid)[1]): int(size) for sid, size in rows}
 
     def purge(self) -> int:
         """Forget the sessions past their retention now, `purge_batch` per transaction;

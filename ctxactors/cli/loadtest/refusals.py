@@ -44,10 +44,15 @@ def _blank(text: str) -> str:
 def command_refusal(output: str, exit_code: int | None, status: str) -> str | None:
     """What the kernel or the sandbox refused a finished workspace command, from its output
     and exit status (None: nothing was refused)."""
+    if output.startswith("[ctxactors: ") and (named := _SETTING.search(output.split("]\n")[0])):
+        return named.group(1)  # started at a disk budget: no file may grow
     if "Cannot fork" in output or "Resource temporarily unavailable" in output:
         return "kernel: fork failed (pids.max or RLIMIT_NPROC)"
     if "No space left on device" in output:
-        return "sandbox: tmpfs full (CTXACTORS_WORKSPACE_TMP_BYTES)"
+        return (
+            "kernel: no space (a tmpfs: CTXACTORS_WORKSPACE_TMP_BYTES, or the principal's "
+            "disk: CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES)"
+        )
     if "File size limit exceeded" in output or exit_code == 153:
         return "kernel: file too large (CTXACTORS_WORKSPACE_MAX_FILE_BYTES)"
     if status == "exited" and (exit_code == 137 or "=137" in output):

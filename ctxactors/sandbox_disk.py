@@ -1,0 +1,310 @@
+"""What a principal's workspace files may take on disk: `DiskBudgets`.
+
+Without a budget one tenant could fill the disk under every other tenant's workspaces and
+the state store. Two budgets hold: ``workspace.budget.principal_disk_bytes`` (all of one
+principal's session directories) and ``workspace.budget.server_disk_bytes`` (every
+workspace file together; by default 3/4 of what the root's filesystem had free at start
+plus what the workspaces already held, so a quarter of the free space always stays for the
+store and the system).
+
+- Kernel, where the server may mount loop devices (root, ``/dev/loop-control``): each
+  principal's directories are on a filesystem of its own sized to its budget
+  (`ctxactors.loop_images`); past it its writes fail with ``ENOSPC``, and no one else's.
+- Measured, elsewhere (not root, no loop devices, ``CTXACTORS_WORKSPACE_DISK=off``), and
+  always for callers with no principal (one tenant under the server's budget only, whose
+  directories stay in the root): the server walks the principal's directories (at its
+  first command of this run, and after each command ends; a bounded walk: past
+  `MAX_ENTRIES` files the principal counts as over) and starts each command under an
+  ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. Commands running
+  at once may each write up to what was left when they started: the overshoot is bounded
+  by the principal's running sandboxes.
+
+Once a principal is at a budget, its commands still start (deleting files with ``rm`` is a
+command, and must always work) but under an ``RLIMIT_FSIZE`` of 0: no file can grow; the
+call's answer and the process's output say which budget is full and how to free it. The
+server-wide budget is measured in both modes (the images are sparse: what they hold on the
+host). Ending a session only deletes, which needs no space.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import threading
+from typing import NamedTuple
+
+from ctxactors import cgroups, loop_images
+from ctxactors.errors import SandboxUnavailableError, ToolError
+from ctxactors.logs import get_logger
+from ctxactors.settings import Cap, WorkspaceSettings
+
+MAX_ENTRIES = 200_000  # files and directories the measured walk visits per principal
+_FULL = 64 << 10  # a kernel-held filesystem with less than this free counts as full
+
+
+def area_path(root: str, principal: str | None) -> str:
+    """Where a principal's session directories go: its area (the root's own for callers
+    with no principal)."""
+    if principal is None:
+        return root
+    return os.path.join(root, loop_images.AREAS, cgroups.group_name(principal))
+
+
+def plain_area(root: str, principal: str | None) -> str:
+    """The principal's area as a plain directory (no image), made if new."""
+    path = area_path(root, principal)
+    if principal is not None:
+        os.makedirs(os.path.dirname(path), mode=0o711, exist_ok=True)
+        os.makedirs(path, mode=0o711, exist_ok=True)
+    return path
+
+
+def plain_areas(root: str) -> list[str]:
+    """Every principal's area directory under `root`."""
+    parent = os.path.join(root, loop_images.AREAS)
+    try:
+        return [os.path.join(parent, n) for n in sorted(os.listdir(parent))]
+    except FileNotFoundError:
+        return []
+
+
+class Admission(NamedTuple):
+    """How a command starts: the largest file it may write, and why it may write nothing."""
+
+    file_bytes: int
+    full: str | None = None
+
+
+def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
+    """(bytes allocated, entries) under `path`, each inode once, never following a link,
+    visiting at most `MAX_ENTRIES` entries (then it stops: the count is past the bound);
+    `names`: only the top-level entries starting with it."""
+    total, entries = 0, 0
+    seen: set[tuple[int, int]] = set()
+    try:
+        top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0, 0
+    try:
+        for dirpath, dirs, files, fd in os.fwalk(dir_fd=top, follow_symlinks=False):
+            if dirpath == "." and names is not None:
+                dirs[:] = [d for d in dirs if d.startswith(names)]
+                files = [f for f in files if f.startswith(names)]
+            for name in dirs + files:
+                entries += 1
+                if entries > MAX_ENTRIES:
+                    return total, entries
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # deleted meanwhile
+                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):  # a hard link: once
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+    finally:
+        os.close(top)
+    return total, entries
+
+
+class DiskBudgets:
+    """The disk budgets of one runtime's principals; thread-safe."""
+
+    def __init__(
+        self,
+        settings: WorkspaceSettings,
+        images: loop_images.LoopImages | None,
+        why_measured: str = "",
+    ) -> None:
+        self.settings = settings
+        self.budget = settings.budget
+        self.root = settings.root
+        self.images = images
+        self._lock = threading.Lock()
+        # Area name (`cgroups.group_name`) -> session directory -> its (bytes, entries),
+        # of the measured areas walked in this run.
+        self._dirs: dict[str, dict[str, tuple[int, int]]] = {}
+        self._walked: set[str] = set()
+        self._walks: dict[str, threading.Lock] = {}
+        self._all_walked = False
+        self.server_bytes = self.budget.server_disk_bytes or self._three_quarters()
+        if images is not None:
+            self.enforcement = (
+                f"kernel: an ext4 image per principal, loop-mounted under {images.areas} "
+                "(no principal: measured)"
+            )
+        else:
+            self.enforcement = (
+                "measured: each principal's directories walked after its commands, "
+                f"RLIMIT_FSIZE to what is left{why_measured}"
+            )
+
+    @classmethod
+    def open(cls, settings: WorkspaceSettings) -> DiskBudgets:
+        """Loop images when this server may mount them, else measured; with
+        ``disk=require`` no images is `SandboxUnavailableError`."""
+        if settings.budget.disk == "off":
+            return cls(settings, None, " (CTXACTORS_WORKSPACE_DISK=off)")
+        try:
+            loop_images.check(settings.root)
+        except (loop_images.Unavailable, OSError) as exc:
+            if settings.budget.disk == "require":
+                raise SandboxUnavailableError(
+                    f"CTXACTORS_WORKSPACE_DISK=require, but no image can be mounted: {exc}"
+                ) from None
+            return cls(settings, None, f" (no loop images: {exc})")
+        return cls(
+            settings, loop_images.LoopImages(settings.root, settings.budget.principal_disk_bytes)
+        )
+
+    def describe(self) -> str:
+        return f"{self.enforcement}; server-wide {self.server_bytes:,} bytes, measured"
+
+    def _kernel(self, principal: str | None) -> bool:
+        return self.images is not None and principal is not None
+
+    def area(self, principal: str | None) -> str:
+        """Where the principal's session directories go (made, or mounted, if needed)."""
+        if self.images is not None and principal is not None:
+            try:
+                return self.images.area(principal)
+            except (OSError, subprocess.SubprocessError) as exc:  # no loop device left, ...
+                get_logger("ctxactors.workspace").error("disk_mount_failed", error=str(exc))
+                raise ToolError(
+                    "this principal's workspace disk can't be mounted now (the server's log "
+                    "says why: disk_mount_failed); try again later"
+                ) from None
+        return plain_area(self.root, principal)
+
+    def areas(self) -> list[str]:
+        """Every principal's area (mounting images), for the retention purge."""
+        if self.images is not None:
+            return list(self.images.mounted())
+        return plain_areas(self.root)
+
+    def measure(self, principal: str | None, directory: str | None = None) -> tuple[int, int]:
+        """Count the principal's files again: (bytes, entries). After a command, only its
+        session's `directory` is walked (a principal's other sessions didn't change, and
+        callers with no principal may hold thousands); the first time in this run, all of
+        the principal's directories. A kernel-held principal: its filesystem's count."""
+        if self._kernel(principal):
+            assert self.images is not None
+            return self.images.usage(principal).used, 0
+        name = cgroups.group_name(principal)
+        with self._lock:
+            walked = name in self._walked
+        if walked and directory is not None:
+            found = measure(directory)
+            with self._lock:
+                self._dirs.setdefault(name, {})[directory] = found
+        elif not walked:
+            self._walk(name, self.area(principal))
+        return self._total(name)
+
+    def _walk(self, name: str, area: str) -> None:
+        """Walk every session directory of an area (callers with no principal: the root's)."""
+        with self._lock:
+            walk = self._walks.setdefault(name, threading.Lock())
+        with walk:  # one full walk of an area at a time
+            try:
+                names = [n for n in os.listdir(area) if area != self.root or n.startswith("ws-")]
+            except FileNotFoundError:
+                names = []
+            found = {os.path.join(area, n): measure(os.path.join(area, n)) for n in names}
+            with self._lock:
+                self._dirs[name] = found
+                self._walked.add(name)
+
+    def _total(self, name: str) -> tuple[int, int]:
+        with self._lock:
+            counts = list(self._dirs.get(name, {}).values())
+        return sum(b for b, _ in counts), sum(e for _, e in counts)
+
+    def forget(self, directory: str | None = None) -> None:
+        """Files went another way: a session's `directory` was removed (its end), or with
+        None, any (a purge: every area is walked again before its next command)."""
+        with self._lock:
+            if directory is None:
+                self._dirs.clear()
+                self._walked.clear()
+                self._all_walked = False
+                return
+            for found in self._dirs.values():
+                found.pop(directory, None)
+
+    def server_used(self) -> int:
+        """Every workspace file: the images' blocks on the host, and the measured areas."""
+        if not self._all_walked:
+            # Areas not walked yet in this run (after a restart): walked once, so that the
+            # server-wide count holds them from the start.
+            self._all_walked = True
+            areas = [] if self.images is not None else self.areas()
+            for name, path in [(cgroups.group_name(None), self.root)] + [
+                (os.path.basename(a), a) for a in areas
+            ]:
+                if name not in self._walked:
+                    self._walk(name, path)
+        with self._lock:
+            measured = sum(b for found in self._dirs.values() for b, _ in found.values())
+        return measured + (self.images.allocated() if self.images is not None else 0)
+
+    def admit(self, principal: str | None) -> Admission:
+        """How the principal's next command may write (see the module docstring)."""
+        file_bytes = self.settings.sandbox.file_bytes
+        if self._kernel(principal):
+            assert self.images is not None
+            used, capacity = self.images.usage(principal)
+            left = min(capacity, self.budget.principal_disk_bytes) - used
+            if used > self.budget.principal_disk_bytes:  # a lowered budget, not shrunk yet
+                return Admission(0, self._full("principal_disk_bytes", used))
+            note = self._full("principal_disk_bytes", used) if left < _FULL else None
+            server = self._server_left()
+            if server <= 0:
+                return Admission(0, self._full("server_disk_bytes", self.server_used()))
+            return Admission(min(file_bytes, server), note)
+        used, entries = self.measure(principal)
+        if entries > MAX_ENTRIES:
+            return Admission(
+                0,
+                f"this principal's workspace holds more than {MAX_ENTRIES:,} files and "
+                "directories, the most the server counts: commands can't write files until "
+                "some are deleted (rm) or sessions ended",
+            )
+        left = self._server_left()
+        if principal is not None:
+            left = min(left, self.budget.principal_disk_bytes - used)
+        if left <= 0:
+            setting = "server_disk_bytes" if principal is None else "principal_disk_bytes"
+            if principal is not None and self._server_left() <= 0:
+                setting = "server_disk_bytes"
+            shown = self.server_used() if setting == "server_disk_bytes" else used
+            return Admission(0, self._full(setting, shown))
+        return Admission(min(file_bytes, left))
+
+    def _server_left(self) -> int:
+        return self.server_bytes - self.server_used()
+
+    def _full(self, setting: str, used: int) -> str:
+        whose = "this principal's" if setting == "principal_disk_bytes" else "the server's"
+        cap = (
+            Cap(self.budget.cap("server_disk_bytes").setting, self.server_bytes)
+            if setting == "server_disk_bytes"
+            else self.budget.cap(setting)
+        )
+        return (
+            cap.exceeded(f"{whose} workspace files take {used:,} bytes of disk")
+            + "; until some are deleted (rm) or sessions ended, commands can't write files"
+        )
+
+    def _three_quarters(self) -> int:
+        """3/4 of what the root's filesystem has free now plus what workspaces hold."""
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        s = os.statvfs(self.root)
+        held = self.images.allocated() if self.images is not None else 0
+        return max((s.f_bavail * s.f_frsize + held) * 3 // 4, 1)
+
+    def close(self) -> list[str]:
+        """Unmount the images (after the sandboxes are killed); returns any left mounted."""
+        return self.images.close() if self.images is not None else []
