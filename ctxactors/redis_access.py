@@ -50,8 +50,8 @@ from ctxactors.settings import Settings
 
 _ADVICE = (
     "give Redis a password (requirepass, or an ACL user) and put it in "
-    "CTXACTORS_REDIS_PASSWORD_FILE or the URL (redis://USER:PASSWORD@host), or use a unix:// "
-    "socket others can't open; or accept this on a network you trust with "
+    "CTXACTORS_REDIS_PASSWORD_FILE or the URL (USER:PASSWORD@ before the host), or use a "
+    "unix:// socket others can't open; or accept this on a network you trust with "
     "CTXACTORS_REDIS_ALLOW_NO_AUTH=1"
 )
 _GIVE_IT = (

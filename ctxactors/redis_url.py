@@ -7,7 +7,7 @@ redis-py reads a password from a URL's user part (``redis://:PASSWORD@host`` for
 or in any message that quotes one, however odd the password: a parser can't be trusted
 with that (``urlsplit`` ends the address at a raw ``/``, ``?`` or ``#`` inside a
 password, then finds no password at all), so a user part is taken to run from ``://`` to
-the last ``@`` before the next URL, and is hidden whole unless it is plainly ``USER:``
+the last ``@`` before the next URL that a host follows, and is hidden whole unless it is plainly ``USER:``
 and a password. Hiding too much there costs a less useful message; hiding too little
 would leak the password. The passwords `remember` was given (those of the store this
 process opens) are hidden wherever they appear as well, in every form redis-py or a
@@ -24,6 +24,8 @@ SCHEMES = ("redis://", "rediss://", "unix://")
 # Where a URL begins in a message: a scheme at the start or after a space, quote, bracket,
 # comma or "=" (not after ":" or "/", as inside a password such as "a://b").
 _URL_START = re.compile(r"(?:^|(?<=[\s'\"(\[<{,=]))[A-Za-z][A-Za-z0-9+.-]*://")
+# The "@" that ends a user part is followed by a host (or, in unix://:PW@/path, a path).
+_HOST_AFTER_AT = re.compile(r"@(?=[A-Za-z0-9\[/%_.-])")
 _PLAIN_USER = re.compile(r"[A-Za-z0-9._~-]*")
 _PARAMETER = re.compile(r"(?P<head>[?&](?:ssl_)?password=)[^&\s'\"]*", re.IGNORECASE)
 _SECRETS: set[str] = set()
@@ -48,9 +50,10 @@ def redact(text: str) -> str:
 
 def _hide_user_part(rest: str) -> str:
     """`rest` (what follows a URL's ``://``, to the next URL) with its user part hidden."""
-    at = rest.rfind("@")
-    if at < 0:
+    ats = [m.start() for m in _HOST_AFTER_AT.finditer(rest)]
+    if not ats:
         return rest
+    at = ats[-1]
     user, colon, _ = rest[:at].partition(":")
     shown = f"{user}:***" if colon and _PLAIN_USER.fullmatch(user) else "***"
     return shown + rest[at:]

@@ -111,6 +111,9 @@ def test_a_url_is_hidden_to_its_last_at_before_the_next_url() -> None:
         assert redact(f"redis://:{password}@h/0") == shown, password
         quoted = redact(f"got 'redis://alice:{password}@h/0' and redis://bob:x@k/1 too")
         assert quoted == "got 'redis://alice:***@h/0' and redis://bob:***@k/1 too"
+    # An "@" that no host follows ends no user part: the message after a URL is kept.
+    advice = "redis://h:1/0 is open: put USER:PASSWORD@ before the host, or mail a@ b"
+    assert redact(advice) == advice
     # A user part that is not plainly USER:PASSWORD is hidden whole.
     assert redact(f"redis://al ice:{word}@h/0") == "redis://***@h/0"
     assert redact(f"redis://{word}@h/0") == "redis://***@h/0"
