@@ -141,11 +141,11 @@ class RedisStore:
                 )
                 self._logged_at, self._unlogged = now, 0
         if isinstance(exc, redis.TimeoutError):
-            kind = "Timeout: Redis did not answer in time"
+            kind = "Redis did not answer in time"
         elif isinstance(exc, redis.AuthenticationError):
             kind = "Redis refused the credentials"
         elif isinstance(exc, redis.ConnectionError):
-            kind = "Error: no connection to Redis"
+            kind = "no connection to Redis"
         elif isinstance(exc, redis.ResponseError):
             code = str(exc).split(" ", 1)[0]
             kind = f"Redis answered {code if code.isupper() else 'an error'}"

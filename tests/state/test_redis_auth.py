@@ -368,8 +368,8 @@ def test_no_error_or_log_line_shows_the_password(guarded: RedisServer, tmp_path:
         # The tenant is told what failed, not where Redis is; the log keeps that.
         failed = rest(base, "create_goal", "s1", goal="h")
         assert failed["isError"] and failed["content"][0]["text"] == (
-            "the state store is unavailable (Redis store unavailable: Error: no connection to "
-            "Redis); nothing was changed, retry the call later"
+            "the state store is unavailable (Redis store unavailable: no connection to Redis); "
+            "nothing was changed, retry the call later"
         )
         down = httpx.delete(f"{base}/api/v1/sessions/s1", headers={"X-Session-Id": "s1"})
         assert (down.status_code, down.json()["error"]) == (
@@ -381,7 +381,7 @@ def test_no_error_or_log_line_shows_the_password(guarded: RedisServer, tmp_path:
     [detail, *_] = events(logged, "redis_unavailable")
     assert f"127.0.0.1:{guarded.port}" in detail["error"]
     assert [line["error"] for line in events(logged, "store_unavailable")] == [
-        "Redis store unavailable: Error: no connection to Redis"
+        "Redis store unavailable: no connection to Redis"
     ]
     assert PASSWORD not in logged
 
