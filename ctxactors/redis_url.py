@@ -63,8 +63,10 @@ def remember(url: str) -> None:
     """Hide the passwords of `url` (user part and parameters) in every later `redact`."""
     rest = url.partition("://")[2]
     user_part = rest[: rest.rfind("@")] if "@" in rest else ""
-    user, colon, password = user_part.partition(":")
-    found = [password] if colon else [user]
+    # A user part with no colon is a user name to redis-py: not searched for (a name such as
+    # "ctxactors" is in many messages); as a password slipped there, the rules hide it.
+    _, colon, password = user_part.partition(":")
+    found = [password] if colon else []
     found += re.findall(r"[?&](?:ssl_)?password=([^&]*)", rest, re.IGNORECASE)
     for secret in found:
         remember_secret(secret)

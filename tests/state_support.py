@@ -65,6 +65,18 @@ class RedisServer:
             return self.bare_url
         return f"redis://{self.user or ''}:{self.password}@127.0.0.1:{self.port}/0"
 
+    @property
+    def user_url(self) -> str:
+        """The URL with the user name only: the password comes from `password_file`."""
+        return f"redis://{self.user or ''}@127.0.0.1:{self.port}/0"
+
+    def password_file(self, path: Path) -> Path:
+        """`path`, written with the password, its owner's only (for
+        ``CTXACTORS_REDIS_PASSWORD_FILE``, which keeps it off the command line)."""
+        path.write_text(f"{self.password}\n")
+        path.chmod(0o600)
+        return path
+
     def _auth_arguments(self) -> list[str]:
         if self.password is None:
             return []
