@@ -85,11 +85,12 @@ def shape_error(url: str) -> str | None:
     ``#`` in the password ends the address there), or None."""
     scheme, _, rest = url.partition("://")
     netloc = urlsplit(url).netloc
-    if scheme == "unix":
-        wrong = bool(netloc) and not netloc.endswith("@")
-    else:
-        wrong = "@" in rest and rest.rfind("@") >= len(netloc)
-    if not wrong:
+    if scheme == "unix" and netloc and not netloc.endswith("@"):
+        return (
+            f"{redact(url)}: a socket's URL is unix:///ABSOLUTE/PATH (unix://:PASSWORD@/PATH "
+            "with a password, percent-encoded)"
+        )
+    if not ("@" in rest and rest.rfind("@") >= len(netloc)):
         return None
     return (
         f"{redact(url)}: the password holds a raw '/', '?' or '#', which end a URL's "

@@ -100,6 +100,18 @@ def test_no_message_shows_an_odd_password(password: str, tmp_path: Path) -> None
     shown_nowhere(password, texts)
 
 
+def test_a_url_redis_py_would_read_another_way_is_refused() -> None:
+    for url, why in [
+        ("redis://:zq/xv@h/0", "the password holds a raw '/', '?' or '#'"),
+        ("redis://:zq#xv@h/0", "the password holds a raw '/', '?' or '#'"),
+        ("unix://:zq/xv@/run/redis.sock", "a socket's URL is unix:///ABSOLUTE/PATH"),
+        ("unix://relative.sock", "a socket's URL is unix:///ABSOLUTE/PATH"),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            prepare(url, Settings())
+        assert why in str(refused.value) and "zq" not in str(refused.value), refused.value
+
+
 def test_a_url_is_hidden_to_its_last_at_before_the_next_url() -> None:
     word = secrets.token_hex(4)  # never remembered: the rules alone hide it
     for password, shown in [
