@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from mcp_support import SERVE, http_server, serve_env
+from mcp_support import SERVE, free_port, http_server, serve_env
 from state_support import STORE_ACL, RedisServer
 
 from ctxactors.redis_url import has_credentials, redact, with_password
@@ -254,6 +254,17 @@ def test_serve_refuses_a_redis_that_lets_in_a_client_without_the_password(
         assert PASSWORD not in accepted.stderr
     finally:
         server.stop(kill=True)
+
+
+def test_a_redis_not_reached_at_startup_is_not_refused_but_said_unchecked() -> None:
+    # Redis may come up after the server: its calls fail until then, as the store says.
+    url = f"redis://:{PASSWORD}@127.0.0.1:{free_port()}/0"
+    done = serve("--store", url)
+    assert done.returncode == 0, done.stderr
+    [unchecked] = events(done.stderr, "redis_unchecked")
+    assert unchecked["store"] == url.replace(PASSWORD, "***")
+    assert unchecked["why"].startswith("not reached at startup: Error 111 connecting to")
+    assert PASSWORD not in done.stderr
 
 
 def test_a_password_given_to_a_redis_without_one_is_named_so(tmp_path: Path) -> None:
