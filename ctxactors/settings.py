@@ -473,6 +473,10 @@ class HttpSettings(Group, frozen=True):
         Count, var("CTXACTORS_HTTP_MAX_SESSIONS_PER_PRINCIPAL")
     ] = 100
 
+    # An MCP call over HTTP answers as one JSON body; one not answered within this becomes
+    # an SSE stream with a ping this often, so a proxy's idle-read timeout can't cut it.
+    ping_interval: Annotated[Seconds, var("CTXACTORS_HTTP_PING_INTERVAL")] = 15.0
+
 
 def _host(name: str, raw: str | None) -> Any:
     if raw is None:

@@ -8,17 +8,29 @@ sessions at once, each making `--calls` state-changing calls (create a goal) one
 another, the official SDK `Client` on the other side. Each server runs pinned to CPU 0 and
 the clients to the other CPUs, so the server's own CPU time per call is comparable.
 
-Both serve the same transport mode: the client speaks the stateless 2026-07-28 protocol (one
-POST per call, no MCP session), and both answer in the SDK's default SSE mode (not
-``json_response``). ctxactors runs with ``--store memory`` (the peer keeps nothing either)
-and, as an extra row, with its default SQLite store.
+Both serve the same transport mode, `--protocol`: ``stateless``, the client speaks the
+2026-07-28 protocol (one POST per call, no MCP session); ``stateful``, the SDK's default
+before it (an initialize handshake, then every call in that ``Mcp-Session-Id``'s session).
+The peer answers in the SDK's default SSE mode; ctxactors runs its session manager in the
+SDK's JSON-response mode and turns an answer into an SSE stream only for a call that runs
+past ``http.ping_interval`` (`ctxactors.transports.late_stream`): for calls as quick as
+these, both send the same bytes in the stateless protocol. ctxactors runs with
+``--store memory`` (the peer keeps nothing either) and, as its own row, with its default
+SQLite store. `--unpinned` lets servers and clients run on any CPU (as deployed); the CPU
+per call is still the server process's own.
 
 The servers run in turn, `--rounds` times, and each figure is the median of its rounds (the
 machine is shared: one round can be slowed by a neighbour). "switches/call" counts the
 server's context switches (every thread): the peer answers in its event loop, ctxactors hands
-each call to its key's actor thread and back.
+each call of a sync tool to a worker of its scheduler and back.
 
-    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 3] [--json PATH]
+`--profile DIR` runs each server under cProfile, timing CPU in every thread (its figures are
+then the profiler's, not the servers'), from the end of the warm-up on, writes
+``DIR/<server>.prof`` and prints the top functions by own time per call.
+
+    python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 3]
+        [--protocol stateless|stateful] [--unpinned] [--no-sqlite] [--json PATH]
+        [--profile DIR]
 """
 
 from __future__ import annotations
@@ -28,6 +40,8 @@ import asyncio
 import contextlib
 import json
 import os
+import pstats
+import signal
 import socket
 import statistics
 import subprocess
@@ -64,6 +78,45 @@ uvicorn.run(app.streamable_http_app(), host="127.0.0.1", port=int(sys.argv[1]),
             log_level="warning")
 """
 
+# A server under cProfile (CPU time) in every thread: `python -c PROFILED OUT peer PORT` (the peer's
+# code on stdin) or `python -c PROFILED OUT ctxactors ARGS...`; OUT is written at exit.
+# SIGUSR1 forgets what was recorded so far (start-up, imports, warm-up).
+PROFILED = """
+import cProfile, pstats, runpy, signal, sys, threading, time, atexit
+out, kind, rest = sys.argv[1], sys.argv[2], sys.argv[3:]
+profiles = [cProfile.Profile(time.thread_time)]
+
+def start(*_):
+    sys.setprofile(None)
+    profile = cProfile.Profile(time.thread_time)
+    profiles.append(profile)
+    profile.enable()
+
+def dump():
+    merged = None
+    for profile in profiles:
+        profile.disable()
+        try:
+            stats = pstats.Stats(profile)
+        except TypeError:  # a thread that recorded nothing
+            continue
+        merged = stats if merged is None else merged.add(stats)
+    merged.dump_stats(out)
+
+atexit.register(dump)
+signal.signal(signal.SIGUSR1, lambda *_: [profile.clear() for profile in profiles])
+# uvicorn re-raises the SIGTERM it stopped on once it is done: exit cleanly (dump) then.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+threading.setprofile(start)
+profiles[0].enable()
+if kind == "peer":
+    sys.argv = ["peer", *rest]
+    exec(compile(sys.stdin.read(), "peer", "exec"), {"__name__": "__main__"})
+else:
+    sys.argv = ["ctxactors", *rest]
+    runpy.run_module("ctxactors", run_name="__main__")
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -77,18 +130,25 @@ def pin(cpus: set[int]) -> list[str]:
 
 
 @contextlib.contextmanager
-def serving(kind: str, server_cpus: set[int]) -> Iterator[tuple[str, psutil.Process]]:
+def serving(
+    kind: str, server_cpus: set[int], profile: Path | None = None
+) -> Iterator[tuple[str, psutil.Process]]:
     port = free_port()
     env = {**os.environ, "CTXACTORS_LOG_LEVEL": "warning", "PYTHONPATH": str(ROOT)}
     with tempfile.TemporaryDirectory() as data:
         if kind == "peer":
-            argv = [sys.executable, "-", str(port)]
+            command = ["peer", str(port)]
             stdin: Any = subprocess.PIPE
         else:
             store = ["--store", "memory"] if kind == "ctxactors" else ["--data-dir", data]
-            argv = [sys.executable, "-m", "ctxactors", "serve", "--transport", "http"]
-            argv += ["--port", str(port), *store]
+            command = ["ctxactors", "serve", "--transport", "http", "--port", str(port), *store]
             stdin = subprocess.DEVNULL
+        if profile is not None:
+            argv = [sys.executable, "-c", PROFILED, str(profile / f"{kind}.prof"), *command]
+        elif kind == "peer":
+            argv = [sys.executable, "-", *command[1:]]
+        else:
+            argv = [sys.executable, "-m", *command]
         proc = subprocess.Popen(pin(server_cpus) + argv, env=env, stdin=stdin)
         if kind == "peer":
             assert proc.stdin is not None
@@ -121,9 +181,12 @@ def wait_listening(proc: subprocess.Popen[bytes], url: str) -> None:
     raise RuntimeError("server did not start listening")
 
 
-async def one_session(url: str, kind: str, index: int, calls: int, out: list[float]) -> None:
+async def one_session(
+    url: str, kind: str, index: int, calls: int, protocol: str, out: list[float]
+) -> None:
     session = f"bench-{index}"
-    async with Client(url) as client:
+    # "auto" finds the 2026-07-28 protocol on both servers; "legacy" is the handshake.
+    async with Client(url, mode="legacy" if protocol == "stateful" else "auto") as client:
         for n in range(calls):
             args: dict[str, Any] = {"goal": f"goal {n}"}
             if kind == "peer":
@@ -137,10 +200,14 @@ async def one_session(url: str, kind: str, index: int, calls: int, out: list[flo
                 raise RuntimeError(f"{kind}: create_goal failed: {result.content}")
 
 
-async def load(url: str, kind: str, sessions: int, calls: int) -> tuple[float, list[float]]:
+async def load(
+    url: str, kind: str, sessions: int, calls: int, protocol: str
+) -> tuple[float, list[float]]:
     latencies: list[float] = []
     start = time.perf_counter()
-    await asyncio.gather(*(one_session(url, kind, i, calls, latencies) for i in range(sessions)))
+    await asyncio.gather(
+        *(one_session(url, kind, i, calls, protocol, latencies) for i in range(sessions))
+    )
     return time.perf_counter() - start, latencies
 
 
@@ -156,10 +223,12 @@ def context_switches(pid: int) -> int:
 
 
 def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[str, Any]:
-    with serving(kind, server_cpus) as (url, server):
-        asyncio.run(load(url, kind, 2, 5))  # warm up: imports, first sessions
+    with serving(kind, server_cpus, args.profile) as (url, server):
+        asyncio.run(load(url, kind, 2, 5, args.protocol))  # warm up: imports, first sessions
+        if args.profile is not None:
+            server.send_signal(signal.SIGUSR1)  # the profile starts here
         before, switches = server.cpu_times(), context_switches(server.pid)
-        elapsed, latencies = asyncio.run(load(url, kind, args.sessions, args.calls))
+        elapsed, latencies = asyncio.run(load(url, kind, args.sessions, args.calls, args.protocol))
         after, switches = server.cpu_times(), context_switches(server.pid) - switches
     calls = len(latencies)
     cpu = (after.user - before.user) + (after.system - before.system)
@@ -174,6 +243,21 @@ def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[
     }
 
 
+def print_profile(path: Path, name: str, calls: int, top: int = 30) -> None:
+    """The functions where `path`'s server spent most of its own time, in µs per call."""
+    stats = pstats.Stats(str(path))
+    rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])  # type: ignore[attr-defined]
+    total = sum(row[2] for _, row in rows)
+    print(f"\n{name}: {total / calls * 1e6:,.0f} µs/call profiled; top by own time")
+    print(f"{'own µs/call':>12} {'cum µs/call':>12} {'calls/call':>11}  function")
+    for (file, line, function), (_, ncalls, own, cumulative, _) in rows[:top]:
+        where = f"{Path(file).name}:{line}" if line else file
+        print(
+            f"{own / calls * 1e6:>12.1f} {cumulative / calls * 1e6:>12.1f} "
+            f"{ncalls / calls:>11.2f}  {function} ({where})"
+        )
+
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
@@ -186,11 +270,24 @@ def main() -> int:
     parser.add_argument(
         "--no-sqlite", action="store_true", help="leave out the SQLite row (faster)"
     )
+    parser.add_argument(
+        "--protocol",
+        choices=("stateless", "stateful"),
+        default="stateless",
+        help="2026-07-28 single POSTs, or the SDK's default handshake and MCP sessions",
+    )
+    parser.add_argument("--unpinned", action="store_true", help="servers and clients on any CPU")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    parser.add_argument(
+        "--profile", type=Path, metavar="DIR", help="profile each server into DIR (1 round)"
+    )
     args = parser.parse_args()
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        args.rounds = 1  # one profile per server
 
     cpus = os.sched_getaffinity(0)
-    server_cpus = {min(cpus)} if len(cpus) > 1 else set()
+    server_cpus = {min(cpus)} if len(cpus) > 1 and not args.unpinned else set()
     client_cpus = cpus - server_cpus or cpus
     os.sched_setaffinity(0, client_cpus)
 
@@ -204,8 +301,9 @@ def main() -> int:
     peer = median["peer"]
 
     print(
-        f"MCP streamable HTTP, {args.sessions} sessions x {args.calls} calls, median of "
-        f"{args.rounds} rounds; server pinned to CPU {sorted(server_cpus) or 'any'}"
+        f"MCP streamable HTTP ({args.protocol}), {args.sessions} sessions x {args.calls} calls, "
+        f"median of {args.rounds} rounds; server pinned to CPU {sorted(server_cpus) or 'any'}; "
+        f"load average {os.getloadavg()[0]:.2f}"
     )
     print(
         f"{'server':<36} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/call':>12}"
@@ -225,6 +323,9 @@ def main() -> int:
             f"{r['calls_per_s'] / peer['calls_per_s']:>18.2f}x "
             f"{r['server_cpu_us_per_call'] / peer['server_cpu_us_per_call']:>11.2f}x"
         )
+    if args.profile is not None:
+        for kind in kinds:
+            print_profile(args.profile / f"{kind}.prof", names[kind], median[kind]["calls"])
     if args.json:
         args.json.write_text(json.dumps({"median": median, "best": best, "runs": runs}, indent=2))
     return 0

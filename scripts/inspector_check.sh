@@ -2,11 +2,15 @@
 # The MCP Inspector's CLI (from npm) against `ctxactors serve` over stdio: it must list the
 # tools with clean schemas, call one with the context in _meta, and get isError for a bad
 # argument. Exits non-zero on any failure. Needs node/npx; PYTHON and INSPECTOR override
-# the interpreter and the pinned Inspector version.
+# the interpreter and the pinned Inspector version. `--fetch` only downloads the Inspector
+# into npx's cache (CI does it while the suite runs) and checks nothing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 INSPECTOR=${INSPECTOR:-@modelcontextprotocol/inspector@2.12.0}
+if [ "${1:-}" = "--fetch" ]; then
+    exec npm exec --yes --package="$INSPECTOR" -- true
+fi
 export CTXACTORS_LOG_LEVEL=${CTXACTORS_LOG_LEVEL:-warning}
 # serve keeps state on disk by default: a fresh data directory, so the ids checked below
 # don't depend on what an earlier run stored.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 import msgspec
@@ -142,16 +142,22 @@ LANES = [_lane(n) for n in range(6)]
 
 
 def probe_runtime(
-    call_timeout: float = WAIT, settings: Settings | None = None
+    call_timeout: float = WAIT,
+    settings: Settings | None = None,
+    extra: Sequence[type[Server]] = (),
 ) -> Iterator[Runtime]:
-    """A runtime with the built-in servers, the probe and its lanes; Probe's records reset."""
+    """A runtime with the built-in servers, the probe, its lanes and `extra`; Probe's
+    records reset."""
     Probe.reads, Probe.running, Probe.peak, Probe.undone = 0, 0, 0, []
     Probe.barrier = None
     Probe.ran = []
     Probe.entered = threading.Event()
     Probe.gate = threading.Event()
     runtime = Runtime(
-        servers=[*BUILTIN, Probe, *LANES], ttl=600, call_timeout=call_timeout, settings=settings
+        servers=[*BUILTIN, Probe, *LANES, *extra],
+        ttl=600,
+        call_timeout=call_timeout,
+        settings=settings,
     )
     try:
         yield runtime

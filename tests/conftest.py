@@ -21,8 +21,9 @@ from ctxactors.testing import ManualClock
 sys.path[:0] = [str(d) for d in TEST_DIRS if str(d) not in sys.path]
 
 # The workspace fixtures (workspace_root, leaks, rt): see workspace_support; the Ray
-# cluster every Ray test shares (cluster): see ray_support.
-pytest_plugins = ("workspace_support", "ray_support")
+# cluster every Ray test shares (cluster): see ray_support; how the suite spreads over
+# pytest-xdist's workers: see parallel.
+pytest_plugins = ("workspace_support", "ray_support", "parallel")
 
 
 @pytest.fixture(autouse=True)

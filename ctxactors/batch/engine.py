@@ -12,7 +12,10 @@ are refused when the plan is made.
 Time: the batch's own limits end before its caller's (`caller_deadline`), with a margin to
 hand the result back, so an operation that uses all of its time becomes a per-operation
 ``timeout`` inside the batch result, never the caller's `CallTimeoutError`. An operation
-still waiting in its key's mailbox when the batch gives up on it does not run at all.
+still waiting in its key's mailbox when the batch gives up on it does not run at all. A
+rollback waits for its undos until half that margin past the batch's end (so still half
+a margin before the caller's deadline), and no longer: an undo not confirmed by then is
+reported as such and still runs in its key's actor, before that key's next call.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from typing import Any
 
 import msgspec
 
-from ctxactors._actors import SyncReply
 from ctxactors._call import Undo
 from ctxactors.batch.plan import (
     BadReference,
@@ -116,6 +118,30 @@ class _OpReply:
             return True
 
 
+class _UndoReply:
+    """Where one undo's result comes back to a rollback that waits for it.
+
+    Not a `SyncReply`: the scheduler runs a `SyncReply`'s sync call to an idle key on the
+    sending thread, and then this batch would wait for the undo however long it took
+    instead of answering its caller in time."""
+
+    __slots__ = ("_done", "value")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self.value: ToolResult | None = None
+
+    def start(self) -> str | None:
+        return None
+
+    def set(self, value: ToolResult) -> None:
+        self.value = value
+        self._done.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._done.wait(max(timeout, 0.0))
+
+
 class BatchRun:
     """One execution of a plan. Use `execute` once; it returns the result and whether the
     batch was rolled back."""
@@ -170,6 +196,8 @@ class BatchRun:
             deadline = min(deadline, now + options.timeout / 1000)
         self.end = deadline
         budget = max(deadline - now, 0.0)
+        # A rollback that starts at the end still gets time for its undos: half the margin.
+        self.undo_until = deadline + _margin(self.caller - now) / 2
         if self.caller <= now:
             self.stop = OpError("caller_timeout", "the caller stopped waiting before it ran")
         limit = (options.max_concurrency or len(self.steps)) if options.parallel else 1
@@ -348,7 +376,7 @@ class BatchRun:
             if not self._rolling_back:
                 self._late.append(reply)
                 return
-        self._compensate(reply, wait=None)
+        self._compensate(reply, wait=False)
 
     def _copy(self, step: Step, original: OpResult) -> None:
         """A duplicate read: the same outcome as the first, without running it again."""
@@ -403,13 +431,16 @@ class BatchRun:
     def _roll_back(self) -> None:
         """Undo every successful write, newest first, each in its key's own actor.
 
-        It waits for each undo until the caller's deadline at most; an undo not confirmed
-        by then still runs in its key's actor."""
+        Each undo is sent once the one before it is confirmed, and waited for until
+        `undo_until` at most. Past that, the rest are sent without waiting: an undo not
+        confirmed still runs in its key's actor (before that key's next call), but is not
+        reported undone."""
         with self._late_lock:
             self._rolling_back = True
             late = list(self._late)
         for reply in reversed(self.writes_done):
-            problem = self._compensate(reply, wait=max(self.caller - time.monotonic(), 0.0))
+            undo = self._compensate(reply)
+            problem = undo if isinstance(undo, str) else self._confirm(undo)
             result = self.results[reply.step.id]
             if problem is None:
                 self.results[reply.step.id] = msgspec.structs.replace(result, status="rolled_back")
@@ -418,18 +449,19 @@ class BatchRun:
                     result, error=OpError("compensation_failed", problem)
                 )
         for reply in late:
-            self._compensate(reply, wait=None)
+            self._compensate(reply, wait=False)
         for op_id, result in self.results.items():
             if result.status == "success" and self.by_id[op_id].spec.read_only:
                 self.results[op_id] = msgspec.structs.replace(result, status="rolled_back")
 
-    def _compensate(self, reply: _OpReply, wait: float | None) -> str | None:
-        """Run the undo of one operation; with `wait`, wait for it and return any problem."""
+    def _compensate(self, reply: _OpReply, wait: bool = True) -> _UndoReply | str | None:
+        """Send the undo of one operation: where its result will come (with `wait`), the
+        reason it could not be sent, or None when there is nothing to wait for."""
         step, value = reply.step, reply.value
         comp = step.compensation
         if comp is None or value is None or value.is_error:
             return None
-        done = SyncReply() if wait is not None else None
+        done = _UndoReply() if wait else None
         try:
             self.runtime._submit(
                 step.spec,
@@ -442,11 +474,17 @@ class BatchRun:
             )
         except CtxActorsError as exc:
             return str(exc)
+        return done
+
+    def _confirm(self, done: _UndoReply | None) -> str | None:
+        """Wait for a sent undo until `undo_until`: any problem it had, or that it was not
+        confirmed in time."""
         if done is None:
             return None
-        if not done.wait(wait):
-            return "the compensation was not confirmed before the caller's deadline"
-        outcome: ToolResult = done.value
+        if not done.wait(self.undo_until - time.monotonic()):
+            return "the compensation was not confirmed before the batch's deadline"
+        outcome = done.value
+        assert outcome is not None
         return outcome.text if outcome.is_error else None
 
     def _result(self) -> BatchResult:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,10 +142,14 @@ def check_connected() -> None:
 
 def start_options(settings: RaySettings) -> dict[str, Any]:
     """``ray.init``'s options for a Ray this process starts: the dashboard off unless asked
-    for, and then on `settings.dashboard_host` (loopback by default); the node's address."""
+    for, and then on `settings.dashboard_host` (loopback by default); the node's address;
+    a temp dir of its own inside one only this user can enter (Ray's default, ``/tmp/ray``,
+    is writable by every local user, and holds the session's sockets, logs and spilled
+    objects; Ray makes whatever temp dir it is given writable by all, hence the parent)."""
     options: dict[str, Any] = {
         "include_dashboard": settings.dashboard,
         "dashboard_host": settings.dashboard_host,
+        "_temp_dir": str(Path(tempfile.mkdtemp(prefix="ctxactors-ray-")) / "ray"),
     }
     if settings.node_ip is not None:
         options["_node_ip_address"] = settings.node_ip

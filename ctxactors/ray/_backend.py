@@ -179,6 +179,7 @@ class RayBackend:
             auth="token",
             token=auth.source,  # where it came from, never the token
             dashboard=None if auth.joining or not settings.dashboard else settings.dashboard_host,
+            temp_dir=options.get("_temp_dir"),  # sockets, logs, spilled objects
         )
 
     def _ray_settings(self) -> RaySettings:

@@ -64,7 +64,9 @@ from ctxactors.results import ToolResult
 from ctxactors.tracing import META_TOOL_CALL_ID, provider_installed, tool_call
 from ctxactors.transports.access import HttpSecurity
 from ctxactors.transports.auth import PrincipalSessionManager, SessionLimit, principal_of
+from ctxactors.transports.http.shapes import ApiError, error_response
 from ctxactors.transports.inflight import InFlight
+from ctxactors.transports.late_stream import LateStreams, may_stream
 from ctxactors.transports.stdio import MAX_LINE, stdio_transport
 
 MCP_PATH = "/mcp"
@@ -255,7 +257,14 @@ def session_manager(
             allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
             allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
         )
-    options: dict[str, Any] = {"security_settings": settings, "max_request_body_size": max_body}
+    # JSON answers: the SDK's SSE mode costs a third of its CPU per call for a stream that
+    # only a long call needs, and `LateStreams` makes that one (ctxactors sends nothing else
+    # during a call).
+    options: dict[str, Any] = {
+        "security_settings": settings,
+        "max_request_body_size": max_body,
+        "json_response": True,
+    }
     cap = session_cap(frontend, security)
     if cap is not None:
         return PrincipalSessionManager(frontend.server, max_sessions_per_principal=cap, **options)
@@ -304,9 +313,10 @@ def mcp_parts(
 
 class _McpEndpoint:
     """``/mcp`` around the SDK's app: hands it a POST only once the body is whole, counts
-    each POST until its response is sent (so a drain waits for it), and when the SDK
-    accepts a client's DELETE of its session, ends the ctxactors session of that
-    ``Mcp-Session-Id`` before the client hears back.
+    each POST until its response is sent (so a drain waits for it), makes the answer of a
+    call that runs long an SSE stream (`LateStreams`), and when the SDK accepts a client's
+    DELETE of its session, ends the ctxactors session of that ``Mcp-Session-Id`` before the
+    client hears back.
 
     The SDK opens a session for a POST without ``Mcp-Session-Id`` before it reads the body;
     read first, a body that comes slowly or never (its client left, or the server's body
@@ -316,20 +326,31 @@ class _McpEndpoint:
         self.app = app
         self.frontend = frontend
         self.max_body = max_body
+        self.late = LateStreams(frontend.runtime.settings.http.ping_interval)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = scope.get("method")
         if method == "DELETE":
             await self.app(scope, receive, self._ending(scope, send))
         elif method == "POST":  # a GET is a standing event stream, not a request to answer
-            body = await _read_ahead(receive, self.max_body)
+            try:
+                body = await _read_ahead(receive, self.max_body)
+            except ApiError as exc:  # the app's body cap (as the app's exception layer would)
+                await error_response(exc.status, exc.code, exc.message)(scope, receive, send)
+                return
             if body is None:  # the client is gone: nobody to answer
                 return
+            streams, session = may_stream(scope["headers"])
+            answer = self.late.start(send, session) if streams else None
             self.frontend.in_flight.enter()
             try:
-                await self.app(scope, _replay(body, receive), send)
+                await self.app(
+                    scope, _replay(body, receive), send if answer is None else answer.send
+                )
             finally:
                 self.frontend.in_flight.exit()
+                if answer is not None:
+                    answer.close()
         else:
             await self.app(scope, receive, send)
 

@@ -410,7 +410,7 @@ def _execute(
     return run_plan(runtime, rt, ops, options, within=within, ctx=ToolContext("s", "a1"))
 
 
-def test_an_undo_not_confirmed_by_the_callers_deadline_is_reported_and_still_runs(
+def test_an_undo_not_confirmed_by_the_batchs_deadline_is_reported_and_still_runs(
     rt: Runtime,
 ) -> None:
     # The caller waits 1 s; the batch ends 0.1 s before, when `h` has run 0.9 s of its 1.4:
@@ -428,7 +428,7 @@ def test_an_undo_not_confirmed_by_the_callers_deadline_is_reported_and_still_run
             "success",
             OpError(
                 "compensation_failed",
-                "the compensation was not confirmed before the caller's deadline",
+                "the compensation was not confirmed before the batch's deadline",
             ),
         ),
         ("h", "failed", OpError("timeout", "the batch ran out of time")),

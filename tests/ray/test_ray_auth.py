@@ -13,6 +13,8 @@ nor written to disk, and a client without it can't connect there either.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -268,6 +270,13 @@ def test_a_ray_the_front_end_starts_has_a_generated_token_no_one_else_has(
         }
         token = _token_of_children(server.pid)
         assert len(token) == 64
+        # Its sockets, logs and spilled objects are in a directory no other user can enter
+        # (Ray's own default, /tmp/ray, is writable by everyone).
+        temp_dir = Path(started["temp_dir"])
+        info = temp_dir.parent.stat()
+        assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.geteuid(), 0o700)
+        (session,) = temp_dir.glob("session_2*")
+        assert (session / "sockets").is_dir()
         reader = start_reader(clean_env(tmp_path / "h2"), started["address"], "any")
         out, err = refused(reader)
         assert out == ""

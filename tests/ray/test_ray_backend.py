@@ -48,7 +48,9 @@ def front_ends(cluster: RayCluster) -> Iterator[Callable[..., FrontEnd]]:
             shard_options={**SHARD_OPTIONS, "runtime_env": TESTS_ENV},
             **limits,
         )
-        made.append((Runtime(servers, backend=backend), backend))
+        # A call_timeout among the limits is the runtime's too: the call waits that long.
+        runtime = Runtime(servers, backend=backend, call_timeout=limits.get("call_timeout"))
+        made.append((runtime, backend))
         return made[-1]
 
     yield make
@@ -56,6 +58,12 @@ def front_ends(cluster: RayCluster) -> Iterator[Callable[..., FrontEnd]]:
         runtime.close()
     if made:
         made[0][1].kill_shards()
+
+
+# The call timeout of a test whose call waits through a shard's death and restart: seconds
+# alone, but it has taken over the default 30 s with the suite's other workers on the same
+# two cores (Ray starts a new worker process). Only how long the call may wait changes.
+THROUGH_A_RESTART = {"call_timeout": 120.0}
 
 
 def sessions_on(shard: int, shards: int, count: int, prefix: str) -> list[str]:
@@ -154,7 +162,9 @@ def test_idle_keys_are_reaped_on_their_shard_and_reload_from_redis(
 ) -> None:
     runtime, _ = front_ends(ttl=0.3)
     runtime.call("create_goal", {"goal": "kept", "__sessionId": "reap-1"})
-    assert runtime.has_session("reap-1")
+    # Its key was made for the call (on a loaded machine it may be reaped before a look at
+    # has_session: the TTL is short).
+    assert runtime.stats()["spawned"] == 1
     deadline = time.monotonic() + 30
     while runtime.stats()["actors"] and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -209,7 +219,7 @@ def test_a_read_only_call_whose_shard_dies_is_retried_on_the_restarted_shard(
 ) -> None:
     from ctxactors.servers import BUILTIN
 
-    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce], **THROUGH_A_RESTART)
     runtime.call("create_goal", {"goal": "before", "__sessionId": "crash-1"})
     pid = runtime.call("crash_reading", {"marker": str(tmp_path / "m0"), "__sessionId": "crash-1"})
     first_pid = pid.structured
@@ -225,7 +235,7 @@ def test_a_changing_call_whose_shard_dies_fails_as_retryable_and_in_doubt(
 ) -> None:
     from ctxactors.servers import BUILTIN
 
-    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce], **THROUGH_A_RESTART)
     runtime.call("create_goal", {"goal": "before", "__sessionId": "crash-2"})
     marker = str(tmp_path / "m")
     with pytest.raises(ShardUnavailableError, match="may or may not have been applied") as err:
@@ -254,7 +264,7 @@ def test_a_changing_call_whose_shard_dies_reaches_an_mcp_client_in_doubt_and_run
     from ctxactors.servers import BUILTIN
     from ctxactors.transports.mcp import McpFrontend
 
-    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce])
+    runtime, backend = front_ends(servers=[*BUILTIN, CrashOnce], **THROUGH_A_RESTART)
     frontend = McpFrontend(runtime)
     args = {"marker": str(tmp_path / "m"), "__sessionId": f"crash-mcp-{mode}"}
 

@@ -159,21 +159,28 @@ def test_a_value_set_later_that_cannot_be_saved_fails_its_call_and_changes_nothi
         assert rt.call("get_value", context_args("s1")).structured == {"value": "text"}
 
 
-class Late(Server):
-    name = "late"
+def late_server() -> type[Server]:
+    """A new class each time: the warning is once per class and attribute in a process, and
+    mutmut runs this module twice in one process."""
 
-    def __init__(self) -> None:
-        self.count = 0
+    class Late(Server):
+        name = "late"
 
-    @tool
-    def bump(self, ctx: ToolContext) -> dict[str, Any]:
-        self.count += 1
-        self.extra = self.count  # first set here: not part of the state
-        return {"count": self.count}
+        def __init__(self) -> None:
+            self.count = 0
+
+        @tool
+        def bump(self, ctx: ToolContext) -> dict[str, Any]:
+            self.count += 1
+            self.extra = self.count  # first set here: not part of the state
+            return {"count": self.count}
+
+    return Late
 
 
 def test_an_attribute_first_set_after_init_is_not_kept_and_a_warning_says_so() -> None:
     store = MemoryStore()
+    Late = late_server()
     with capture_logs() as logs:
         with Runtime([Late], store=store) as rt:
             for _ in range(3):

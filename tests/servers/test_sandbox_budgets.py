@@ -19,6 +19,7 @@ from workspace_support import WAIT, Leaks, call, grouped_runtime, start, wait_do
 from ctxactors import Runtime, cgroups
 from ctxactors.sandbox_limits import SandboxBudgets
 from ctxactors.servers.workspace import Workspace
+from ctxactors.settings import FIRST_UID
 from ctxactors.testing import context_args, wait_until
 
 pytestmark = pytest.mark.usefixtures("workspace_root")
@@ -68,7 +69,11 @@ def test_a_principal_at_its_process_budget_is_refused_while_another_is_served(
 ) -> None:
     marker = f"1000.{os.getpid()}7"
     sleeping = ["sleep", marker]
-    with budget_runtime(leaks, principal_processes=64) as rt:
+    # Uids of this test's own: the process budget is also mallory's uid's RLIMIT_NPROC,
+    # which counts that uid's processes across the machine (another pytest-xdist worker's).
+    with grouped_runtime(
+        leaks, budget={"principal_processes": 64}, sandbox={"uid_first": FIRST_UID + 2000}
+    ) as rt:
         tree = kernel_tree(rt, "pids")
         mallory = cgroups.group_name("mallory")
         # 40 sleepers in one session: with bwrap, its init and the shell, 43 processes.

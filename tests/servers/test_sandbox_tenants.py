@@ -106,7 +106,9 @@ def test_the_kernel_keyrings_are_out_of_reach(leaks: Leaks) -> None:
 def test_one_tenants_inotify_instances_leave_anothers_alone(leaks: Leaks) -> None:
     with open("/proc/sys/fs/inotify/max_user_instances") as f:
         per_uid = int(f.read())
-    with runtime(leaks) as rt:
+    # Uids of this test's own: the kernel counts instances per uid across the machine, so a
+    # test beside this one (another pytest-xdist worker) must not run as mallory's uid.
+    with runtime(leaks, uid_first=FIRST_UID + 1500) as rt:
         holder = start(rt, "m1", HOLD_INOTIFY, principal="mallory")
         held = wait_output(rt, "m1", holder, "Too many", principal="mallory")["output"]
         assert held == f"{per_uid} Too many open files\n"

@@ -433,7 +433,9 @@ class StdioPeer:
         ids: list[Any] = []
         while self._next not in ids or (also is not None and not also.intersection(ids)):
             try:
-                answer = self.answers.get(timeout=30)
+                # Generous: a served answer takes milliseconds alone, but the suite's
+                # other workers share the cores; this only stops a test that hangs.
+                answer = self.answers.get(timeout=120)
             except queue.Empty:
                 raise AssertionError(f"no answer to {method} (or to one of {also})") from None
             assert answer is not None, "the server closed its standard output"

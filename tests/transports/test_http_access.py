@@ -411,6 +411,8 @@ def principal_of_token(tokens: StaticTokens, token: str) -> str | None:
         (f"# who\n{ALICE}\n", " line 2: expected 'token principal'"),
         ("t" * 15 + " alice\n", " line 1: a token needs at least 16 characters"),
     ],
+    # Ids without the random token: pytest-xdist's workers must collect the same names.
+    ids=["empty", "comments only", "three words", "token alone", "short token"],
 )
 def test_a_token_file_that_cant_be_used_says_why(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "tokens"

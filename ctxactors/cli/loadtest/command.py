@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import queue
 import secrets
@@ -36,6 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ctxactors.cli import add_settings_argument
 from ctxactors.cli.loadtest.chaos import RestartedServer
 from ctxactors.cli.loadtest.host_tools import arguments_for, host_tools
+from ctxactors.cli.loadtest.hostile import HostileTenant, alongside, hostile_admitted, print_hostile
 from ctxactors.cli.loadtest.options import DEFAULT_TTL, LoadOptions
 from ctxactors.cli.loadtest.targets import InDoubtError, Target, TransportError, make_target
 from ctxactors.cli.loadtest.workload import DEFAULT_MIX, Outcome, PlannedCall, PlaybookBook, Unit
@@ -111,6 +113,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--serve-store",
         default="sqlite",
         help="with --restart-every: the served store (sqlite, the default, or a redis:// URL)",
+    )
+    parser.add_argument(
+        "--hostile",
+        action="store_true",
+        help="a hostile tenant beside the checked ones, against the server of --url or "
+        "--restart-every: it tries to reach their state and to spend every budget, and its "
+        "refusals are counted by kind; the checked tenants must still pass",
+    )
+    parser.add_argument(
+        "--hostile-token-file",
+        metavar="FILE",
+        help="with --hostile and --url: the bearer token of the hostile tenant's own principal "
+        "(--restart-every makes its own; without one it shares the checked tenants' principal "
+        "and keeps to sessions of its own)",
     )
     parser.add_argument("--call-timeout", type=float, default=30.0, help="seconds per call")
     add_settings_argument(parser)
@@ -281,7 +297,12 @@ def run_threads(
             if between is not None:
                 between()
             checks.extend(reversed(verification_calls(units, books)))
-        pool = [threading.Thread(target=phase, name=f"loadtest-{i}") for i in range(workers)]
+        # Daemons: a caller interrupted while they wait (a test's timeout) must not leave
+        # them sending a call to a server that is gone, again and again, at exit.
+        pool = [
+            threading.Thread(target=phase, name=f"loadtest-{i}", daemon=True)
+            for i in range(workers)
+        ]
         for t in pool:
             t.start()
         for t in pool:
@@ -381,6 +402,11 @@ def build_report(
         "rss_of": "the load generator only" if options.url else "runtime and load generator",
         "violations_count": len(violations),
         "violations": violations[:100],
+        # Final states read back and found exactly as their calls made them.
+        "exact_final_states": {
+            "planning_keys": sum(u.verified and not (u.uncertain or u.violations) for u in units),
+            "playbook_lists": sum(b.verified for b in books),
+        },
         # Tool error results are judged by the checker (a violation unless a reset explains
         # it); any other failure (timeout, transport) fails the run by itself.
         # A call in doubt is judged by the checker too (present whole or absent).
@@ -435,6 +461,8 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
             f"  host tools   {', '.join(report['host_tools'])}: each answer checked to be no "
             "error (their state is the host's: not modelled)"
         )
+    if "hostile" in report:
+        print_hostile(report["hostile"], out)
     for sample in report["error_samples"][:5]:
         out(f"  error        {sample}")
     for violation in report["violations"][:20]:
@@ -442,10 +470,13 @@ def print_report(report: dict[str, Any], out: Any = print) -> None:
     if report["violations_count"] > 20:
         out(f"  ... and {report['violations_count'] - 20} more violations")
     verdict = "PASS" if report["passed"] else "FAIL"
+    exact = report["exact_final_states"]
     checked = (
         "every key's final state checked against its calls since its last reset"
         if report["expect_reaping"]
-        else "every session's final state checked exactly"
+        else f"every session's final state checked exactly: {exact['planning_keys']:,} of "
+        f"{report['planning_keys']:,} planning keys and {exact['playbook_lists']:,} playbook "
+        "lists read back as their calls made them"
     )
     out(f"  verdict      {verdict}: {report['violations_count']} violations ({checked})")
 
@@ -459,7 +490,11 @@ def run(args: argparse.Namespace) -> int:
     chaos: RestartedServer | None = None
     if options.restart_every is not None:
         chaos = RestartedServer(
-            options.restart_every, store=options.serve_store, servers=options.servers
+            options.restart_every,
+            store=options.serve_store,
+            servers=options.servers,
+            settings=options.assignments,
+            authenticate=options.hostile,
         )
         try:
             chaos.start()
@@ -468,6 +503,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"ctxactors loadtest: {exc}", file=sys.stderr)
             return 2
         options = msgspec.structs.replace(options, url=chaos.url)
+        if chaos.tokens is not None:
+            checked, hostile = chaos.tokens
+            options = msgspec.structs.replace(options, token=checked, hostile_token=hostile)
     try:
         return _run(options, chaos)
     finally:
@@ -481,9 +519,14 @@ def _run(options: LoadOptions, chaos: RestartedServer | None) -> int:
     try:
         units, books = build_workload(options)
         target = make_target(options)
+        if options.hostile:
+            assert options.url is not None
+            hostile_admitted(options.url, options.hostile_token)
     except ValueError as exc:
         print(f"ctxactors loadtest: {exc}", file=sys.stderr)
         return 2
+    if chaos is not None:
+        chaos.restart_from_now()
     metrics = Metrics()
     report = _drive(options, target, units, books, metrics, chaos)
     if chaos is not None:
@@ -531,8 +574,14 @@ def _drive(
     watcher = threading.Thread(target=monitor, name="loadtest-monitor", daemon=True)
     started = time.perf_counter()
     stats: dict[str, int] | None = None
+    hostile: HostileTenant | None = None
+    if options.hostile:
+        assert options.url is not None
+        hostile = HostileTenant(
+            options.url, options.hostile_token, units, books, timeout=options.call_timeout
+        )
     try:
-        with progress:
+        with progress, alongside(hostile) if hostile else contextlib.nullcontext():
             watcher.start()
             if options.use_async:
                 asyncio.run(run_tasks(target, units, books, options.concurrency, metrics))
@@ -554,4 +603,10 @@ def _drive(
     finally:
         stop.set()
         target.close()
-    return build_report(options, target, units, books, metrics, elapsed, stats)
+    report = build_report(options, target, units, books, metrics, elapsed, stats)
+    if hostile is not None:
+        report["hostile"] = hostile.report()
+        report["violations"] = [*hostile.violations, *report["violations"]][:100]
+        report["violations_count"] += len(hostile.violations)
+        report["passed"] = report["passed"] and not hostile.violations
+    return report

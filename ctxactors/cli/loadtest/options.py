@@ -44,6 +44,11 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
     # Start a served runtime and SIGKILL/restart it every so many seconds (url: its own).
     restart_every: float | None
     serve_store: str  # with `restart_every`: the served store
+    # A hostile tenant beside the checked ones (`ctxactors.cli.loadtest.hostile`), with its
+    # own principal's token (with `url`; `restart_every` makes both tokens itself).
+    hostile: bool
+    hostile_token: Bearer | None
+    assignments: tuple[str, ...]  # --set, as given: for the restarted server too
     call_timeout: float
     settings: Settings  # the embedded runtime's (environment, then --set)
     seed: int
@@ -73,6 +78,12 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
             )
         if args.token_file is not None and not args.url:
             raise ValueError("--token-file is for a server of --url")
+        if args.hostile and not (args.url or restarted):
+            raise ValueError(
+                "--hostile attacks a server: give --url, or --restart-every to start one"
+            )
+        if args.hostile_token_file is not None and not (args.hostile and args.url):
+            raise ValueError("--hostile-token-file is for --hostile against a server of --url")
         # The restarted server is served over REST.
         transport = "rest" if restarted else _transport(args.url, args.transport)
         # Reaping resets state: expected when asked for, or when the embedded runtime is
@@ -105,12 +116,29 @@ class LoadOptions(msgspec.Struct, frozen=True, kw_only=True):
             allow_resets=allow_resets,
             restart_every=args.restart_every,
             serve_store=args.serve_store,
+            hostile=args.hostile,
+            hostile_token=_hostile_token(args),
+            assignments=tuple(getattr(args, "settings", None) or ()),
             call_timeout=args.call_timeout,
             settings=settings_from_args(args),  # a bad one: ValueError naming it
             seed=args.seed,
             json=args.json,
             progress=not args.no_progress,
         )
+
+
+def _hostile_token(args: argparse.Namespace) -> Bearer | None:
+    """The hostile tenant's token, which must not be the checked tenants' own."""
+    if args.hostile_token_file is None:
+        return None
+    token = read_bearer(args.hostile_token_file)
+    checked = read_bearer(args.token_file)
+    if token is not None and checked is not None and token.headers() == checked.headers():
+        raise ValueError(
+            "--hostile-token-file holds the checked tenants' own token: the hostile tenant "
+            "needs a principal of its own"
+        )
+    return token
 
 
 def _transport(url: str | None, asked: str) -> Literal["rest", "mcp"]:

@@ -368,6 +368,7 @@ class PlaybookBook:
         self.violations: list[str] = []
         self.uncertain = False
         self.in_doubt: set[str] = set()  # names of playbooks created in doubt
+        self.verified = 0  # assistants' final listings that matched exactly
 
     def doubtful(self, name: str) -> None:
         self.in_doubt.add(name)
@@ -424,3 +425,5 @@ class PlaybookBook:
             missing = sorted(set(want) - set(got))
             extra = {i: n for i, n in got.items() if want.get(i) != n}
             self.violations.append(f"{where} list_playbooks: missing {missing}, unexpected {extra}")
+        elif call.verify:
+            self.verified += 1

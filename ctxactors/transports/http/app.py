@@ -25,12 +25,13 @@ comes from.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ctxactors.logs import get_logger
 from ctxactors.transports.access import LOOPBACK_ONLY, HttpSecurity
@@ -38,7 +39,7 @@ from ctxactors.transports.http import endpoints
 from ctxactors.transports.http.failures import HANDLERS
 from ctxactors.transports.http.middleware import BodyLimit, CountCalls
 from ctxactors.transports.http.openapi import build_openapi
-from ctxactors.transports.http.shapes import encode
+from ctxactors.transports.http.shapes import encode, error_response
 from ctxactors.transports.http.state import ApiState
 from ctxactors.transports.inflight import InFlight
 
@@ -64,6 +65,7 @@ def create_app(
     model: Any = None,
     in_flight: InFlight | None = None,
     security: HttpSecurity = LOOPBACK_ONLY,
+    direct_posts: Mapping[str, ASGIApp] | None = None,
 ) -> Starlette:
     """The REST API of `runtime` as a Starlette app.
 
@@ -74,14 +76,16 @@ def create_app(
     response is sent, and once it drains new ones get 503. `security` guards every route,
     ``/mcp`` included: by default loopback Host names only, no cross-origin request, JSON
     POSTs only, and no authentication; with authentication, the caller's principal
-    namespaces every session.
+    namespaces every session. A POST to a path of `direct_posts` (``/mcp``) goes through
+    the same middleware straight to its app, which reads its own body (see `_Api`).
     """
     api = [Route(path, endpoint, methods=list(methods)) for path, endpoint, methods in API_ROUTES]
     # Refusals (a foreign page, no token) come first: they never count as calls.
     middleware = [*security.middleware(), Middleware(BodyLimit, max_body=max_body)]
     if in_flight is not None:
         middleware.insert(-1, Middleware(CountCalls, in_flight=in_flight))
-    app = Starlette(
+    app = _Api(
+        direct_posts or {},
         # The given routes first: ``/mcp``, the busiest, then matches without trying the API's.
         routes=[*routes, *api, *security.routes()],
         middleware=middleware,
@@ -93,3 +97,58 @@ def create_app(
         runtime, model, openapi, get_logger("ctxactors.http"), security.operators
     )
     return app
+
+
+class _Api(Starlette):
+    """The app; a POST to one of the `direct` paths (``/mcp``: nearly every request of an
+    MCP host) runs the app's middleware (the guard, authentication, the body cap, any added
+    later) and then its endpoint, without Starlette's router and exception layers, which
+    cost it as much CPU as the middleware itself. Such an endpoint reads its body before
+    anything else and answers the body cap's refusal itself (`ApiError`); anything else it
+    raises is answered as the exception layer would (a logged 500), then re-raised."""
+
+    def __init__(self, direct: Mapping[str, ASGIApp], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._direct = dict(direct)
+        self._direct_stacks: dict[str, ASGIApp] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            if self._direct_stacks is None:  # built once, as Starlette builds its own
+                self._direct_stacks = {
+                    path: self._stack(endpoint) for path, endpoint in self._direct.items()
+                }
+            stack = self._direct_stacks.get(scope["path"])
+            if stack is not None:
+                scope["app"] = self
+                await stack(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+    def _stack(self, endpoint: ASGIApp) -> ASGIApp:
+        app = endpoint
+        for cls, args, kwargs in reversed(self.user_middleware):
+            app = cls(app, *args, **kwargs)
+        return _Unexpected(app, self)
+
+
+class _Unexpected:
+    """What Starlette's outer error layer does for the direct paths: an exception is logged
+    and answered with a 500 in the API's shape when no response has started, then
+    re-raised for the server to log."""
+
+    def __init__(self, app: ASGIApp, api: Starlette) -> None:
+        self.app = app
+        self.api = api
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            self.api.state.api.log.error("http_unexpected", path=scope["path"], exc_info=exc)
+            refusal = error_response(500, "internal", "internal error (logged on the server)")
+            try:
+                await refusal(scope, receive, send)
+            except RuntimeError:  # a response had started: the server closes the connection
+                pass
+            raise
