@@ -149,9 +149,13 @@ class StaleStateError(StoreError):
 
 
 class StoreUnavailableError(StoreError):
-    """The store is down, full or unreachable; nothing of the failed batch was written."""
+    """The store is down, full or unreachable; nothing of the failed batch was written.
+
+    Its message is for the operator (it may say where the store is: a Redis address);
+    a transport answers a client `tenant_message` instead and logs the message."""
 
     code = -32012
+    tenant_message = "the state store is unavailable; retry later"
 
 
 class ShardUnavailableError(CtxActorsError):

@@ -513,14 +513,16 @@ class RaySettings(Group, frozen=True):
 
 
 class RedisSettings(Group, frozen=True):
-    """The credentials of a Redis store (``serve --store redis://...``; see
-    `ctxactors.redis_url`)."""
+    """The credentials of a Redis store (``serve --store redis://...``, ``shards``; see
+    `ctxactors.redis_access`)."""
 
     # A file whose first line is the password, for a URL that carries none: the password
-    # stays off the command line, where every local user can read it (ps).
+    # stays off the command line, where every local user can read it (ps). Refused when
+    # others may read the file.
     password_file: Annotated[str | None, var("CTXACTORS_REDIS_PASSWORD_FILE", _path)] = None
-    # Accept a Redis with no password that tenants' code could reach (another host, or
-    # loopback while the sandbox shares the host's network): for a network you trust.
+    # Accept a Redis that lets in a client without a password (a URL with none, loopback
+    # included; a socket others may open; a default user left on without one), with a
+    # warning at every start: for a network you trust.
     allow_no_auth: Annotated[bool, var("CTXACTORS_REDIS_ALLOW_NO_AUTH", _flag)] = False
 
 

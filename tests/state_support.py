@@ -33,10 +33,16 @@ class RedisServer:
 
     With a `password` it asks for it: as ``requirepass``, or with a `user` as that ACL
     user's (`STORE_ACL`), the default user then off. `url` carries the credentials,
-    `bare_url` none."""
+    `bare_url` none. With `strangers` (and a `user`) the default user stays on without a
+    password, a misconfiguration `serve` must refuse."""
 
     def __init__(
-        self, directory: Path, *, password: str | None = None, user: str | None = None
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        user: str | None = None,
+        strangers: bool = False,
     ) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
@@ -46,6 +52,7 @@ class RedisServer:
         self.port = free_port()
         self.password = password
         self.user = user
+        self.strangers = strangers  # with a `user`: the default user stays on, no password
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -58,13 +65,26 @@ class RedisServer:
             return self.bare_url
         return f"redis://{self.user or ''}:{self.password}@127.0.0.1:{self.port}/0"
 
+    @property
+    def user_url(self) -> str:
+        """The URL with the user name only: the password comes from `password_file`."""
+        return f"redis://{self.user or ''}@127.0.0.1:{self.port}/0"
+
+    def password_file(self, path: Path) -> Path:
+        """`path`, written with the password, its owner's only (for
+        ``CTXACTORS_REDIS_PASSWORD_FILE``, which keeps it off the command line)."""
+        path.write_text(f"{self.password}\n")
+        path.chmod(0o600)
+        return path
+
     def _auth_arguments(self) -> list[str]:
         if self.password is None:
             return []
         if self.user is None:
             return ["--requirepass", self.password]
         rules = [self.user, "on", f">{self.password}", *STORE_ACL.split()]
-        return ["--user", "default", "off", "--user", *rules]
+        default = ["on", "nopass", "~*", "+@all"] if self.strangers else ["off"]
+        return ["--user", "default", *default, "--user", *rules]
 
     @property
     def socket(self) -> Path:
@@ -122,8 +142,8 @@ class RedisServer:
 
 
 @contextmanager
-def redis_server(directory: Path) -> Iterator[RedisServer]:
-    server = RedisServer(directory)
+def redis_server(directory: Path, password: str | None = None) -> Iterator[RedisServer]:
+    server = RedisServer(directory, password=password)
     server.start()
     try:
         yield server

@@ -29,7 +29,7 @@ import anyio
 import uvicorn
 from starlette.applications import Starlette
 
-from ctxactors import metrics, redis_url, tracing
+from ctxactors import metrics, redis_access, redis_url, tracing
 from ctxactors._runtime import Runtime
 from ctxactors.cli import add_settings_argument, import_server, settings_from_args
 from ctxactors.conversation import OpenAICompatibleModel
@@ -214,9 +214,8 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
             )
     except ValueError as exc:  # a bad CTXACTORS_* variable or --set: one line, no traceback
         raise SystemExit(f"ctxactors serve: {exc}") from None
-    try:  # a Redis tenants could reach must ask for a password (`ctxactors.redis_url`)
-        store_spec = redis_url.resolve(args.store, settings)
-        redis_url.check_credentials(store_spec)
+    try:  # a Redis must turn strangers away (`ctxactors.redis_access`)
+        store_spec = redis_access.prepare(args.store, settings)
     except ValueError as exc:
         raise SystemExit(f"ctxactors serve: --store: {exc}") from None
     if args.backend == "ray":

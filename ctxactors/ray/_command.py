@@ -13,12 +13,12 @@ import json
 import sys
 from typing import Any
 
-from ctxactors import redis_url
+from ctxactors import redis_access, redis_url
+from ctxactors.cli.main import add_settings_argument, settings_from_args
 from ctxactors.errors import StoreUnavailableError
 from ctxactors.ray._auth import RayAuthError
 from ctxactors.ray._backend import RayBackend
 from ctxactors.ray._directory import LayoutChangedError
-from ctxactors.settings import Settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the custom Ray resource new shards need (as given to serve)",
     )
+    add_settings_argument(parser)  # redis.*, ray.* as serve takes them
     change = parser.add_mutually_exclusive_group()
     change.add_argument("--add", type=int, default=0, metavar="N", help="add N shards")
     change.add_argument(
@@ -43,15 +44,16 @@ def shard_options(resource: str | None) -> dict[str, Any] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:  # the Redis and Ray checks of `serve` (`ctxactors.redis_url`, `ctxactors.ray._auth`)
-        store = redis_url.resolve(args.store, Settings.from_env())
-        redis_url.check_credentials(store)
+    try:  # the Redis and Ray checks of `serve` (`ctxactors.redis_access`, `ctxactors.ray._auth`)
+        settings = settings_from_args(args)
+        store = redis_access.prepare(args.store, settings)
         backend = RayBackend(
             args.ray_address,
             shards=1,
             store=store,
             namespace=args.ray_namespace,
             shard_options=shard_options(args.shard_resource),
+            settings=settings,
         )
     except (ValueError, StoreUnavailableError) as exc:
         print(f"ctxactors shards: {redis_url.redact(str(exc))}", file=sys.stderr)

@@ -9,6 +9,11 @@ save runs `_CAS` (atomic in Redis, parts included), and a batch of saves goes in
 MULTI/EXEC round trip: that is group commit for Redis. For durability run the
 server with ``--appendonly yes --appendfsync always``.
 
+An outage's `StoreUnavailableError` says what kind it is (no connection, a timeout, Redis's
+error code) but not where Redis is: its message reaches tenants, in a tool's error result.
+The detail (redis-py's own words, with the address; passwords hidden) goes to the log
+instead, once a second at most.
+
 Uses the official ``redis`` package (the ``ctxactors[redis]`` extra).
 """
 
@@ -16,9 +21,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ctxactors.logs import get_logger
+from ctxactors.redis_url import redact
 from ctxactors.state._base import (
     Outcome,
     Record,
@@ -116,6 +125,36 @@ class RedisStore:
         self._cas = self._redis.register_script(_CAS)
         self._load = self._redis.register_script(_LOAD)
         self._delete = self._redis.register_script(_DELETE)
+        self._log = get_logger("ctxactors.store", store="redis")
+        self._logged = threading.Lock()
+        self._logged_at = -1.0e9
+        self._unlogged = 0
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
+        """The tenant-facing error for redis-py's `exc`; its detail goes to the log."""
+        import redis
+
+        with self._logged:
+            now = time.monotonic()
+            if now - self._logged_at < 1.0:
+                self._unlogged += 1
+            else:
+                self._log.warning(
+                    "redis_unavailable", error=redact(str(exc)), not_logged=self._unlogged
+                )
+                self._logged_at, self._unlogged = now, 0
+        if isinstance(exc, redis.TimeoutError):
+            kind = "Redis did not answer in time"
+        elif isinstance(exc, redis.AuthenticationError):
+            kind = "Redis refused the credentials"
+        elif isinstance(exc, redis.ConnectionError):
+            kind = "no connection to Redis"
+        elif isinstance(exc, redis.ResponseError):
+            code = str(exc).split(" ", 1)[0]
+            kind = f"Redis answered {code if code.isupper() else 'an error'}"
+        else:
+            kind = type(exc).__name__
+        return StoreUnavailableError(f"Redis store unavailable: {kind}")
 
     @property
     def _ttl_ms(self) -> int:
@@ -128,7 +167,7 @@ class RedisStore:
         try:
             got = self._load(keys=[self._hash(session)], args=[encode_ref(key), self._ttl_ms])
         except self._errors as exc:
-            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
+            raise self._unavailable(exc) from exc
         if not got:
             return None
         parts = {bytes(got[i]).decode(): bytes(got[i + 1]) for i in range(2, len(got), 2)}
@@ -141,7 +180,7 @@ class RedisStore:
                 pipe.pexpire(self._hash(session), self._ttl_ms)
             pipe.execute()
         except self._errors as exc:
-            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
+            raise self._unavailable(exc) from exc
 
     def write(self, writes: Sequence[Write]) -> list[Outcome]:
         try:
@@ -155,7 +194,7 @@ class RedisStore:
                 self._cas(keys=[self._hash(w.session)], args=args, client=pipe)
             replies = pipe.execute()
         except self._errors as exc:
-            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
+            raise self._unavailable(exc) from exc
         outcomes: list[Outcome] = []
         for w, (ok, revision) in zip(writes, replies, strict=True):
             if ok:
@@ -168,7 +207,7 @@ class RedisStore:
         try:
             return int(self._delete(keys=[self._hash(session)]))
         except self._errors as exc:
-            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
+            raise self._unavailable(exc) from exc
 
     def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
         hashes = f"{self._prefix}:{principal_prefix(principal)}"
@@ -185,7 +224,7 @@ class RedisStore:
                 session = json.loads(_raw(name)[len(self._prefix.encode()) + 1 :])
                 out[str(session[1])] = sum(int(n) for n in pipe.execute())
         except self._errors as exc:
-            raise StoreUnavailableError(f"Redis store unavailable: {exc}") from exc
+            raise self._unavailable(exc) from exc
         return out
 
     def purge(self) -> int:

@@ -56,8 +56,10 @@ from ctxactors.errors import (
     CtxActorsError,
     InvalidArgumentsError,
     RuntimeClosedError,
+    StoreUnavailableError,
 )
 from ctxactors.logs import get_logger
+from ctxactors.redis_url import redact
 from ctxactors.results import ToolResult
 from ctxactors.tracing import META_TOOL_CALL_ID, provider_installed, tool_call
 from ctxactors.transports.access import HttpSecurity
@@ -146,6 +148,9 @@ class McpFrontend:
                 )
         except (InvalidArgumentsError, CallTimeoutError) as exc:  # the message says what to fix
             result = ToolResult.error(str(exc))
+        except StoreUnavailableError as exc:  # where the store is: the log's, not the tenant's
+            self._log.error("store_unavailable", tool=params.name, error=redact(str(exc)))
+            raise MCPError(exc.code, exc.tenant_message) from None
         except CtxActorsError as exc:  # unknown tool, runtime closed: protocol errors
             raise MCPError(exc.code, str(exc)) from None
         wire = result.to_mcp()

@@ -217,10 +217,13 @@ def test_joining_with_no_token_or_with_ray_s_authentication_off_is_refused_in_on
             "token, and Ray would use RAY_AUTH_TOKEN: give only one",
         ),
     ]
+    # The Redis password in a file: on the command line it would add a warning to stderr.
+    secret = {"CTXACTORS_REDIS_PASSWORD_FILE": str(cluster.redis.password_file(tmp_path / "pw"))}
+    store = cluster.redis.user_url
     for given_env, message in cases:
-        env = clean_env(tmp_path / "home", **given_env)
+        env = clean_env(tmp_path / "home", **secret, **given_env)
         done = subprocess.run(
-            [*SERVE, "--backend", "ray", "--ray-address", address, "--store", cluster.redis.url],
+            [*SERVE, "--backend", "ray", "--ray-address", address, "--store", store],
             capture_output=True,
             text=True,
             env=env,
@@ -230,10 +233,10 @@ def test_joining_with_no_token_or_with_ray_s_authentication_off_is_refused_in_on
     # `ctxactors shards` joins the same way.
     shards = [sys.executable, "-m", "ctxactors.cli", "shards", "--ray-address", address]
     done = subprocess.run(
-        [*shards, "--store", cluster.redis.url],
+        [*shards, "--store", store],
         capture_output=True,
         text=True,
-        env=clean_env(tmp_path / "home"),
+        env=clean_env(tmp_path / "home", **secret),
         timeout=60,
     )
     assert (done.returncode, done.stderr) == (

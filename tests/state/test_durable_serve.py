@@ -69,7 +69,8 @@ def test_serve_keeps_state_across_a_restart(tmp_path: Path) -> None:
 
 @pytest.fixture
 def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    with redis_server(tmp_path / "redis") as server:
+    # With a password: `serve` refuses a Redis that lets anyone in (ctxactors.redis_access).
+    with redis_server(tmp_path / "redis", password="durable-serve-7c1d") as server:
         yield server
 
 

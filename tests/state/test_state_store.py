@@ -570,7 +570,8 @@ def test_redis_down_fails_every_operation_clearly_and_never_purges(tmp_path: Pat
         ):
             with pytest.raises(StoreUnavailableError) as refused:
                 failing()
-            assert str(refused.value).startswith("Redis store unavailable: Error ")
+            # What it is, not where Redis is (that goes to the log): tenants read it.
+            assert str(refused.value) == "Redis store unavailable: no connection to Redis"
         store.close()
 
 
@@ -692,12 +693,16 @@ def test_a_redis_that_never_answers_fails_within_the_stores_timeout() -> None:
         url = f"redis://127.0.0.1:{server.getsockname()[1]}/0"
         # Connected (the kernel queued it), the store waits for a reply that never comes.
         silent = RedisStore(url, timeout=0.5)
-        with pytest.raises(StoreUnavailableError, match="^Redis store unavailable: Timeout"):
+        with pytest.raises(
+            StoreUnavailableError, match="^Redis store unavailable: Redis did not answer in time$"
+        ):
             silent.load(S1, PLAN)
         # The queue is full now (that connection is never accepted): the next connection
         # can't even be made.
         unreachable = RedisStore(url, timeout=0.5)
-        with pytest.raises(StoreUnavailableError, match="^Redis store unavailable: Timeout"):
+        with pytest.raises(
+            StoreUnavailableError, match="^Redis store unavailable: Redis did not answer in time$"
+        ):
             unreachable.load(S1, PLAN)
         unreachable.close()
         silent.close()

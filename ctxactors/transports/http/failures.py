@@ -18,6 +18,7 @@ from ctxactors.errors import (
     StoreUnavailableError,
     UnknownToolError,
 )
+from ctxactors.redis_url import redact
 from ctxactors.transports.http.shapes import ApiError, error_response
 from ctxactors.transports.http.state import api_state
 
@@ -34,7 +35,7 @@ def from_runtime_error(exc: CtxActorsError) -> ApiError:
     if isinstance(exc, RuntimeClosedError):
         return ApiError(503, "runtime_closed", str(exc))
     if isinstance(exc, StoreUnavailableError):  # the store kept what it held: retry later
-        return ApiError(503, "store_unavailable", str(exc))
+        return ApiError(503, "store_unavailable", exc.tenant_message)
     if isinstance(exc, ShardUnavailableError):  # retryable; the call is in doubt
         return ApiError(503, "shard_unavailable", str(exc))
     return ApiError(500, "runtime_error", str(exc))
@@ -51,6 +52,10 @@ async def api_error(request: Request, exc: Exception) -> Response:
 
 async def runtime_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, CtxActorsError)
+    if isinstance(exc, StoreUnavailableError):  # the detail the answer leaves out
+        api_state(request).log.error(
+            "store_unavailable", path=request.url.path, error=redact(str(exc))
+        )
     return await api_error(request, from_runtime_error(exc))
 
 
