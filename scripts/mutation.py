@@ -107,6 +107,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "content_principal_cap",
             "content_sharing",
             "content_snippets",
+            "content_principal_recount",
             "history",
             "server_details",
             "durable",  # snapshot/restore and the stored history's merge
@@ -118,6 +119,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/servers/{m}.py" for m in ("workspace", "workspace_dirs")),
             "ctxactors/servers/workspace_tenants.py",
             "ctxactors/sandbox.py",
+            "ctxactors/sandbox_disk.py",
+            "ctxactors/loop_images.py",
         ],
         _tests(
             "workspace",
@@ -129,6 +132,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "sandbox_settings",
             "sandbox_tenants",
             "workspace_root",
+            "workspace_disk_budget",
         ),
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.
