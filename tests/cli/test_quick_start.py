@@ -29,7 +29,7 @@ def test_the_quick_start_names_every_package_dev_py_installs_and_how(page: str) 
     spec.loader.exec_module(dev)
     text = " ".join(quick_start(page).split())  # one line: the wrapping doesn't matter
     packages = sorted([*dev.TEST_PROGRAMS.values(), *dev.TEST_LIBRARIES.values()])
-    assert packages == ["bubblewrap", "libseccomp2", "redis-server", "tmux"]
+    assert packages == ["bubblewrap", "e2fsprogs", "libseccomp2", "redis-server", "tmux"]
     named = re.search(r"installs the Debian packages (.+?) when they are missing", text)
     assert named is not None
     assert sorted(re.findall(r"`([a-z0-9-]+)`", named[1])) == packages
