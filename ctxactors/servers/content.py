@@ -236,7 +236,13 @@ class Content(Server):
         self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
         self._account(ctx)
 
-    @tool(compensate=_undo_add, extract=pick(created_content="id", filename="filename"))
+    # Blocking (`ctxactors._scheduler`): indexing a megabyte document costs about a second
+    # of CPU, which on the key pool held one of its few workers from every other key.
+    @tool(
+        blocking=True,
+        compensate=_undo_add,
+        extract=pick(created_content="id", filename="filename"),
+    )
     def add_content(self, ctx: ToolContext, filename: Filename, content: str) -> dict[str, Any]:
         """Store a document (a file's text, notes, a tool's output) so it can be searched
         and read back later in this session. Returns its id."""
@@ -340,6 +346,7 @@ class Content(Server):
         return budget.mark({"items": items, "count": len(items)}, total=len(self._items))
 
     @tool(
+        blocking=True,  # a contentless index forgets a row by tokenizing it again
         destructive=True,
         idempotent=True,
         compensate=Compensation(_undo_delete, before=_before_delete),
@@ -352,7 +359,7 @@ class Content(Server):
         self._account(ctx)
         return {"id": id, "filename": item.filename, "deleted": True}
 
-    @tool(read_only=True)
+    @tool(read_only=True, blocking=True)  # may build the index of a loaded session (`_index`)
     def search_content(self, ctx: ToolContext, query: Query, limit: Limit = 10) -> dict[str, Any]:
         """Search this session's documents (filenames and text) for every word of the query,
         best matches first. Any text works, including code identifiers and Korean; query
