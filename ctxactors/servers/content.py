@@ -31,6 +31,7 @@ stored changes.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import weakref
 from collections.abc import Iterable
@@ -42,6 +43,7 @@ from ctxactors.batch.compensation import Compensation
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
+from ctxactors.servers.content_gate import IndexGate
 from ctxactors.servers.content_ledger import ContentLedger
 from ctxactors.settings import DEFAULTS, Settings
 from ctxactors.state import SessionRef
@@ -94,10 +96,13 @@ class Content(Server):
 
     # Per runtime: each principal's content bytes, across its sessions.
     _ledgers: ClassVar[weakref.WeakKeyDictionary[Any, ContentLedger]] = weakref.WeakKeyDictionary()
+    # Per runtime: each principal's index builds running now (`content_gate`).
+    _gates: ClassVar[weakref.WeakKeyDictionary[Any, IndexGate]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
         ledger = cls._ledgers[runtime] = ContentLedger()
+        cls._gates[runtime] = IndexGate(runtime.settings.content.max_principal_indexing)
         durability = getattr(runtime, "durability", None)
         if durability is not None:  # stored content counts until its session goes
             durability.listen(ledger)
@@ -106,6 +111,7 @@ class Content(Server):
     def create(cls, runtime: Any) -> Content:
         content = cls(runtime.settings)
         content._ledger = cls._ledgers.get(runtime)
+        content._gate = cls._gates.get(runtime)
         content._stored = getattr(runtime, "durability", None) is not None
         return content
 
@@ -137,6 +143,7 @@ class Content(Server):
         # before the change (None: it was not saved). None without a store: nothing loads.
         self._journal: dict[str, bytes | None] | None = None
         self._ledger: ContentLedger | None = None  # the runtime's
+        self._gate: IndexGate | None = None  # the runtime's
         self._stored = False  # whether the content outlives the actor (a store)
         self._session: SessionRef | None = None
 
@@ -144,6 +151,13 @@ class Content(Server):
         self._db.close()
         if self._ledger is not None and self._session is not None and not self._stored:
             self._ledger.drop(self._session)  # the content is gone with the actor
+
+    def _indexing(self, ctx: ToolContext) -> contextlib.AbstractContextManager[None]:
+        """Hold one of the caller's principal's index builds (`content_gate`), while the
+        index is built (not after a load: the first search builds it)."""
+        if self._gate is None or not self._indexed:
+            return contextlib.nullcontext()
+        return self._gate.held(ctx.principal)
 
     def _account(self, ctx: ToolContext) -> None:
         """Tell the ledger this session's bytes now."""
@@ -232,7 +246,8 @@ class Content(Server):
     ) -> None:
         if before is None or before[0] in self._items:
             return
-        self._insert(*before)
+        with self._indexing(ctx):
+            self._insert(*before)
         self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
         self._account(ctx)
 
@@ -274,7 +289,8 @@ class Content(Server):
                 )
         self._next += 1
         content_id = f"c{self._next}"
-        self._insert(content_id, _Item(self._next, filename, size), content)
+        with self._indexing(ctx):
+            self._insert(content_id, _Item(self._next, filename, size), content)
         self._account(ctx)
         return {"id": content_id, "filename": filename}
 
@@ -355,7 +371,8 @@ class Content(Server):
     def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Delete a stored document by its id."""
         item = self._get(id)
-        self._remove(id, item)
+        with self._indexing(ctx):
+            self._remove(id, item)
         self._account(ctx)
         return {"id": id, "filename": item.filename, "deleted": True}
 
@@ -372,6 +389,9 @@ class Content(Server):
         limit = min(limit, MAX_RESULTS)
         long_terms = [t for t in terms if len(t) >= _TRIGRAM]
         short_terms = [t for t in terms if len(t) < _TRIGRAM]
+        if long_terms and not self._indexed and self._gate is not None:
+            with self._gate.held(ctx.principal):
+                self._index()
         rows = self._search(long_terms, short_terms, limit)
         scored = [
             (rowid, -rank if rank is not None else float(_occurrences(content, terms)), content)

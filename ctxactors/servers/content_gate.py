@@ -1,0 +1,58 @@
+"""How many full-text index builds one principal runs at once: `IndexGate`.
+
+Indexing a megabyte document costs the server about a second of CPU (FTS5's trigram
+tokenizer, in SQLite, outside the GIL), and forgetting it again as much; no budget of the
+tenant's is spent, since it is the server's own work. ``add_content`` and its kin are
+blocking tools, so that work holds no worker of the key pool; but four sessions of one
+principal indexing at once still took both CPUs of a two-CPU server, and another tenant's
+p99 went to 3-7x. With this gate one principal indexes in at most
+``content.max_principal_indexing`` sessions at once (default 1: a CPU); its other adds wait
+their turn on their blocking threads (at most an eighth of that pool is one principal's).
+Callers with no principal are one tenant and are not gated.
+
+The gate is held only while SQLite indexes, never while waiting for anything else, so a
+principal's calls can't wait on each other in a circle.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class IndexGate:
+    """Principal -> index builds running now, at most `per_principal`; thread-safe."""
+
+    def __init__(self, per_principal: int) -> None:
+        if per_principal < 1:
+            raise ValueError(f"per_principal must be at least 1, got {per_principal}")
+        self.per_principal = per_principal
+        self._changed = threading.Condition()
+        self._running: dict[str, int] = {}
+
+    @contextmanager
+    def held(self, principal: str | None) -> Iterator[None]:
+        """Wait for one of `principal`'s places, hold it for the block."""
+        if principal is None:
+            yield
+            return
+        with self._changed:
+            while self._running.get(principal, 0) >= self.per_principal:
+                self._changed.wait()
+            self._running[principal] = self._running.get(principal, 0) + 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                left = self._running[principal] - 1
+                if left:
+                    self._running[principal] = left
+                else:
+                    del self._running[principal]
+                self._changed.notify_all()
+
+    def running(self, principal: str) -> int:
+        """Index builds of `principal`'s running now."""
+        with self._changed:
+            return self._running.get(principal, 0)
