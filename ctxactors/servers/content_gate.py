@@ -30,6 +30,7 @@ class IndexGate:
         self.per_principal = per_principal
         self._changed = threading.Condition()
         self._running: dict[str, int] = {}
+        self._waiting: dict[str, int] = {}
 
     @contextmanager
     def held(self, principal: str | None) -> Iterator[None]:
@@ -38,21 +39,33 @@ class IndexGate:
             yield
             return
         with self._changed:
-            while self._running.get(principal, 0) >= self.per_principal:
-                self._changed.wait()
+            if self._running.get(principal, 0) >= self.per_principal:
+                self._waiting[principal] = self._waiting.get(principal, 0) + 1
+                while self._running.get(principal, 0) >= self.per_principal:
+                    self._changed.wait()
+                _less(self._waiting, principal)
             self._running[principal] = self._running.get(principal, 0) + 1
         try:
             yield
         finally:
             with self._changed:
-                left = self._running[principal] - 1
-                if left:
-                    self._running[principal] = left
-                else:
-                    del self._running[principal]
+                _less(self._running, principal)
                 self._changed.notify_all()
 
     def running(self, principal: str) -> int:
         """Index builds of `principal`'s running now."""
         with self._changed:
             return self._running.get(principal, 0)
+
+    def waiting(self, principal: str) -> int:
+        """Index builds of `principal`'s waiting for a place now."""
+        with self._changed:
+            return self._waiting.get(principal, 0)
+
+
+def _less(counts: dict[str, int], principal: str) -> None:
+    left = counts[principal] - 1
+    if left:
+        counts[principal] = left
+    else:
+        del counts[principal]
