@@ -31,10 +31,9 @@ stored changes.
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -152,12 +151,14 @@ class Content(Server):
         if self._ledger is not None and self._session is not None and not self._stored:
             self._ledger.drop(self._session)  # the content is gone with the actor
 
-    def _indexing(self, ctx: ToolContext) -> contextlib.AbstractContextManager[None]:
-        """Hold one of the caller's principal's index builds (`content_gate`), while the
-        index is built (not after a load: the first search builds it)."""
+    def _build(self, ctx: ToolContext, size: int, work: Callable[[], None]) -> None:
+        """Run `work`, which indexes `size` bytes of text, in one of the caller's
+        principal's index builds (`content_gate`); not after a load, when the index is
+        left to the first search."""
         if self._gate is None or not self._indexed:
-            return contextlib.nullcontext()
-        return self._gate.held(ctx.principal)
+            work()
+        else:
+            self._gate.build(ctx.principal, size, work)
 
     def _account(self, ctx: ToolContext) -> None:
         """Tell the ledger this session's bytes now."""
@@ -246,8 +247,7 @@ class Content(Server):
     ) -> None:
         if before is None or before[0] in self._items:
             return
-        with self._indexing(ctx):
-            self._insert(*before)
+        self._build(ctx, before[1].size, lambda: self._insert(*before))
         self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
         self._account(ctx)
 
@@ -289,8 +289,8 @@ class Content(Server):
                 )
         self._next += 1
         content_id = f"c{self._next}"
-        with self._indexing(ctx):
-            self._insert(content_id, _Item(self._next, filename, size), content)
+        item = _Item(self._next, filename, size)
+        self._build(ctx, size, lambda: self._insert(content_id, item, content))
         self._account(ctx)
         return {"id": content_id, "filename": filename}
 
@@ -371,8 +371,7 @@ class Content(Server):
     def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Delete a stored document by its id."""
         item = self._get(id)
-        with self._indexing(ctx):
-            self._remove(id, item)
+        self._build(ctx, item.size, lambda: self._remove(id, item))
         self._account(ctx)
         return {"id": id, "filename": item.filename, "deleted": True}
 
@@ -390,8 +389,7 @@ class Content(Server):
         long_terms = [t for t in terms if len(t) >= _TRIGRAM]
         short_terms = [t for t in terms if len(t) < _TRIGRAM]
         if long_terms and not self._indexed and self._gate is not None:
-            with self._gate.held(ctx.principal):
-                self._index()
+            self._gate.build(ctx.principal, self._bytes, self._index)
         rows = self._search(long_terms, short_terms, limit)
         scored = [
             (rowid, -rank if rank is not None else float(_occurrences(content, terms)), content)

@@ -12,13 +12,30 @@ Callers with no principal are one tenant and are not gated.
 
 The gate is held only while SQLite indexes, never while waiting for anything else, so a
 principal's calls can't wait on each other in a circle.
+
+And a large build (from `BACKGROUND_BYTES`) runs on a thread of the gate's own at a lower
+CPU priority (`NICE`), while its caller's thread waits: the one build a principal may run
+still took one CPU of two from the server's other threads, and a victim's call needs
+several of those in turn (the event loop, a worker, the loop again). The nice value is a
+thread's own on Linux (``setpriority(2)``), and an unprivileged server can't raise it back,
+so those threads never run anything else.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from typing import TypeVar
+
+T = TypeVar("T")
+
+BACKGROUND_BYTES = 64 << 10  # a build of this much text or more runs at a lower priority
+NICE = 10  # how much lower (the weight of a nice 10 thread is about a tenth of nice 0's)
+_BUILDERS = 64  # low-priority threads at most, for all principals together
 
 
 class IndexGate:
@@ -31,6 +48,7 @@ class IndexGate:
         self._changed = threading.Condition()
         self._running: dict[str, int] = {}
         self._waiting: dict[str, int] = {}
+        self._builders: ThreadPoolExecutor | None = None  # made with the first large build
 
     @contextmanager
     def held(self, principal: str | None) -> Iterator[None]:
@@ -52,6 +70,22 @@ class IndexGate:
                 _less(self._running, principal)
                 self._changed.notify_all()
 
+    def build(self, principal: str | None, size: int, work: Callable[[], T]) -> T:
+        """Run `work` (an index build over `size` bytes of text) in one of `principal`'s
+        places; from `BACKGROUND_BYTES` on a low-priority thread, waiting for it."""
+        with self.held(principal):
+            if size < BACKGROUND_BYTES:
+                return work()
+            return self._low_priority().submit(work).result()
+
+    def _low_priority(self) -> ThreadPoolExecutor:
+        with self._changed:
+            if self._builders is None:
+                self._builders = ThreadPoolExecutor(
+                    _BUILDERS, thread_name_prefix="ctxactors-index", initializer=_lower_priority
+                )
+            return self._builders
+
     def running(self, principal: str) -> int:
         """Index builds of `principal`'s running now."""
         with self._changed:
@@ -61,6 +95,13 @@ class IndexGate:
         """Index builds of `principal`'s waiting for a place now."""
         with self._changed:
             return self._waiting.get(principal, 0)
+
+
+def _lower_priority() -> None:
+    """Lower this thread's CPU priority by `NICE` (where the OS lets a thread have its own)."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + NICE, 19))
 
 
 def _less(counts: dict[str, int], principal: str) -> None:

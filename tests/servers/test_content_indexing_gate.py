@@ -8,6 +8,8 @@ Proved with the runtime's own gate held by the test, never by timing.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 
 from ctxactors import Runtime, Settings
 from ctxactors.servers.content import Content
-from ctxactors.servers.content_gate import IndexGate
+from ctxactors.servers.content_gate import BACKGROUND_BYTES, NICE, IndexGate
 from ctxactors.settings import ContentSettings
 from ctxactors.testing import context_args, wait_until
 
@@ -85,3 +87,23 @@ def test_the_gate_lets_per_principal_builds_in_at_once_and_refuses_a_bound_under
     assert gate.running("p") == 0
     with pytest.raises(ValueError, match="per_principal must be at least 1, got 0"):
         IndexGate(0)
+
+
+def where_and_how_nice() -> tuple[int, int]:
+    tid = threading.get_native_id()
+    return tid, os.getpriority(os.PRIO_PROCESS, tid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread: Linux")
+def test_a_large_build_runs_on_a_thread_of_lower_priority_and_a_small_one_where_it_was_asked() -> (
+    None
+):
+    gate = IndexGate(1)
+    mine = where_and_how_nice()
+    assert gate.build("p", BACKGROUND_BYTES - 1, where_and_how_nice) == mine
+    tid, nice = gate.build("p", BACKGROUND_BYTES, where_and_how_nice)
+    assert tid != mine[0] and nice == min(mine[1] + NICE, 19)
+    assert gate.build(None, BACKGROUND_BYTES, where_and_how_nice)[1] == nice  # not gated, still low
+    with pytest.raises(ZeroDivisionError):  # the build's own failure reaches its caller
+        gate.build("p", BACKGROUND_BYTES, lambda: 1 // 0)
+    assert gate.running("p") == 0
