@@ -51,6 +51,7 @@ from ctxactors._actors import (
     set_actor,
 )
 from ctxactors._call import Envelope, execute, resume
+from ctxactors._fair import FairQueue
 from ctxactors.logs import lazy_logger
 from ctxactors.results import ToolResult
 from ctxactors.tools import Server
@@ -69,6 +70,13 @@ _get_running_loop = asyncio._get_running_loop  # C-level; no exception when ther
 class Dispatcher:
     """A bounded pool of worker threads running actors that have messages.
 
+    Runnable actors wait in a `FairQueue` by principal: when keys of several principals are
+    runnable, a worker that frees takes the key of the first principal in line that holds
+    no worker now, else the next principal's in turn; so one principal with many busy keys
+    can't hold every worker while another principal's key waits behind them (at most
+    `workers` principals hold one, so the search is short). Keys of one principal (all of
+    them, without authentication) run first come, first served, as before.
+
     The threads start with the first actor that needs one, so a runtime that never gets a
     call starts none.
     """
@@ -79,14 +87,27 @@ class Dispatcher:
         self.workers = workers
         self.blocking = blocking
         self._name = name
-        self._ready: queue.SimpleQueue[PoolActor | None] = queue.SimpleQueue()
+        self._runnable: FairQueue[PoolActor] = FairQueue()
+        self._runnable_lock = allocate_lock()
+        # One token a runnable actor (a worker that gets one takes the next actor in turn),
+        # None to stop: the C queue does the waiting and waking.
+        self._tokens: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
+        # Whose key each worker runs now (`_FREE`: none). Written by that worker alone, read
+        # by any: a stale read only makes one choice of turn less fair.
+        self._holding: list[Any] = [_FREE] * workers
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = False
 
+    def _holds_none(self, owner: Any) -> bool:
+        return owner not in self._holding
+
     def submit(self, actor: PoolActor) -> None:
         """Run `actor` on a worker (it is marked scheduled: nobody else runs it meanwhile)."""
-        self._ready.put(actor)
+        owner = actor.owner()
+        with self._runnable_lock:
+            self._runnable.put(owner, actor)
+        self._tokens.put(True)
         if not self._threads:
             self._start()
 
@@ -95,21 +116,30 @@ class Dispatcher:
             if self._threads or self._closed:
                 return
             threads = [
-                threading.Thread(target=self._work, name=f"{self._name}-worker-{i}", daemon=True)
+                threading.Thread(
+                    target=self._work, args=(i,), name=f"{self._name}-worker-{i}", daemon=True
+                )
                 for i in range(self.workers)
             ]
             for thread in threads:
                 thread.start()
             self._threads = threads
 
-    def _work(self) -> None:
+    def _work(self, index: int) -> None:
         _batch_scheduling()
-        get = self._ready.get
+        get = self._tokens.get
+        lock = self._runnable_lock
+        take = self._runnable.take
+        holds_none = self._holds_none
+        holding = self._holding
         while True:
-            actor = get()
-            if actor is None:
+            if get() is None:
                 return
+            with lock:
+                owner, actor = take(holds_none)
+                holding[index] = owner
             actor.run(False)
+            holding[index] = _FREE
 
     def close(self) -> None:
         """Stop the workers once the queue ahead of them is done (after the actors stop)."""
@@ -117,7 +147,7 @@ class Dispatcher:
             self._closed = True
             threads = self._threads
         for _ in threads:
-            self._ready.put(None)
+            self._tokens.put(None)
         for thread in threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=10.0)
@@ -126,25 +156,53 @@ class Dispatcher:
 
 class BlockingPool:
     """Threads for blocking tools: made when none is idle (up to `max_threads`), retired
-    after `idle` seconds without work. As `concurrent.futures.ThreadPoolExecutor`, which
-    never retires its threads, an idle thread is counted by a semaphore: `submit` takes a
-    token where one is waiting for work, else starts a thread."""
+    after `idle` seconds without work (`concurrent.futures.ThreadPoolExecutor` never
+    retires its threads).
 
-    def __init__(self, max_threads: int = 512, *, idle: float = 30.0) -> None:
+    Shared fairly between principals: queued jobs are taken round-robin by principal, and
+    one principal runs at most `per_principal` at once (default an eighth of the pool);
+    the rest of its jobs wait in the queue, holding no thread, so a principal that floods
+    the pool with CPU-heavy work (indexing megabyte documents, say) leaves the other
+    principals threads to start on, and itself no more than its share of them. Callers with
+    no principal (an embedded runtime, a server without authentication) are one tenant
+    under `max_threads` only. The cost: a principal whose `per_principal` blocking calls
+    all wait for more of its own blocking calls (batches of batches) waits for their call
+    timeouts.
+    """
+
+    def __init__(
+        self, max_threads: int = 512, *, idle: float = 30.0, per_principal: int | None = None
+    ) -> None:
+        if max_threads < 1:
+            raise ValueError("a blocking pool needs at least one thread")
         self.max_threads = max_threads
+        self.per_principal = (
+            per_principal if per_principal is not None else max(1, max_threads // 8)
+        )
+        if self.per_principal < 1:
+            raise ValueError("per_principal must be at least 1")
         self._idle_timeout = idle
-        self._jobs: queue.SimpleQueue[PoolActor | None] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)
         self._lock = threading.Lock()
+        self._jobs: FairQueue[PoolActor] = FairQueue()
+        self._running: dict[Any, int] = {}  # jobs running, by principal
         self._threads: set[threading.Thread] = set()
-        self._waiting: set[threading.Thread] = set()  # idle, in `get`
+        # Idle threads, each waiting to acquire its own lock: `submit` releases one (and
+        # takes it off this list: a thread is woken once, never lost to a timeout).
+        self._idle: list[tuple[Any, threading.Thread]] = []
         self._closed = False
 
+    def _may_run(self, owner: Any) -> bool:
+        return owner is None or self._running.get(owner, 0) < self.per_principal
+
     def submit(self, actor: PoolActor) -> None:
-        self._jobs.put(actor)
-        if self._idle.acquire(blocking=False):
-            return  # a waiting thread will take it
+        owner = actor.owner()
         with self._lock:
+            self._jobs.put(owner, actor)
+            if not self._may_run(owner):
+                return  # at its share: one of its own running jobs takes it when done
+            if self._idle:
+                self._idle.pop()[0].release()
+                return
             if self._closed or len(self._threads) >= self.max_threads:
                 return  # queued: the next thread to finish takes it
             thread = threading.Thread(target=self._work, name="ctxactors-blocking", daemon=True)
@@ -152,44 +210,55 @@ class BlockingPool:
         thread.start()
 
     def _work(self) -> None:
-        get = self._jobs.get
         me = threading.current_thread()
+        lock, running = self._lock, self._running
+        owner: Any = _NO_JOB
         while True:
-            self._waiting.add(me)
-            try:
-                actor = get(timeout=self._idle_timeout)
-            except queue.Empty:
-                # Retire, unless a `submit` took this thread's idle token meanwhile (it then
-                # counts on this thread to take its job).
-                if self._idle.acquire(blocking=False):
-                    self._retire()
-                    return
-                continue
-            finally:
-                self._waiting.discard(me)
-            if actor is None:
-                self._retire()
-                return
-            actor.run(True)
-            self._idle.release()
-
-    def _retire(self) -> None:
-        with self._lock:
-            self._threads.discard(threading.current_thread())
+            with lock:
+                if owner is not _NO_JOB:  # the job this thread just ran
+                    left = running[owner] - 1
+                    if left:
+                        running[owner] = left
+                    else:
+                        del running[owner]
+                taken = self._jobs.take_if(self._may_run)
+                if taken is None:
+                    owner = _NO_JOB
+                    if self._closed:
+                        self._threads.discard(me)
+                        return
+                    waiter = allocate_lock()
+                    waiter.acquire()
+                    self._idle.append((waiter, me))
+                else:
+                    owner, actor = taken
+                    running[owner] = running.get(owner, 0) + 1
+            if taken is not None:
+                actor.run(True)
+            elif not waiter.acquire(timeout=self._idle_timeout):
+                with lock:
+                    if (waiter, me) in self._idle:  # not woken meanwhile: retire
+                        self._idle.remove((waiter, me))
+                        self._threads.discard(me)
+                        return
 
     def close(self) -> None:
-        """Let every thread end once the jobs ahead of it are done; wait for those that
-        were idle (a busy one may be stuck in a tool or a cleanup the runtime has already
-        stopped waiting for)."""
+        """Let every thread end once the jobs ahead of it are done; idle ones end now (a
+        busy one may be stuck in a tool or a cleanup the runtime has already stopped
+        waiting for, and is not waited for)."""
         with self._lock:
             self._closed = True
-            threads = list(self._threads)
-        idle = [t for t in list(self._waiting) if t is not threading.current_thread()]
-        for _ in threads:
-            self._jobs.put(None)
+            idle, self._idle = self._idle, []
+        for waiter, _ in idle:
+            waiter.release()
         deadline = time.monotonic() + 1.0
-        for thread in idle:
-            thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        for _, thread in idle:
+            if thread is not threading.current_thread():
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+
+
+_NO_JOB = object()
+_FREE = object()  # a worker's `Dispatcher._holding` slot while it runs no key
 
 
 class PoolActor(pykka.Actor):
@@ -257,6 +326,12 @@ class PoolActor(pykka.Actor):
 
     def _start_actor_loop(self) -> None:
         """Nothing to start: the first message puts the actor on a worker."""
+
+    def owner(self) -> Any:
+        """Whose key this is (its principal; None without one): the pools share their
+        threads fairly between owners."""
+        key = getattr(self._lifecycle, "key", None)
+        return None if key is None else key[1][0]  # `Key.principal`, without the call
 
     # -- the inbox protocol ----------------------------------------------------------------
 

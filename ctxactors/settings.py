@@ -387,6 +387,9 @@ class ContentSettings(Group, frozen=True):
     max_session_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_SESSION_BYTES")] = 64 << 20
     # All of one principal's sessions together (callers with no principal: not capped).
     max_principal_bytes: Annotated[Count, var("CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES")] = 512 << 20
+    # Full-text index builds of one principal's at once (a megabyte document costs about a
+    # second of CPU; see `ctxactors.servers.content_gate`). No principal: not gated.
+    max_principal_indexing: Annotated[Count, var("CTXACTORS_CONTENT_MAX_PRINCIPAL_INDEXING")] = 1
     max_items: Annotated[Count, var("CTXACTORS_CONTENT_MAX_ITEMS")] = 100_000
 
 

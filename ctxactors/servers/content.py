@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sqlite3
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -42,6 +42,7 @@ from ctxactors.batch.compensation import Compensation
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
+from ctxactors.servers.content_gate import IndexGate
 from ctxactors.servers.content_ledger import ContentLedger
 from ctxactors.settings import DEFAULTS, Settings
 from ctxactors.state import SessionRef
@@ -94,9 +95,12 @@ class Content(Server):
 
     # Per runtime: each principal's content bytes, across its sessions.
     _ledgers: ClassVar[weakref.WeakKeyDictionary[Any, ContentLedger]] = weakref.WeakKeyDictionary()
+    # Per runtime: each principal's index builds running now (`content_gate`).
+    _gates: ClassVar[weakref.WeakKeyDictionary[Any, IndexGate]] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attach(cls, runtime: Any) -> None:
+        cls._gates[runtime] = IndexGate(runtime.settings.content.max_principal_indexing)
         durability = getattr(runtime, "durability", None)
         ledger = cls._ledgers[runtime] = ContentLedger(getattr(durability, "store", None))
         if durability is not None:  # stored content counts until its session goes
@@ -106,6 +110,7 @@ class Content(Server):
     def create(cls, runtime: Any) -> Content:
         content = cls(runtime.settings)
         content._ledger = cls._ledgers.get(runtime)
+        content._gate = cls._gates.get(runtime)
         content._stored = getattr(runtime, "durability", None) is not None
         return content
 
@@ -137,6 +142,7 @@ class Content(Server):
         # before the change (None: it was not saved). None without a store: nothing loads.
         self._journal: dict[str, bytes | None] | None = None
         self._ledger: ContentLedger | None = None  # the runtime's
+        self._gate: IndexGate | None = None  # the runtime's
         self._stored = False  # whether the content outlives the actor (a store)
         self._session: SessionRef | None = None
 
@@ -144,6 +150,15 @@ class Content(Server):
         self._db.close()
         if self._ledger is not None and self._session is not None and not self._stored:
             self._ledger.drop(self._session)  # the content is gone with the actor
+
+    def _build(self, ctx: ToolContext, size: int, work: Callable[[], None]) -> None:
+        """Run `work`, which indexes `size` bytes of text, in one of the caller's
+        principal's index builds (`content_gate`); not after a load, when the index is
+        left to the first search."""
+        if self._gate is None or not self._indexed:
+            work()
+        else:
+            self._gate.build(ctx.principal, size, work)
 
     def _account(self, ctx: ToolContext) -> None:
         """Tell the ledger this session's bytes now."""
@@ -232,11 +247,17 @@ class Content(Server):
     ) -> None:
         if before is None or before[0] in self._items:
             return
-        self._insert(*before)
+        self._build(ctx, before[1].size, lambda: self._insert(*before))
         self._items = dict(sorted(self._items.items(), key=lambda kv: kv[1].rowid))
         self._account(ctx)
 
-    @tool(compensate=_undo_add, extract=pick(created_content="id", filename="filename"))
+    # Blocking (`ctxactors._scheduler`): indexing a megabyte document costs about a second
+    # of CPU, which on the key pool held one of its few workers from every other key.
+    @tool(
+        blocking=True,
+        compensate=_undo_add,
+        extract=pick(created_content="id", filename="filename"),
+    )
     def add_content(self, ctx: ToolContext, filename: Filename, content: str) -> dict[str, Any]:
         """Store a document (a file's text, notes, a tool's output) so it can be searched
         and read back later in this session. Returns its id."""
@@ -268,7 +289,8 @@ class Content(Server):
                 )
         self._next += 1
         content_id = f"c{self._next}"
-        self._insert(content_id, _Item(self._next, filename, size), content)
+        item = _Item(self._next, filename, size)
+        self._build(ctx, size, lambda: self._insert(content_id, item, content))
         self._account(ctx)
         return {"id": content_id, "filename": filename}
 
@@ -340,6 +362,7 @@ class Content(Server):
         return budget.mark({"items": items, "count": len(items)}, total=len(self._items))
 
     @tool(
+        blocking=True,  # a contentless index forgets a row by tokenizing it again
         destructive=True,
         idempotent=True,
         compensate=Compensation(_undo_delete, before=_before_delete),
@@ -348,11 +371,11 @@ class Content(Server):
     def delete_content(self, ctx: ToolContext, id: ContentId) -> dict[str, Any]:
         """Delete a stored document by its id."""
         item = self._get(id)
-        self._remove(id, item)
+        self._build(ctx, item.size, lambda: self._remove(id, item))
         self._account(ctx)
         return {"id": id, "filename": item.filename, "deleted": True}
 
-    @tool(read_only=True)
+    @tool(read_only=True, blocking=True)  # may build the index of a loaded session (`_index`)
     def search_content(self, ctx: ToolContext, query: Query, limit: Limit = 10) -> dict[str, Any]:
         """Search this session's documents (filenames and text) for every word of the query,
         best matches first. Any text works, including code identifiers and Korean; query
@@ -365,6 +388,8 @@ class Content(Server):
         limit = min(limit, MAX_RESULTS)
         long_terms = [t for t in terms if len(t) >= _TRIGRAM]
         short_terms = [t for t in terms if len(t) < _TRIGRAM]
+        if long_terms and not self._indexed and self._gate is not None:
+            self._gate.build(ctx.principal, self._bytes, self._index)
         rows = self._search(long_terms, short_terms, limit)
         scored = [
             (rowid, -rank if rank is not None else float(_occurrences(content, terms)), content)
