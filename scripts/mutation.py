@@ -98,7 +98,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "servers": (
         [
             f"ctxactors/servers/{m}.py"
-            for m in ("planning", "playbooks", "content", "content_ledger", "history")
+            for m in (
+                "planning",
+                "playbooks",
+                "content",
+                "content_ledger",
+                "content_gate",
+                "history",
+            )
         ],
         _tests(
             "runtime",
@@ -108,6 +115,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "content_sharing",
             "content_snippets",
             "content_principal_recount",
+            "content_indexing_gate",
             "history",
             "server_details",
             "durable",  # snapshot/restore and the stored history's merge
@@ -137,8 +145,18 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.
     "scheduler": (
-        ["ctxactors/_scheduler.py", "ctxactors/_tool_loop.py", "ctxactors/_launcher.py"],
-        _tests("scheduler", "async_tools", "launcher", "runtime", "reaping", "acall"),
+        [
+            *(f"ctxactors/{m}.py" for m in ("_scheduler", "_fair", "_tool_loop", "_launcher")),
+        ],
+        _tests(
+            "scheduler",
+            "scheduler_fairness",
+            "async_tools",
+            "launcher",
+            "runtime",
+            "reaping",
+            "acall",
+        ),
     ),
     # What keeps a promise of durability: the save path, the stored history, the stores.
     "store": (
