@@ -67,7 +67,7 @@ def principals(leaks: Leaks, workspace_root: str) -> Iterator[tuple[SandboxSetti
         ids = tenants.ids("alice")
         workdir = tempfile.mkdtemp(prefix="launcher-", dir=workspace_root)
         sandboxes.prepare_directory(settings, workdir, ids)
-        tenant, lease = tenants.enter("alice", ids)
+        tenant, lease, _ = tenants.enter("alice", ids)
         try:
             yield settings, workdir, tenant
         finally:
