@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ctxactors.errors import StoreUnavailableError
+from ctxactors.state._redis import error_kind
 
 
 class Claims:
@@ -35,7 +36,11 @@ class Claims:
         try:
             return bool(await self._redis.set(self._prefix + call_id, 1, nx=True, ex=self._keep))
         except redis.RedisError as exc:
-            raise StoreUnavailableError(f"the state store did not answer: {exc}") from exc
+            # Its kind only: the text names Redis's address, and this reaches the tenant as
+            # the call's result. (The store's own errors, on the same Redis, log the detail.)
+            raise StoreUnavailableError(
+                f"the state store did not answer: {error_kind(exc)}"
+            ) from exc
 
     async def release(self, call_id: str) -> None:
         """Give back a claim whose call did not run (best effort: a claim left behind makes

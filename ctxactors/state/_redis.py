@@ -132,8 +132,6 @@ class RedisStore:
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailableError:
         """The tenant-facing error for redis-py's `exc`; its detail goes to the log."""
-        import redis
-
         with self._logged:
             now = time.monotonic()
             if now - self._logged_at < 1.0:
@@ -143,18 +141,7 @@ class RedisStore:
                     "redis_unavailable", error=redact(str(exc)), not_logged=self._unlogged
                 )
                 self._logged_at, self._unlogged = now, 0
-        if isinstance(exc, redis.TimeoutError):
-            kind = "Redis did not answer in time"
-        elif isinstance(exc, redis.AuthenticationError):
-            kind = "Redis refused the credentials"
-        elif isinstance(exc, redis.ConnectionError):
-            kind = "no connection to Redis"
-        elif isinstance(exc, redis.ResponseError):
-            code = str(exc).split(" ", 1)[0]
-            kind = f"Redis answered {code if code.isupper() else 'an error'}"
-        else:
-            kind = type(exc).__name__
-        return StoreUnavailableError(f"Redis store unavailable: {kind}")
+        return StoreUnavailableError(f"Redis store unavailable: {error_kind(exc)}")
 
     @property
     def _ttl_ms(self) -> int:
@@ -242,3 +229,20 @@ def _glob_escape(text: str) -> str:
 def _raw(value: bytes | str) -> bytes:
     """A reply as bytes (the client answers bytes unless told to decode)."""
     return value if isinstance(value, bytes) else value.encode()
+
+
+def error_kind(exc: BaseException) -> str:
+    """What a tenant may be told of redis-py's `exc`: its kind, never its text (which names
+    the server's address)."""
+    import redis
+
+    if isinstance(exc, redis.TimeoutError):
+        return "Redis did not answer in time"
+    if isinstance(exc, redis.AuthenticationError):
+        return "Redis refused the credentials"
+    if isinstance(exc, redis.ConnectionError):
+        return "no connection to Redis"
+    if isinstance(exc, redis.ResponseError):
+        code = str(exc).split(" ", 1)[0]
+        return f"Redis answered {code if code.isupper() else 'an error'}"
+    return type(exc).__name__

@@ -79,11 +79,10 @@ def test_a_claim_that_cannot_be_made_is_an_error_and_a_release_never_fails(
 
     async def run() -> None:
         claims = Claims(url, "down", keep=60)
-        with pytest.raises(
-            StoreUnavailableError,
-            match=r"^the state store did not answer: .*connecting to 127\.0\.0\.1",
-        ):
+        with pytest.raises(StoreUnavailableError) as refused:
             await claims.first("c1")
+        # What reaches the tenant names no address (redis-py's text does).
+        assert str(refused.value) == "the state store did not answer: no connection to Redis"
         await claims.release("c1")  # best effort: no error
         await claims._redis.aclose()
 
