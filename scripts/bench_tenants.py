@@ -366,7 +366,8 @@ class Attacker:
 
     def ramp(self) -> None:
         """Up to every budget of `attacks`: the content store from four sessions meanwhile;
-        a workspace file, memory, processes, then CPU. The busy loops come late because
+        memory, processes, CPU, then a workspace file (its full disk refuses the principal
+        any new session directory, so it comes last). The busy loops come late because
         they take the principal's own CPU share from its later commands, and every sandbox
         needs a few processes, so room is left for them before a last bomb forks into the
         limit."""
@@ -374,16 +375,6 @@ class Attacker:
         content = threading.Thread(target=self._fill_content, args=(began,))
         if "disk" in self.attacks:
             content.start()
-            budget = int(self.budgets.get("principal_disk_bytes") or 1 << 30)
-            size = budget // MIB + 256  # past its disk budget, in one session
-            write = f"head -c {size}M /dev/zero > f && sync && echo ok"
-            self._command("disk: workspace file", write, "ok")
-            # Then from another session, which must be told that the budget is spent.
-            self._command("disk: workspace file", "echo x > g && echo ok", "ok")
-            self.notes["disk: workspace file"] = (
-                f"{size} MiB against a {budget // MIB} MiB budget "
-                f"({self.budgets.get('disk_enforcement', 'unknown')})"
-            )
         if "memory" in self.attacks:
             budget = int(self.budgets.get("principal_memory_bytes") or 2 << 30)
             held = 0
@@ -407,6 +398,17 @@ class Attacker:
                 break
         if bombs:
             self._timed("processes", began)
+        if "disk" in self.attacks:  # last: a full disk leaves no room for a new session
+            budget = int(self.budgets.get("principal_disk_bytes") or 1 << 30)
+            size = budget // MIB + 256  # past its disk budget, in one session
+            write = f"head -c {size}M /dev/zero > f && sync && echo ok"
+            self._command("disk: workspace file", write, "ok")
+            # Then from another session, which must be told that the budget is spent.
+            self._command("disk: workspace file", "echo x > g && echo ok", "ok")
+            self.notes["disk: workspace file"] = (
+                f"{size} MiB against a {budget // MIB} MiB budget "
+                f"({self.budgets.get('disk_enforcement', 'unknown')})"
+            )
         if content.ident is not None:
             content.join()
 
