@@ -367,7 +367,9 @@ class Attacker:
     def ramp(self) -> None:
         """Up to every budget of `attacks`: the content store from four sessions meanwhile;
         memory, processes, CPU, then a workspace file (its full disk refuses the principal
-        any new session directory, so it comes last). The busy loops come late because
+        any new session directory, so it comes last; beside the process bombs its commands
+        meet the process budget first: `--attacks disk` shows the disk budget's refusal).
+        The busy loops come late because
         they take the principal's own CPU share from its later commands, and every sandbox
         needs a few processes, so room is left for them before a last bomb forks into the
         limit."""
