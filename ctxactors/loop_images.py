@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import random
 import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -42,6 +44,7 @@ DISKS = ".ctxactors-disks"  # in the workspace root: the images and their lock f
 AREAS = "principals"  # in the workspace root: one directory (mount point) per principal
 _MIN_IMAGE = 16 << 20  # ext4's journal and tables need a few MiB
 _FITS = 4  # resizing passes at most
+_MOUNT_TRIES = 5  # see _mount_image
 _TIMEOUT = 120.0  # seconds for mkfs, mount, fsck, resize2fs
 _MOUNT_OPTIONS = "nodev,nosuid,discard"
 
@@ -69,6 +72,20 @@ def _run(*argv: str) -> None:
     if done.returncode != 0:
         detail = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
         raise OSError(f"{' '.join(argv[:2])}: {detail}")
+
+
+def _mount_image(image: str, point: str) -> None:
+    """Mount `image` at `point` on a free loop device, trying again a few times: processes
+    mounting at once can race for the same free device (one of them then reads another's
+    image, or a device still being released: "bad superblock on /dev/loopN")."""
+    for attempt in range(_MOUNT_TRIES):
+        try:
+            _run("mount", "-t", "ext4", "-o", f"loop,{_MOUNT_OPTIONS}", image, point)
+            return
+        except OSError:
+            if attempt == _MOUNT_TRIES - 1 or os.path.ismount(point):
+                raise
+            time.sleep(0.05 * (attempt + 1) + random.random() * 0.05)
 
 
 def check(root: str) -> None:
@@ -100,7 +117,7 @@ def _probe(root: str) -> str | None:
     try:
         _make(image, _MIN_IMAGE)
         os.mkdir(point)
-        _run("mount", "-t", "ext4", "-o", f"loop,{_MOUNT_OPTIONS}", image, point)
+        _mount_image(image, point)
         _run("umount", point)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"can't mount an ext4 image: {exc}"
@@ -216,7 +233,7 @@ class LoopImages:
             _make(image, max(_MIN_IMAGE, _round(self.budget)))
         os.makedirs(point, mode=0o711, exist_ok=True)
         for _ in range(_FITS):
-            _run("mount", "-t", "ext4", "-o", f"loop,{_MOUNT_OPTIONS}", image, point)
+            _mount_image(image, point)
             used, capacity = _usage(point)
             size = os.stat(image).st_size
             if capacity < self.budget:  # each size changes the fs's own overhead a little
@@ -238,7 +255,7 @@ class LoopImages:
                 self.notes.append(note)
                 get_logger("ctxactors.workspace").warning("disk_not_resized", note=note)
                 if not os.path.ismount(point):
-                    _run("mount", "-t", "ext4", "-o", f"loop,{_MOUNT_OPTIONS}", image, point)
+                    _mount_image(image, point)
                 break
         os.chmod(point, 0o711)  # principals' uids enter it to reach their own directories
 

@@ -325,7 +325,7 @@ def test_a_changing_call_is_not_run_when_its_claim_cannot_be_made(server: RedisS
 
         answer = asyncio.run(run())
         assert isinstance(answer, ToolResult) and answer.is_error
-        assert answer.text.startswith("not run: the state store did not answer: Error 111 ")
+        assert answer.text == "not run: the state store did not answer: no connection to Redis"
         assert shard.runtime.stats()["spawned"] == 0
 
 
