@@ -79,8 +79,11 @@ def call(tool: str, arguments: dict[str, Any], request_id: int = 1, junk: int = 
     return json.dumps(message).encode()
 
 
-def post_and_hang_up(url: str, body: bytes, token: str, **headers: str) -> None:
-    """Send a whole POST, then close the connection without reading a byte of the answer."""
+def post_and_hang_up(
+    url: str, body: bytes, token: str, *, wait_for: bytes = b"", **headers: str
+) -> None:
+    """Send a whole POST, then close the connection once the answer's bytes so far hold
+    `wait_for` (at once without it)."""
     port = int(url.rsplit(":", 1)[1].split("/")[0])
     fields = {
         **MODERN,
@@ -92,6 +95,12 @@ def post_and_hang_up(url: str, body: bytes, token: str, **headers: str) -> None:
     head = "POST /mcp HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items())
     with socket.create_connection(("127.0.0.1", port)) as conn:
         conn.sendall(head.encode() + b"\r\n" + body)
+        conn.settimeout(30)
+        seen = b""
+        while wait_for not in seen:
+            chunk = conn.recv(65536)
+            assert chunk, f"the server closed the connection after {seen!r}"
+            seen += chunk
 
 
 def rss_mib(pid: int) -> int:
@@ -134,4 +143,27 @@ def test_calls_abandoned_behind_a_busy_key_hold_no_memory(
         assert post(url, "create_goal", {"goal": "b", "__sessionId": "b"}, BOB).is_success
         assert post(url, "open_gate", {"gate": "never", "__sessionId": "o"}, BOB).is_success
         after = post(url, "open_gate", {"gate": "never", "__sessionId": "busy"}, ALICE)
+        assert after.json()["result"]["structuredContent"] == {"opened": True}
+
+
+def test_a_late_stream_whose_client_left_stops_and_lets_go(tokens: str, tmp_path: Path) -> None:
+    """The same, with each client gone only once its call became a stream (its first
+    ping read): the streams stop pinging and their requests are let go."""
+    calls, size = 40, 2 * MiB
+    with server(tokens, tmp_path, CTXACTORS_HTTP_PING_INTERVAL="0.2") as (url, pid):
+        assert post(url, "create_goal", {"goal": "warm", "__sessionId": "w"}, ALICE).is_success
+        before = rss_mib(pid)
+        busy = {"gate": "streamed", "timeout": 60, "__sessionId": "busy"}
+        for n in range(calls):
+            body = call("wait_gate", busy, request_id=n, junk=size)
+            post_and_hang_up(
+                url, body, ALICE, wait_for=b": ping\r\n\r\n", **{"Mcp-Name": "wait_gate"}
+            )
+        wait_until(
+            lambda: rss_mib(pid) - before <= 64,
+            timeout=20,
+            describe=lambda: f"RSS {rss_mib(pid)} MiB, {before} MiB before the calls",
+        )
+        assert post(url, "open_gate", {"gate": "streamed", "__sessionId": "o"}, BOB).is_success
+        after = post(url, "open_gate", {"gate": "streamed", "__sessionId": "busy"}, ALICE)
         assert after.json()["result"]["structuredContent"] == {"opened": True}
