@@ -28,6 +28,7 @@ key's actor, by design).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import importlib.metadata
@@ -340,14 +341,19 @@ class _McpEndpoint:
                 return
             if body is None:  # the client is gone: nobody to answer
                 return
+            gone = _UntilGone(send)
             streams, session = may_stream(scope["headers"])
-            answer = self.late.start(send, session) if streams else None
+            answer = self.late.start(gone.send, session) if streams else None
             self.frontend.in_flight.enter()
+            watch = None if body[-1].get("more_body") else gone.watch(receive)
             try:
-                await self.app(
-                    scope, _replay(body, receive), send if answer is None else answer.send
-                )
+                with gone.scope:
+                    await self.app(
+                        scope, _replay(body, receive), gone.send if answer is None else answer.send
+                    )
             finally:
+                if watch is not None:
+                    watch.cancel()
                 self.frontend.in_flight.exit()
                 if answer is not None:
                     answer.close()
@@ -380,6 +386,40 @@ async def _read_ahead(receive: Receive, limit: int) -> list[Message] | None:
         size += len(message.get("body", b""))
         if not message.get("more_body", False) or size > limit:
             return messages
+
+
+class _UntilGone:
+    """Lets a POST's handling go when its client leaves before the answer is sent.
+
+    The call itself was handed to its key's actor and runs to its end either way; what
+    goes is the request (its body, the SDK's parse of it, a late stream's pings). Kept
+    until the call answered, a tenant posting big calls to a busy key and hanging up
+    holds ~4x each body for up to the call timeout, however few connections it keeps:
+    the SDK's SSE mode watched for the client to leave, and its JSON mode doesn't.
+
+    One task per POST waiting on `receive` (the body is read whole, so only the client's
+    leaving, or uvicorn's note that the answer is sent, can come)."""
+
+    __slots__ = ("_send", "answered", "scope")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.answered = False  # the answer's last byte is sent: what comes after is ours
+        self.scope = anyio.CancelScope()
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.answered = True  # before the send: uvicorn wakes `receive` inside it
+        await self._send(message)
+
+    def watch(self, receive: Receive) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(self._watch(receive))
+
+    async def _watch(self, receive: Receive) -> None:
+        message = await receive()
+        # A notification's handling goes on after its 202 is sent: never cut that short.
+        if message["type"] == "http.disconnect" and not self.answered:
+            self.scope.cancel()
 
 
 def _replay(messages: list[Message], receive: Receive) -> Receive:
