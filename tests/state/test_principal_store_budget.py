@@ -8,6 +8,7 @@ principal saving at once are counted exactly."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ import pytest
 from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors.cli import serve
 from ctxactors.history_store import KEY as HISTORY
 from ctxactors.settings import HistorySettings, Settings, StateSettings
 from ctxactors.state import MemoryStore, RedisStore, SQLiteStore, StateStore
@@ -269,3 +271,15 @@ def test_memory_store_counts_what_a_principal_holds() -> None:
         assert not put(rt, "bob", "s1", 20).is_error
         assert settled(rt, "alice") == sum(rt.durability.store.principal_bytes("alice").values())
         assert rt.durability.store.principal_bytes("bob")["s1"] > stored(20)
+
+
+def test_serve_takes_the_budget_from_its_variable(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", "4096")
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    with serve.build_runtime(parser.parse_args(["--data-dir", str(tmp_path)])) as rt:
+        assert rt.durability is not None
+        assert rt.durability.budget.cap.value == 4096
+        assert rt.durability.budget.cap.setting == "CTXACTORS_STATE_MAX_PRINCIPAL_BYTES"
