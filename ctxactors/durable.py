@@ -47,6 +47,7 @@ import msgspec
 from ctxactors._attribute_state import state_type
 from ctxactors.logs import get_logger
 from ctxactors.results import ToolResult
+from ctxactors.settings import Cap
 from ctxactors.state import (
     GroupCommit,
     Outcome,
@@ -60,6 +61,7 @@ from ctxactors.state import (
     StoreUnavailableError,
     Write,
 )
+from ctxactors.state_budget import StateBudget
 from ctxactors.tools import Key, Server
 
 _SLOT = "_ctxactors_durable"
@@ -230,8 +232,12 @@ class Durability:
         flush_delay: float = 0.05,
         clock: Callable[[], float] = time.monotonic,
         live: Callable[[], Iterable[SessionRef]] = tuple,
+        max_principal_bytes: Cap | None = None,
     ) -> None:
         self.store = store
+        # Each principal's stored bytes, charged before its saves (`ctxactors.state_budget`);
+        # the cap is ``state.max_principal_bytes`` (its default unless given).
+        self.budget = StateBudget(store, max_principal_bytes)
         self.save_timeout = save_timeout
         self.flush_delay = flush_delay
         self.commit = GroupCommit(store)
@@ -320,6 +326,13 @@ class Durability:
                 self.used(slot.session)
                 return result
             write = Write(slot.session, slot.key, data, slot.revision, tuple(parts.items()))
+        # Charged before it is written (concurrent saves of one principal never overshoot),
+        # given back in `_settle` if the store doesn't take it.
+        grows = len(data) - (len(slot.data) if slot.revision else 0)
+        if grows and slot.session[0] is not None:
+            refused = self._charge(server, slot, grows)
+            if refused is not None:
+                return refused
         outcome: Outcome | StoreError | TimeoutError | None
         if then is not None:
             saving = _Saving(self, write, result, then)
@@ -335,6 +348,21 @@ class Durability:
                 outcome = exc
         self._settle(server, slot, write, outcome)
         return self.answer(write, outcome, result)
+
+    def _charge(self, server: Server, slot: _Slot, grows: int) -> ToolResult | None:
+        """Count the save's `grows` bytes for its principal; if over its budget (or its first
+        count can't be read), the state as last saved and the error the caller gets."""
+        try:
+            if self.budget.charge(slot.session, grows):
+                return None
+            error = ToolResult.error(
+                f"not saved: {self.budget.refused(slot.session[0], grows)}; nothing was "
+                "changed (end the sessions this principal no longer needs to free some)"
+            )
+        except StoreError as exc:
+            error = _unavailable(exc)
+        self._roll_back(server, slot)
+        return error
 
     def _load(self, server: Server, slot: _Slot) -> None:
         record = self.store.load(slot.session, slot.key)
@@ -374,21 +402,27 @@ class Durability:
     ) -> None:
         """In the actor's thread, once a save's outcome is known: the key's memory follows
         the store (the save's revision, or the newer state, or the last saved one)."""
+        assert write.data is not None
         if isinstance(outcome, int):
             if slot.parted is not None:
                 slot.parted.settle_parts(saved=True)
-            assert write.data is not None
             slot.revision, slot.data = outcome, write.data
-        elif isinstance(outcome, StaleStateError):
+            return
+        # Not taken: the budget counts what the store holds instead of the save's bytes.
+        stored = len(slot.data) if slot.revision else 0
+        if isinstance(outcome, StaleStateError):
             slot.loaded = False
             try:
                 self._load(server, slot)
+                stored = len(slot.data) if slot.revision else 0  # another process's
             except StoreError:
                 self._roll_back(server, slot)  # and reload on the next call
         else:
             self._roll_back(server, slot)
             if isinstance(outcome, TimeoutError):
                 slot.loaded = False  # the save may yet land: read back what the store has
+                return  # and it counts, as it may
+        self.budget.charge(slot.session, stored - len(write.data), force=True)
 
     def _wait_saving(self, saving: _Saving) -> None:
         """Wait for the outcome of the key's last save, which went on without its actor
@@ -437,7 +471,9 @@ class Durability:
             self.commit.save(Write(session, _BARRIER, None, 0), timeout=self.save_timeout)
         except TimeoutError as exc:
             raise StoreUnavailableError(f"the state store did not answer: {exc}") from None
-        return self.store.delete_session(session)
+        deleted = self.store.delete_session(session)
+        self.budget.deleted(session)
+        return deleted
 
     def used(self, session: SessionRef) -> None:
         """The session was just used (any call): start its retention again, soon and cheaply
@@ -480,6 +516,7 @@ class Durability:
             listener.purge(self.store.retention)
         purged = self.store.purge()
         if purged:
+            self.budget.forget()  # which sessions went is the store's: recount each principal
             self._log.info("sessions_purged", sessions=purged)
         return purged
 

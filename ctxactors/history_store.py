@@ -134,6 +134,10 @@ class HistorySaver:
         self._encodings: Callable[[], list[bytes]] = list
         self._merge: Callable[[], object] = lambda: None
         self._next = 0  # the revision the next write expects
+        # The bytes the store holds (None: not read yet) and those of the write under way:
+        # charged to the principal's state budget, never refused (the calls are answered).
+        self._stored: int | None = None
+        self._writing = 0
         self._retry_at = 0.0  # no store read before this (`time.monotonic`): see `load`
         self.loaded = False  # read by the history on every record, under its lock
         self._waiting = False  # records wait for a write (the flusher was told)...
@@ -180,6 +184,10 @@ class HistorySaver:
             return None
         self.loaded = True
         self._next = 0 if record is None else record.revision
+        stored = 0 if record is None else len(record.data)
+        if self._stored is not None:  # read again (a write failed): someone else's bytes
+            self._durable.budget.charge(self._session, stored - self._stored, force=True)
+        self._stored = stored
         if record is None:
             return []
         try:
@@ -222,6 +230,9 @@ class HistorySaver:
             self.defer()
             return
         write = Write(self._session, KEY, pack(records), expected)
+        assert write.data is not None
+        self._writing = len(write.data) - (self._stored or 0)
+        self._durable.budget.charge(self._session, self._writing, force=True)
         self._durable.commit.submit(write, self._done)
 
     def _done(self, outcome: object) -> None:
@@ -229,9 +240,11 @@ class HistorySaver:
             if isinstance(outcome, BaseException):  # stale or unavailable: re-read, merge
                 self.loaded = False
                 self._waiting = True  # written again, merged, by the flusher's next pass
+                self._durable.budget.charge(self._session, -self._writing, force=True)
             else:
                 assert isinstance(outcome, int)
                 self._next = outcome
+                self._stored = (self._stored or 0) + self._writing
             self._inflight = False
             self._idle.set()
             again = self._waiting and not self._closed

@@ -380,6 +380,14 @@ class BudgetSettings(Group, frozen=True):
 # -- one group per server -------------------------------------------------------------------
 
 
+class StateSettings(Group, frozen=True):
+    """The state store's budget per principal (`ctxactors.state_budget`)."""
+
+    # The bytes of every state one principal has stored (planning, playbooks, history, any
+    # server's; content's documents have their own budget). No principal: not capped.
+    max_principal_bytes: Annotated[Count, var("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES")] = 1 << 30
+
+
 class ContentSettings(Group, frozen=True):
     """The content server's limits, per session and per principal."""
 
@@ -617,6 +625,7 @@ class Settings(Group, frozen=True):
     call_timeout: Seconds = 30.0
     max_text_bytes: Annotated[Count, var("CTXACTORS_MAX_TEXT_BYTES")] = 64 << 10
     max_answer_bytes: Annotated[Count, var("CTXACTORS_MAX_ANSWER_BYTES")] = 16 << 20
+    state: StateSettings = StateSettings()
     content: ContentSettings = ContentSettings()
     planning: PlanningSettings = PlanningSettings()
     playbooks: PlaybooksSettings = PlaybooksSettings()
@@ -669,6 +678,7 @@ __all__ = [
     "RedisSettings",
     "SandboxSettings",
     "Settings",
+    "StateSettings",
     "WorkspaceSettings",
     "assign",
     "check_context_meta",

@@ -228,7 +228,7 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
     except StoreUnavailableError as exc:  # a damaged or unreadable file: the operator's fix
         raise SystemExit(f"ctxactors serve: {exc}") from None
     try:
-        return Runtime(
+        runtime = Runtime(
             [*builtin, *(s for s in extra if s not in builtin)],
             tools=args.tools,
             store=store,
@@ -239,6 +239,11 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
+    # The runtime makes its durability with the budget's default (ctxactors._runtime is
+    # frozen for now): the operator's setting is given here.
+    if runtime.durability is not None:
+        runtime.durability.budget.cap = settings.state.cap("max_principal_bytes")
+    return runtime
 
 
 def _ray_runtime(

@@ -123,4 +123,10 @@ class StateStore(Protocol):
         restart)."""
         ...
 
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        """Session id -> bytes of its keys' states (parts not included: content counts
+        those), for each live session of `principal`; refreshes no retention (the state
+        budget recounts with it once per principal per process)."""
+        ...
+
     def close(self) -> None: ...

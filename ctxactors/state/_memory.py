@@ -107,3 +107,16 @@ class MemoryStore:
                 if size:
                     out[session_id] = size
             return out
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        with self._lock:
+            now = self._clock()
+            out: dict[str, int] = {}
+            for (owner, session_id), keys in self._sessions.items():
+                touched = self._touched.get((owner, session_id))
+                if owner != principal:
+                    continue
+                if touched is not None and now - touched >= self.retention:
+                    continue  # expired: forgotten on its next use
+                out[session_id] = sum(len(record.data) for record in keys.values())
+            return out

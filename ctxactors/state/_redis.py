@@ -197,12 +197,19 @@ class RedisStore:
             raise self._unavailable(exc) from exc
 
     def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
+        return self._field_bytes(principal, b"p" + encode_ref(key).encode() + b"\0")
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        return self._field_bytes(principal, b"d")  # every key's state, no part
+
+    def _field_bytes(self, principal: str, start: bytes) -> dict[str, int]:
+        """Session id -> bytes of the fields named `start`... in each of `principal`'s
+        session hashes that has some."""
         hashes = f"{self._prefix}:{principal_prefix(principal)}"
-        field = b"p" + encode_ref(key).encode() + b"\0"
         out: dict[str, int] = {}
         try:
             for name in self._redis.scan_iter(match=_glob_escape(hashes) + "*", count=1000):
-                fields = [f for f in self._redis.hkeys(name) if _raw(f).startswith(field)]
+                fields = [f for f in self._redis.hkeys(name) if _raw(f).startswith(start)]
                 if not fields:
                     continue
                 pipe = self._redis.pipeline(transaction=False)

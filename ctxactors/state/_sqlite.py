@@ -345,8 +345,7 @@ class SQLiteStore:
             return int(self._db.execute("DELETE FROM state WHERE session = ?", (sid,)).rowcount)
 
     def part_bytes(self, principal: str, key: StateKey) -> dict[str, int]:
-        low = principal_prefix(principal)
-        high = low[:-1] + chr(ord(",") + 1)  # past every text that starts with `low`
+        low, high = _principal_range(principal)
         with self._lock:
             cutoff = self._clock() - self.retention
             with self._transaction("BEGIN"):
@@ -357,6 +356,22 @@ class SQLiteStore:
                     "AND (sessions.touched IS NULL OR sessions.touched > ?) "
                     "GROUP BY parts.session",
                     (encode_ref(key), low, high, cutoff),
+                ).fetchall()
+        return {str(json.loads(sid)[1]): int(size) for sid, size in rows}
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        low, high = _principal_range(principal)
+        with self._lock:
+            cutoff = self._clock() - self.retention
+            with self._transaction("BEGIN"):
+                # A range of the state table's primary key (session, key): no full scan.
+                rows = self._db.execute(
+                    "SELECT state.session, sum(length(state.data)) FROM state "
+                    "LEFT JOIN sessions ON sessions.session = state.session "
+                    "WHERE state.session >= ? AND state.session < ? "
+                    "AND (sessions.touched IS NULL OR sessions.touched > ?) "
+                    "GROUP BY state.session",
+                    (low, high, cutoff),
                 ).fetchall()
         return {str(json.loads(sid)[1]): int(size) for sid, size in rows}
 
@@ -510,3 +525,9 @@ class _Transaction:
             self._db.execute("ROLLBACK")
         if isinstance(exc, sqlite3.Error):
             raise _unavailable(exc, self._path) from exc
+
+
+def _principal_range(principal: str) -> tuple[str, str]:
+    """The encoded sessions of `principal` are the texts in [low, high)."""
+    low = principal_prefix(principal)
+    return low, low[:-1] + chr(ord(",") + 1)  # past every text that starts with `low`
