@@ -173,6 +173,7 @@ class Runtime:
                 flush_delay=self.settings.history.write_delay,
                 clock=self.clock,
                 live=lambda: {key.session for key in self._registry.keys()},
+                max_principal_bytes=self.settings.state.cap("max_principal_bytes"),
             )
             if store is not None
             else None

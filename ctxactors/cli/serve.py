@@ -239,10 +239,6 @@ def build_runtime(args: argparse.Namespace) -> Runtime:
         if store is not None:
             store.close()
         raise SystemExit(f"ctxactors serve: {exc}") from None
-    # The runtime makes its durability with the budget's default (ctxactors._runtime is
-    # frozen for now): the operator's setting is given here.
-    if runtime.durability is not None:
-        runtime.durability.budget.cap = settings.state.cap("max_principal_bytes")
     return runtime
 
 
