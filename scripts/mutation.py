@@ -166,6 +166,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/state/{m}.py" for m in ("_base", "_commit", "_memory", "_sqlite")),
             *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open", "_reserve")),
             "ctxactors/state/_turns.py",
+            "ctxactors/state_budget.py",
         ],
         _tests(
             "durable",
@@ -176,6 +177,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "store_open",
             "durable_direct",
             "sqlite_purge",
+            "principal_store_budget",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
