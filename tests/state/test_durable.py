@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,33 +26,6 @@ from ctxactors.testing import context_args as ctx_args
 
 S = "s1"
 A = "a1"
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    """Opens the same store again each time it is called (a restart reopens it)."""
-    opened: list[StateStore] = []
-    prefix = f"t{os.urandom(4).hex()}"
-
-    def make() -> StateStore:
-        store: StateStore
-        if request.param == "sqlite":
-            store = SQLiteStore(tmp_path / "state.db")
-        else:
-            server: RedisServer = request.getfixturevalue("redis")
-            store = RedisStore(server.url, prefix=prefix)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 def call(rt: Runtime, tool_name: str, **args: Any) -> dict[str, Any]:

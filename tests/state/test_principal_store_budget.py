@@ -9,20 +9,18 @@ principal saving at once are counted exactly."""
 from __future__ import annotations
 
 import argparse
-import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from state_support import RedisServer, redis_server
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.cli import serve
 from ctxactors.history_store import KEY as HISTORY
 from ctxactors.settings import HistorySettings, Settings, StateSettings
-from ctxactors.state import MemoryStore, RedisStore, SQLiteStore, StateStore
+from ctxactors.state import MemoryStore, StateStore
 from ctxactors.testing import context_args
 
 CAP = 2000
@@ -99,33 +97,6 @@ def settled(rt: Runtime, principal: str) -> int:
     count = held(rt, principal)
     assert count == sum(stored.values()), (count, stored)
     return count
-
-
-@pytest.fixture(scope="module")
-def redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    with redis_server(tmp_path_factory.mktemp("redis")) as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def open_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[], Any]]:
-    """Opens the same store again each time it is called (a restart reopens it)."""
-    opened: list[StateStore] = []
-    prefix = f"t{os.urandom(4).hex()}"
-
-    def make() -> StateStore:
-        store: StateStore
-        if request.param == "sqlite":
-            store = SQLiteStore(tmp_path / "state.db")
-        else:
-            server: RedisServer = request.getfixturevalue("redis")
-            store = RedisStore(server.url, prefix=prefix)
-        opened.append(store)
-        return store
-
-    yield make
-    for store in opened:
-        store.close()
 
 
 def test_over_budget_save_is_refused_and_changes_nothing(open_store: Callable[[], Any]) -> None:

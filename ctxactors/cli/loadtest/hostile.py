@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from ctxactors.cli.loadtest.refusals import command_refusal, refusal
-from ctxactors.cli.loadtest.targets import RestTarget, TransportError
+from ctxactors.cli.loadtest.targets import RestTarget, TransportError, refused_by
 from ctxactors.cli.loadtest.workload import Outcome, PlaybookBook, Unit
 from ctxactors.cli.token import Bearer
 from ctxactors.context import ToolContext
@@ -504,19 +504,8 @@ def hostile_admitted(url: str, token: Bearer | None, timeout: float = 5.0) -> No
     """ValueError, in one line, when the server at `url` won't let the hostile tenant in:
     it authenticates and the tenant has no token (it needs a principal of its own, not the
     checked tenants'), or it refuses the token."""
-    base = url.rstrip("/").removesuffix("/mcp")
-    try:
-        response = httpx.get(
-            f"{base}/api/v1/stats", timeout=timeout, headers=token.headers() if token else {}
-        )
-    except httpx.HTTPError as exc:
-        raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
-    if response.status_code == 401:
-        what = "refused the hostile tenant's token" if token else "asks for a bearer token"
-        raise ValueError(
-            f"{base} {what} (HTTP 401): give the hostile tenant a valid token of a principal "
-            "of its own in --hostile-token-file"
-        )
+    fix = "give the hostile tenant a valid token of a principal of its own in --hostile-token-file"
+    refused_by(url, token, timeout, "the hostile tenant's token", fix)
 
 
 @contextlib.contextmanager

@@ -277,6 +277,14 @@ def authorized(url: str, token: Bearer | None, timeout: float = 5.0) -> None:
     """Raise ValueError when the server at `url` refuses `token` (or the lack of one): one
     clear line, not a run of thousands of 401s. Asked of ``/api/v1/stats``: only a 401 is
     a refusal (a 403 says the token is good but no operator's, a 404 that none is served)."""
+    refused_by(
+        url, token, timeout, "the bearer token", f"put a valid one in {TOKEN_ENV} or --token-file"
+    )
+
+
+def refused_by(url: str, token: Bearer | None, timeout: float, whose: str, fix: str) -> None:
+    """ValueError, in one line, when ``/api/v1/stats`` of the server at `url` answers 401 to
+    `token` (`whose` names it in the message, `fix` says what to do)."""
     base = url.rstrip("/").removesuffix("/mcp")
     try:
         response = httpx.get(
@@ -285,10 +293,8 @@ def authorized(url: str, token: Bearer | None, timeout: float = 5.0) -> None:
     except httpx.HTTPError as exc:
         raise ValueError(f"cannot reach {url}: {exc or type(exc).__name__}") from None
     if response.status_code == 401:
-        what = "refused the bearer token" if token else "asks for a bearer token"
-        raise ValueError(
-            f"{base} {what} (HTTP 401): put a valid one in {TOKEN_ENV} or --token-file"
-        )
+        what = f"refused {whose}" if token else "asks for a bearer token"
+        raise ValueError(f"{base} {what} (HTTP 401): {fix}")
 
 
 def make_target(options: LoadOptions) -> Target:
