@@ -34,4 +34,4 @@ def test_the_quick_start_names_every_package_dev_py_installs_and_how(page: str) 
     assert named is not None
     assert sorted(re.findall(r"`([a-z0-9-]+)`", named[1])) == packages
     assert "with `apt-get`, as root or through `sudo`" in text
-    assert "The test suite takes 11-15 minutes on 2 cores" in text
+    assert "The test suite takes 8-12 minutes on 2 cores" in text
