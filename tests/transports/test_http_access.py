@@ -10,6 +10,7 @@ directly and the server runs as `serve` wires it in a thread (`in_process_suppor
 from __future__ import annotations
 
 import json
+import locale
 import secrets
 import threading
 import time
@@ -382,6 +383,18 @@ def test_a_jwks_url_that_does_not_answer_refuses_tokens(
     assert refusal["reason"].startswith("PyJWKClientConnectionError: Fail to fetch data")
 
 
+def test_by_default_the_principal_is_the_sub_claim(
+    tmp_path: Path, rsa_key: rsa.RSAPrivateKey
+) -> None:
+    """`JwtVerifier.from_options` without a `principal_claim`, as a host may call it."""
+    verifier = JwtVerifier.from_options(
+        issuer=ISSUER, audience=AUDIENCE, public_key_file=pem_file(tmp_path / "rsa.pem", rsa_key)
+    )
+    assert verifier.principal_claim == "sub"
+    assert principal(verifier, make_jwt(rsa_key, "RS256", sub="carol")) == "carol"
+    assert principal(verifier, make_jwt(rsa_key, "RS256", sub=None, email="carol@x")) is None
+
+
 # -- static tokens --------------------------------------------------------------------------
 
 
@@ -395,6 +408,21 @@ def test_a_token_file_takes_comments_and_blank_lines(tmp_path: Path) -> None:
         "bob",
         None,
     ]
+
+
+def test_a_token_file_is_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """A server started in the C locale (ASCII) still reads a token with accents."""
+    token = "clé-" + secrets.token_urlsafe(24)
+    path = tmp_path / "tokens"
+    path.write_bytes(f"{token} alice\n".encode())
+    saved = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")
+    try:
+        assert "utf" not in locale.getpreferredencoding(False).lower()  # the point
+        tokens = StaticTokens.from_file(path)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, saved)
+    assert principal_of_token(tokens, token) == "alice"
 
 
 def principal_of_token(tokens: StaticTokens, token: str) -> str | None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from workspace_support import start
 
 from ctxactors import InvalidArgumentsError, Runtime, UnknownToolError, metrics
 from ctxactors.settings import MetricsSettings, Settings
-from ctxactors.state import MemoryStore
+from ctxactors.state import MemoryStore, Outcome, StaleStateError, StoreUnavailableError, Write
 from ctxactors.testing import context_args as ctx_args
 
 pytestmark = pytest.mark.timeout(60)
@@ -179,6 +181,82 @@ def test_the_session_table_is_pruned_of_sessions_that_are_gone() -> None:
         assert len(call_metrics.top_sessions(100)) == 10
 
 
+def call_and_end(rt: Runtime, session: str) -> None:
+    """One call of `session`, which then ends: its count stays in the table until pruned."""
+    assert not rt.call("create_goal", ctx_args(session, goal="g")).is_error
+    assert rt.end_session(session) == 1
+
+
+def test_the_session_table_is_pruned_once_it_doubles_the_live_sessions() -> None:
+    """The table of calls per session is pruned when it holds more than 1,024 sessions, or
+    twice the live ones at the last pruning if more (each pruning then pays for as many
+    calls as it scans); only sessions with no live actor go, and each live one keeps its
+    count."""
+    with Runtime(ttl=600) as rt:
+        call_metrics = metrics.register(rt, CollectorRegistry())
+        table = call_metrics._sessions  # noqa: SLF001 - its size is the point
+        for i in range(1024):
+            call_and_end(rt, f"gone-{i}")
+        assert len(table) == 1024
+        call_and_end(rt, "gone-1024")  # the 1,025th: pruned but for itself, live in its call
+        assert list(table) == [(None, "gone-1024")]
+        for i in range(600):
+            assert not rt.call("create_goal", ctx_args(f"live-{i}", goal="g")).is_error
+        assert not rt.call("create_goal", ctx_args("live-0", goal="g")).is_error
+        for i in range(1025, 1025 + 423):
+            call_and_end(rt, f"gone-{i}")
+        assert len(table) == 1024
+        call_and_end(rt, "gone-1448")  # 1,025 again: 600 live ones and itself are left
+        assert len(table) == 601
+        assert table[(None, "live-0")] == 2
+        assert sorted(table.values()) == [1] * 600 + [2]
+        # Next pruned above twice that, 1,202: 601 more sessions fill it to exactly 1,202.
+        for i in range(1449, 1449 + 601):
+            call_and_end(rt, f"gone-{i}")
+        assert len(table) == 1202
+        call_and_end(rt, "gone-2050")
+        assert len(table) == 601
+        assert call_metrics.top_sessions(1) == [(None, "live-0", 2)]
+
+
+def test_two_calls_pruning_the_session_table_at_once_both_succeed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two calls that both find the table crowded prune it together: the second to finish
+    finds gone the sessions the first already dropped, and its call still succeeds."""
+    with Runtime(ttl=600) as rt:
+        call_metrics = metrics.register(rt, CollectorRegistry())
+        for i in range(1024):
+            call_and_end(rt, f"gone-{i}")
+        has_session = rt._registry.has_session  # noqa: SLF001 - where the pruning asks
+        first_asks, go_on = threading.Event(), threading.Event()
+        held: list[bool] = []
+        lock = threading.Lock()
+
+        def held_once(session: tuple[str | None, str]) -> bool:
+            with lock:
+                first = not held
+                held.append(True)
+            if first:  # the first pruning waits here until the second is done
+                first_asks.set()
+                assert go_on.wait(30)
+            return has_session(session)
+
+        monkeypatch.setattr(rt._registry, "has_session", held_once)  # noqa: SLF001
+        first: list[Any] = []
+        thread = threading.Thread(
+            target=lambda: first.append(rt.call("create_goal", ctx_args("first", goal="g")))
+        )
+        thread.start()
+        assert first_asks.wait(30)
+        assert not rt.call("create_goal", ctx_args("second", goal="g")).is_error
+        assert call_metrics.top_sessions(5) == [(None, "first", 1), (None, "second", 1)]
+        go_on.set()
+        thread.join(30)
+        assert len(first) == 1 and not first[0].is_error
+        assert dict(call_metrics._sessions) == {(None, "first"): 1, (None, "second"): 1}  # noqa: SLF001
+
+
 def test_store_writes_are_timed_and_stale_saves_counted() -> None:
     store = MemoryStore()
     registry = CollectorRegistry()
@@ -193,6 +271,89 @@ def test_store_writes_are_timed_and_stale_saves_counted() -> None:
         assert value(registry, "ctxactors_store_saves_total") == 2  # the stale one is not saved
         writes = value(registry, "ctxactors_store_write_duration_seconds_count") or 0
         assert writes >= 2
+
+
+def test_the_store_figures_an_operator_reads_are_exact() -> None:
+    """What ``/metrics`` says of the store's writes, line for line: each write's duration in
+    its bucket (a bound is inclusive), their sum, and each refused save by kind. The
+    durations are given to the hook the group commit calls after each write (its own clock
+    can't be set), in seconds a float adds exactly."""
+    registry = CollectorRegistry()
+    with Runtime(ttl=600, store=MemoryStore()) as rt:
+        call_metrics = metrics.register(rt, registry)
+        assert rt.durability is not None
+        hook = rt.durability.commit.on_write
+        assert hook == call_metrics.record_store_write
+        stale = StaleStateError(("planning", "a1", None), 1, 2)
+        down = StoreUnavailableError("the disk is full")
+        hook(0.125, [1])  # in (0.1, 0.25]
+        hook(0.25, [stale, stale, 4])  # on the bound 0.25: two refused as stale in one write
+        hook(0.5, [down, down])  # on the bound 0.5
+        hook(8.0, [down])  # over the last bound (5 s): +Inf
+        scraped = generate_latest(registry).decode().splitlines()
+    buckets = [0, 0, 0, 0, 0, 0, 0, 0, 2, 3, 3, 3, 4]  # cumulative, by metrics.STORE_BUCKETS
+    bounds = ["0.0005", "0.001", "0.0025", "0.005", "0.01", "0.025", "0.05", "0.1", "0.25"]
+    bounds += ["0.5", "1.0", "5.0", "+Inf"]
+    duration = "ctxactors_store_write_duration_seconds"
+    assert [line for line in scraped if "ctxactors_store_" in line] == [
+        f"# HELP {duration} One group-commit write to the state store (a transaction or pipeline).",
+        f"# TYPE {duration} histogram",
+        *(f'{duration}_bucket{{le="{b}"}} {n}.0' for b, n in zip(bounds, buckets, strict=True)),
+        f"{duration}_count 4.0",
+        f"{duration}_sum 8.875",
+        "# HELP ctxactors_store_saves_total Key states saved to the store.",
+        "# TYPE ctxactors_store_saves_total counter",
+        "ctxactors_store_saves_total 0.0",  # the runtime saved nothing itself
+        "# HELP ctxactors_store_write_errors_total Saves the store refused: stale (another "
+        "writer won) or unavailable.",
+        "# TYPE ctxactors_store_write_errors_total counter",
+        'ctxactors_store_write_errors_total{kind="stale"} 2.0',
+        'ctxactors_store_write_errors_total{kind="unavailable"} 3.0',
+    ]
+
+
+class Failing(MemoryStore):
+    """A memory store that refuses every write while `down` is set, as a full disk would."""
+
+    down = False
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        if self.down:
+            raise StoreUnavailableError("the disk is full")
+        return super().write(writes)
+
+
+def test_saves_a_store_refuses_while_down_are_counted_as_unavailable() -> None:
+    store = Failing()
+    registry = CollectorRegistry()
+    with Runtime(ttl=600, store=store) as rt:
+        metrics.register(rt, registry)
+        assert not rt.call("create_goal", ctx_args("s1", goal="a")).is_error
+        store.down = True
+        for goal in ("b", "c"):
+            refused = rt.call("create_goal", ctx_args("s1", goal=goal))
+            assert (refused.is_error, refused.text) == (
+                True,
+                "the state store is unavailable (the disk is full); nothing was changed, retry "
+                "the call later",
+            )
+        errors = "ctxactors_store_write_errors_total"
+        assert value(registry, errors, kind="unavailable") == 2
+        assert value(registry, errors, kind="stale") == 0
+        assert value(registry, "ctxactors_store_write_duration_seconds_count") == 3
+
+
+def test_a_recent_error_says_whose_call_failed_and_when(measured: Any) -> None:
+    """``ctxactors top`` shows each error's time, and a tenant only its own errors."""
+    rt, _, call_metrics = measured
+    before = time.time()
+    rt.call("read_content", ctx_args("theirs", id="nope"), principal="bob")
+    after = time.time()
+    rt.call("read_content", ctx_args("mine", id="nope"), principal="alice")
+    (error,) = call_metrics.recent_errors("bob")
+    assert (error.principal, error.session_id, error.tool) == ("bob", "theirs", "read_content")
+    assert before <= error.time <= after
+    assert [e.principal for e in call_metrics.recent_errors()] == ["bob", "alice"]
 
 
 def test_a_runtime_without_store_has_no_store_metrics(measured: Any) -> None:
