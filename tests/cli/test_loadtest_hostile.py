@@ -44,8 +44,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args([*argv, "--no-progress"])
 
 
-def spent_every_budget(refused: dict[str, int]) -> None:
-    """The hostile tenant was refused by each budget it went for, not ignored."""
+def spent_every_budget(refused: dict[str, int], *, session_cap: bool = True) -> None:
+    """The hostile tenant was refused by each budget it went for, not ignored (its session's
+    content cap only where `session_cap`)."""
     assert refused.get("CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES", 0) >= 1, refused
     assert refused.get("CTXACTORS_MAX_TEXT_BYTES", 0) >= 1, refused
     assert refused.get("HTTP 413 body_too_large", 0) >= 1, refused
@@ -53,7 +54,7 @@ def spent_every_budget(refused: dict[str, int]) -> None:
     session_full = (
         "tool error: content store full: N of N bytes used, '…' needs N more; delete somethi…"
     )
-    assert refused.get(session_full, 0) >= 1, refused
+    assert not session_cap or refused.get(session_full, 0) >= 1, refused
     # The fork bomb and the sandboxes holding what they forked: the kernel, or the
     # principal's process budget when a sandbox would start past it.
     assert refused.get(FORK, 0) + refused.get("CTXACTORS_WORKSPACE_PRINCIPAL_PROCESSES", 0), refused
@@ -73,7 +74,10 @@ def test_a_hostile_tenant_beside_a_restarted_server_leaves_the_checked_tenants_e
     hostile = report["hostile"]
     assert hostile["principal"] == "its own (a bearer token of its own)"
     assert hostile["cycles"] >= 1 and hostile["violations"] == []
-    spent_every_budget(hostile["refused"])
+    # A restart cuts its documents' adds short (index builds of its 256 KiB documents wait
+    # their turn at low priority), and each cut moves it to a new session, so whether one
+    # session fills before the principal's cap does is timing: the test below checks it.
+    spent_every_budget(hostile["refused"], session_cap=False)
     # Its forgeries ran, in its own sessions only (the checked states above say so).
     assert hostile["accepted"]["__sessionId forged in a body"] >= 1
     assert set(hostile["cut_off"]) <= {"ConnectError", "ReadError", "RemoteProtocolError"}
