@@ -20,9 +20,14 @@ fair measure: on 2 CPUs the SDK clients cost more CPU per call than either serve
 ``--client sdk`` the pinned server idles about half the time waiting for them and the run
 measures the clients (both servers then show about the same calls/s). The raw client costs
 a small fraction of a server's call, so the pinned server runs near 100% of its CPU: the
-"server CPU %" column shows it (CPU time over wall time, 100% = the whole pinned CPU). It
-skips the SDK client's ``server/discover`` and first ``tools/list``, which a stateless
-server needs for nothing.
+"server CPU %" column shows it (CPU time over wall time, 100% = the whole pinned CPU), and
+"its CPU idle %" what was left idle on that CPU (about 0: saturated). On a shared machine
+the rest of that CPU goes to neighbours, and the kernel shares it per thread: a server of
+several threads (ctxactors' workers) wins more of it than one of a single thread (the peer),
+so calls/s is a little in the threaded server's favour there; "CPU vs peer" is not, and its
+inverse is each server's throughput with the CPU to itself. The raw client skips the SDK
+client's ``server/discover`` and first ``tools/list``, which a stateless server needs for
+nothing.
 
 Both serve the same transport mode, `--protocol`: ``stateless``, the client speaks the
 2026-07-28 protocol (one POST per call, no MCP session); ``stateful``, the SDK's default
