@@ -5,8 +5,29 @@ The peer is what a user would write instead: the official SDK's `MCPServer` with
 def`` tools keeping a dict of sessions in its event loop (no isolation guarantees, no
 durability). Both servers get the same load from the same client: `--sessions` MCP
 sessions at once, each making `--calls` state-changing calls (create a goal) one after
-another, the official SDK `Client` on the other side. Each server runs pinned to CPU 0 and
-the clients to the other CPUs, so the server's own CPU time per call is comparable.
+another. Each server runs pinned to CPU 0 and the clients to the other CPUs, so the server's
+own CPU time per call is comparable.
+
+`--client`: who makes the calls. ``sdk`` is the official SDK `Client`, one per session.
+``raw`` (the default in the stateless protocol, which it alone speaks) sends each call as
+the very POST the SDK client sends for a ``tools/call`` at 2026-07-28 (same headers: the
+protocol version, ``Mcp-Method``/``Mcp-Name``, ``Accept``; same JSON-RPC body with the same
+``_meta`` protocol version, client info and capabilities), one keep-alive connection per
+session, written and parsed by hand on asyncio sockets, and checks every answer: a JSON-RPC
+result for that request's id, not an error, whose goal id is the next of that session
+(``g1``, ``g2``, ...), so a server that drops state or fails can't look fast. Why it is the
+fair measure: on 2 CPUs the SDK clients cost more CPU per call than either server, so with
+``--client sdk`` the pinned server idles about half the time waiting for them and the run
+measures the clients (both servers then show about the same calls/s). The raw client costs
+a small fraction of a server's call, so the pinned server runs near 100% of its CPU: the
+"server CPU %" column shows it (CPU time over wall time, 100% = the whole pinned CPU), and
+"its CPU idle %" what was left idle on that CPU (about 0: saturated). On a shared machine
+the rest of that CPU goes to neighbours, and the kernel shares it per thread: a server of
+several threads (ctxactors' workers) wins more of it than one of a single thread (the peer),
+so calls/s is a little in the threaded server's favour there; "CPU vs peer" is not, and its
+inverse is each server's throughput with the CPU to itself. The raw client skips the SDK
+client's ``server/discover`` and first ``tools/list``, which a stateless server needs for
+nothing.
 
 Both serve the same transport mode, `--protocol`: ``stateless``, the client speaks the
 2026-07-28 protocol (one POST per call, no MCP session); ``stateful``, the SDK's default
@@ -29,8 +50,8 @@ then the profiler's, not the servers'), from the end of the warm-up on, writes
 ``DIR/<server>.prof`` and prints the top functions by own time per call.
 
     python scripts/bench_mcp_http.py [--sessions 50] [--calls 40] [--rounds 3]
-        [--protocol stateless|stateful] [--unpinned] [--no-sqlite] [--json PATH]
-        [--profile DIR]
+        [--protocol stateless|stateful] [--client raw|sdk] [--unpinned] [--no-sqlite]
+        [--json PATH] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -181,10 +202,98 @@ def wait_listening(proc: subprocess.Popen[bytes], url: str) -> None:
     raise RuntimeError("server did not start listening")
 
 
-async def one_session(
-    url: str, kind: str, index: int, calls: int, protocol: str, out: list[float]
+# What the SDK client (mode "auto") sends for a tools/call at 2026-07-28, byte for byte
+# but the User-Agent: see `raw_session`.
+PROTOCOL = "2026-07-28"
+CLIENT_META = {
+    "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+    "io.modelcontextprotocol/clientInfo": {"name": "mcp", "version": "0.1.0"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def call_request(
+    host: str, path: str, request_id: int, arguments: dict[str, Any], tool: str = "create_goal"
+) -> bytes:
+    """The POST of one `tools/call` of `tool`, headers and body as the SDK client writes them."""
+    body = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments, "_meta": CLIENT_META},
+        },
+        separators=(",", ":"),
+    ).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAccept-Encoding: gzip, deflate\r\n"
+        "Connection: keep-alive\r\nUser-Agent: bench_mcp_http\r\n"
+        "accept: application/json, text/event-stream\r\ncontent-type: application/json\r\n"
+        f"mcp-protocol-version: {PROTOCOL}\r\nmcp-method: tools/call\r\n"
+        f"mcp-name: {tool}\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+async def read_answer(reader: asyncio.StreamReader) -> tuple[str, dict[str, str], bytes]:
+    """One HTTP/1.1 response with a Content-Length body: status line, headers, body."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    headers = {}
+    for line in head[1:]:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    if "content-length" not in headers:
+        # A streamed (SSE or chunked) answer: only a call slower than ping_interval gets one.
+        raise RuntimeError(f"answer without Content-Length: {head[0]} {headers}")
+    return head[0], headers, await reader.readexactly(int(headers["content-length"]))
+
+
+def check_answer(
+    kind: str, status: str, headers: dict[str, str], body: bytes, rid: int, n: int
 ) -> None:
-    session = f"bench-{index}"
+    """The call's JSON-RPC result, not an error, holding the session's (n+1)-th goal."""
+    try:
+        answer = json.loads(body)
+        result = answer["result"]
+        goal = json.loads(result["content"][0]["text"])
+        ok = (
+            status.split()[1] == "200"
+            and headers.get("content-type", "").startswith("application/json")
+            and answer["id"] == rid
+            and result["isError"] is False
+            and goal == {"id": f"g{n + 1}", "goal": f"goal {n}"}
+        )
+    except (ValueError, KeyError, IndexError, TypeError):
+        ok = False
+    if not ok:
+        raise RuntimeError(f"{kind}: bad answer to call {n}: {status} {body[:500]!r}")
+
+
+async def raw_session(url: str, kind: str, session: str, calls: int, out: list[float]) -> None:
+    """`calls` tool calls of `session`, one after another, on one keep-alive connection."""
+    parts = httpx.URL(url)
+    host = f"{parts.host}:{parts.port}"
+    reader, writer = await asyncio.open_connection(parts.host, parts.port)
+    try:
+        for n in range(calls):
+            args: dict[str, Any] = {"goal": f"goal {n}"}
+            args["session" if kind == "peer" else "__sessionId"] = session
+            request = call_request(host, parts.path, n + 1, args)
+            start = time.perf_counter()
+            writer.write(request)
+            status, headers, body = await read_answer(reader)
+            out.append(time.perf_counter() - start)
+            check_answer(kind, status, headers, body, n + 1, n)
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def sdk_session(
+    url: str, kind: str, session: str, calls: int, protocol: str, out: list[float]
+) -> None:
     # "auto" finds the 2026-07-28 protocol on both servers; "legacy" is the handshake.
     async with Client(url, mode="legacy" if protocol == "stateful" else "auto") as client:
         for n in range(calls):
@@ -196,19 +305,25 @@ async def one_session(
             start = time.perf_counter()
             result = await client.call_tool("create_goal", args)
             out.append(time.perf_counter() - start)
-            if result.is_error:
-                raise RuntimeError(f"{kind}: create_goal failed: {result.content}")
+            text = result.content[0].text if result.content else ""  # type: ignore[union-attr]
+            if result.is_error or json.loads(text) != {"id": f"g{n + 1}", "goal": f"goal {n}"}:
+                raise RuntimeError(f"{kind}: bad answer to call {n}: {result.content}")
 
 
 async def load(
-    url: str, kind: str, sessions: int, calls: int, protocol: str
-) -> tuple[float, list[float]]:
+    url: str, kind: str, tag: str, sessions: int, calls: int, args: argparse.Namespace
+) -> tuple[float, float, list[float]]:
+    """Wall and client CPU seconds of `sessions` x `calls` calls, and each call's latency."""
     latencies: list[float] = []
-    start = time.perf_counter()
-    await asyncio.gather(
-        *(one_session(url, kind, i, calls, protocol, latencies) for i in range(sessions))
-    )
-    return time.perf_counter() - start, latencies
+    names = [f"{tag}-{i}" for i in range(sessions)]  # fresh sessions: goal ids start at g1
+    start, cpu = time.perf_counter(), time.process_time()
+    if args.client == "raw":
+        await asyncio.gather(*(raw_session(url, kind, s, calls, latencies) for s in names))
+    else:
+        await asyncio.gather(
+            *(sdk_session(url, kind, s, calls, args.protocol, latencies) for s in names)
+        )
+    return time.perf_counter() - start, time.process_time() - cpu, latencies
 
 
 def context_switches(pid: int) -> int:
@@ -222,14 +337,30 @@ def context_switches(pid: int) -> int:
     return total
 
 
+def cpu_jiffies(cpus: set[int]) -> tuple[int, int]:
+    """Idle (with iowait) and total clock ticks of `cpus` (every CPU if empty) so far."""
+    idle = total = 0
+    for line in Path("/proc/stat").read_text().splitlines():
+        name, *ticks = line.split()
+        if name.startswith("cpu") and name != "cpu" and (not cpus or int(name[3:]) in cpus):
+            values = [int(t) for t in ticks[:8]]  # user nice system idle iowait irq softirq steal
+            idle += values[3] + values[4]
+            total += sum(values)
+    return idle, total
+
+
 def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[str, Any]:
     with serving(kind, server_cpus, args.profile) as (url, server):
-        asyncio.run(load(url, kind, 2, 5, args.protocol))  # warm up: imports, first sessions
+        asyncio.run(load(url, kind, "warm", 2, 5, args))  # warm up: imports, first sessions
         if args.profile is not None:
             server.send_signal(signal.SIGUSR1)  # the profile starts here
         before, switches = server.cpu_times(), context_switches(server.pid)
-        elapsed, latencies = asyncio.run(load(url, kind, args.sessions, args.calls, args.protocol))
+        idle, ticks = cpu_jiffies(server_cpus)
+        elapsed, client_cpu, latencies = asyncio.run(
+            load(url, kind, "bench", args.sessions, args.calls, args)
+        )
         after, switches = server.cpu_times(), context_switches(server.pid) - switches
+        idle_now, ticks_now = cpu_jiffies(server_cpus)
     calls = len(latencies)
     cpu = (after.user - before.user) + (after.system - before.system)
     quantiles = statistics.quantiles(latencies, n=100)
@@ -239,6 +370,11 @@ def measure(kind: str, args: argparse.Namespace, server_cpus: set[int]) -> dict[
         "p50_ms": quantiles[49] * 1e3,
         "p99_ms": quantiles[98] * 1e3,
         "server_cpu_us_per_call": cpu / calls * 1e6,
+        "server_cpu_percent": cpu / elapsed * 100,
+        # Left idle on the server's CPU(s): near 0 when pinned means saturated (the server
+        # plus whatever else the shared machine runs there), so calls/s is the server's.
+        "server_cpus_idle_percent": (idle_now - idle) / max(ticks_now - ticks, 1) * 100,
+        "client_cpu_us_per_call": client_cpu / calls * 1e6,
         "switches_per_call": switches / calls,
     }
 
@@ -276,12 +412,23 @@ def main() -> int:
         default="stateless",
         help="2026-07-28 single POSTs, or the SDK's default handshake and MCP sessions",
     )
+    parser.add_argument(
+        "--client",
+        choices=("raw", "sdk"),
+        help="raw POSTs (stateless only; its default) or the SDK Client (stateful's default)",
+    )
     parser.add_argument("--unpinned", action="store_true", help="servers and clients on any CPU")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     parser.add_argument(
         "--profile", type=Path, metavar="DIR", help="profile each server into DIR (1 round)"
     )
     args = parser.parse_args()
+    if args.client is None:
+        args.client = "raw" if args.protocol == "stateless" else "sdk"
+    if args.client == "raw" and args.protocol != "stateless":
+        parser.error("--client raw speaks only the stateless protocol: use --client sdk")
+    if min(args.sessions, args.calls) < 1:
+        parser.error("--sessions and --calls must be at least 1")
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
         args.rounds = 1  # one profile per server
@@ -301,13 +448,15 @@ def main() -> int:
     peer = median["peer"]
 
     print(
-        f"MCP streamable HTTP ({args.protocol}), {args.sessions} sessions x {args.calls} calls, "
+        f"MCP streamable HTTP ({args.protocol}, {args.client} client), "
+        f"{args.sessions} sessions x {args.calls} calls, "
         f"median of {args.rounds} rounds; server pinned to CPU {sorted(server_cpus) or 'any'}; "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     print(
         f"{'server':<36} {'calls/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'CPU µs/call':>12}"
-        f" {'switches/call':>14} {'throughput vs peer':>19} {'CPU vs peer':>12}"
+        f" {'server CPU %':>13} {'its CPU idle %':>15} {'client µs/call':>15} {'switches/call':>14}"
+        f" {'throughput vs peer':>19} {'CPU vs peer':>12}"
     )
     names = {
         "peer": "SDK MCPServer, async tools (peer)",
@@ -319,6 +468,8 @@ def main() -> int:
         print(
             f"{names[kind]:<36} {r['calls_per_s']:>9,.0f} {r['p50_ms']:>8.1f} "
             f"{r['p99_ms']:>8.1f} {r['server_cpu_us_per_call']:>12,.0f} "
+            f"{r['server_cpu_percent']:>12.0f}% {r['server_cpus_idle_percent']:>14.0f}% "
+            f"{r['client_cpu_us_per_call']:>15,.0f} "
             f"{r['switches_per_call']:>14.1f} "
             f"{r['calls_per_s'] / peer['calls_per_s']:>18.2f}x "
             f"{r['server_cpu_us_per_call'] / peer['server_cpu_us_per_call']:>11.2f}x"
