@@ -402,7 +402,7 @@ def report() -> str:
         "first).",
         "",
         "Each group's rows are from its last run (`--retry-survivors` included): "
-        + "; ".join(_last_run(group) for group in GROUPS if _last_run(group)),
+        + "; ".join(run for group in GROUPS if (run := _last_run(group))),
         "",
         "| module | mutants | killed | timeout | survived | no tests | not run yet | equivalent "
         "| score |",
