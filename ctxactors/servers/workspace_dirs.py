@@ -21,6 +21,7 @@ of a guessable session id would be guessable).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -156,7 +157,8 @@ class SessionDirs:
                     "workspace_delete_deferred", directory=path, error=str(exc)
                 )
                 shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
-                os.utime(self._use_file(path), (0, 0))
+                with contextlib.suppress(FileNotFoundError):  # a purge took it meanwhile
+                    os.utime(self._use_file(path), (0, 0))
                 return
         shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)

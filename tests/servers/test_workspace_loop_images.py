@@ -211,14 +211,9 @@ def test_a_principal_with_no_room_is_told_so_and_the_others_are_served(
     small_root: str, store: SQLiteStore, leaks: Leaks
 ) -> None:
     with disk_runtime(leaks, store, principal_disk_bytes=24 * MIB) as rt:
-        images = Workspace.tenants(rt).disks.images  # type: ignore[union-attr]
-        assert images is not None
-        # The server-wide budget is 3/4 of the 96 MiB: a quarter is the reserve.
-        assert 23 * MIB <= images.reserve <= 24 * MIB
         # Room for two images (about 31 MiB each for 24 of files) beside the reserve.
         run(rt, "a1", "true", "alice")
         run(rt, "b1", "true", "bob")
-        assert images.notes == []  # both fitted to the whole budget
         result = rt.call("execute_command", ctx("c1", command="true"), principal="carol")
         assert result.is_error
         assert result.text == (
@@ -227,6 +222,11 @@ def test_a_principal_with_no_room_is_told_so_and_the_others_are_served(
             "later, or ask the server's operator"
         )
         assert run(rt, "a1", "head -c 8M /dev/zero > f; echo rc=$?", "alice") == "rc=0\n"
+        images = Workspace.tenants(rt).disks.images  # type: ignore[union-attr]
+        assert images is not None
+        # The server-wide budget is 3/4 of the 96 MiB: a quarter is the reserve.
+        assert 23 * MIB <= images.reserve <= 24 * MIB
+        assert images.notes == []  # alice's and bob's fitted to the whole budget
 
 
 @contextlib.contextmanager
