@@ -155,9 +155,16 @@ class DiskBudgets:
                     f"CTXACTORS_WORKSPACE_DISK=require, but no image can be mounted: {exc}"
                 ) from None
             return cls(settings, None, f" (no loop images: {exc})")
-        return cls(
-            settings, loop_images.LoopImages(settings.root, settings.budget.principal_disk_bytes)
+        budget = settings.budget
+        images = loop_images.LoopImages(
+            settings.root, budget.principal_disk_bytes, preallocate=budget.disk_preallocate
         )
+        disks = cls(settings, images)
+        # The server's reserve: what the server-wide budget leaves of the root's filesystem
+        # (a quarter of its free space by default), which no image may be given.
+        s = os.statvfs(settings.root)
+        images.reserve = max(s.f_bavail * s.f_frsize + images.allocated() - disks.server_bytes, 0)
+        return disks
 
     def describe(self) -> str:
         return f"{self.enforcement}; server-wide {self.server_bytes:,} bytes, measured"
@@ -170,6 +177,14 @@ class DiskBudgets:
         if self.images is not None and principal is not None:
             try:
                 return self.images.area(principal)
+            except loop_images.NoRoom as exc:
+                get_logger("ctxactors.workspace").error("disk_no_room", error=str(exc))
+                raise ToolError(
+                    "the server has no disk space left for this principal's workspace disk "
+                    f"({self.budget.principal_disk_bytes:,} bytes: "
+                    "CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES); try again later, or ask the "
+                    "server's operator"
+                ) from None
             except (OSError, subprocess.SubprocessError) as exc:  # no loop device left, ...
                 get_logger("ctxactors.workspace").error("disk_mount_failed", error=str(exc))
                 raise ToolError(
@@ -183,6 +198,11 @@ class DiskBudgets:
         if self.images is not None:
             return list(self.images.mounted())
         return plain_areas(self.root)
+
+    def release(self) -> None:
+        """After a purge: unmount the images `areas` mounted for it alone."""
+        if self.images is not None:
+            self.images.release()
 
     def measure(self, principal: str | None, directory: str | None = None) -> tuple[int, int]:
         """Count the principal's files again: (bytes, entries). After a command, only its

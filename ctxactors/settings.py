@@ -375,6 +375,10 @@ class BudgetSettings(Group, frozen=True):
     )
     # None: 3/4 of what the root's filesystem had free at start plus what workspaces held.
     server_disk_bytes: Annotated[Count | None, var("CTXACTORS_WORKSPACE_SERVER_DISK_BYTES")] = None
+    # Kernel mode: take each principal's image's blocks on the host when it is made or grown
+    # (a hard guarantee against other writers on the root's filesystem); off: sparse images,
+    # made only while the host has room for every image's budget (`ctxactors.loop_images`).
+    disk_preallocate: Annotated[bool, var("CTXACTORS_WORKSPACE_DISK_PREALLOCATE", _flag)] = False
 
 
 # -- one group per server -------------------------------------------------------------------

@@ -21,6 +21,7 @@ of a guessable session id would be guessable).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import hmac
@@ -32,6 +33,7 @@ import time
 
 from ctxactors import sandbox as sandboxes
 from ctxactors.errors import ToolError
+from ctxactors.logs import get_logger
 from ctxactors.sandbox_disk import DiskBudgets, area_path, plain_area, plain_areas
 from ctxactors.state import SessionRef, encode_ref
 
@@ -114,6 +116,8 @@ class SessionDirs:
             return legacy
         self._area(session[0])
         path = self.path(session)
+        if _mtime(self._use_file(path)) == 0:  # ended, its disk unmountable then: see deleted
+            shutil.rmtree(path, ignore_errors=True)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -140,9 +144,22 @@ class SessionDirs:
                 self._record_use(path)
 
     def deleted(self, session: SessionRef) -> None:
+        """Delete the session's directory. Ending a session always works: if its
+        principal's disk can't be mounted now, what is reachable goes, and its last-use
+        record is dated to the epoch, so the next purge deletes the rest (and `open`
+        before it, should the session come back first)."""
         path = self.path(session)
         if session[0] is not None and os.path.exists(self._use_file(path)):
-            self._area(session[0])  # its disk, mounted: ending a session always deletes
+            try:
+                self._area(session[0])  # its disk, mounted, to delete what it holds
+            except ToolError as exc:
+                get_logger("ctxactors.workspace").warning(
+                    "workspace_delete_deferred", directory=path, error=str(exc)
+                )
+                shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
+                with contextlib.suppress(FileNotFoundError):  # a purge took it meanwhile
+                    os.utime(self._use_file(path), (0, 0))
+                return
         shutil.rmtree(path, ignore_errors=True)
         shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
         _unlink(self._use_file(path))
@@ -182,6 +199,8 @@ class SessionDirs:
             used = _mtime(os.path.join(uses, name))
             if name not in names and used is not None and now - used >= retention:
                 _unlink(os.path.join(uses, name))
+        if self._disks is not None:
+            self._disks.release()  # the images mounted for this purge alone
 
     def _use_file(self, directory: str) -> str:
         return os.path.join(self.root, _USES, os.path.basename(directory))

@@ -265,7 +265,8 @@ def test_the_purge_reaches_a_principals_directories_on_a_disk_not_mounted_yet(
     short_store: SQLiteStore, leaks: Leaks
 ) -> None:
     """After a restart a principal's image is mounted on its first use, or by the purge:
-    a session past its retention goes even if its principal never came back."""
+    a session past its retention goes even if its principal never came back (and the purge
+    unmounts the image after it: no loop device held for a principal that isn't here)."""
     with disk_runtime(leaks, short_store) as rt:
         kernel(rt)
         run(rt, "s1", "echo kept > note", "alice")
@@ -274,12 +275,17 @@ def test_the_purge_reaches_a_principals_directories_on_a_disk_not_mounted_yet(
         rt.durability.flush()
     assert not os.path.exists(path)  # its filesystem was unmounted with the runtime
     with disk_runtime(leaks, short_store) as rt:
+        dirs = Workspace._kept[rt]  # noqa: SLF001
+        record = dirs._use_file(path)  # noqa: SLF001
 
         def purged() -> bool:
             rt.reap()  # a purge pass now (the session's last use was >= 1 s ago)
-            return os.path.ismount(os.path.dirname(path)) and not os.path.exists(path)
+            return not os.path.exists(record)
 
-        wait_until(purged, WAIT, describe=lambda: os.listdir(os.path.dirname(path)))
+        wait_until(purged, WAIT, describe=lambda: os.listdir(os.path.dirname(record)))
+        assert not os.path.ismount(os.path.dirname(path))  # mounted for the purge only
+        assert disks_of(rt).area("alice") == os.path.dirname(path)
+        assert os.listdir(os.path.dirname(path)) == ["lost+found"]
 
 
 def test_the_walk_counts_each_inode_once_and_never_follows_a_link(tmp_path: Path) -> None:
