@@ -19,7 +19,7 @@ import pytest
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.cli import serve
 from ctxactors.history_store import KEY as HISTORY
-from ctxactors.settings import HistorySettings, Settings, StateSettings
+from ctxactors.settings import Cap, HistorySettings, Settings, StateSettings
 from ctxactors.state import MemoryStore, StateStore
 from ctxactors.testing import context_args
 
@@ -230,6 +230,14 @@ def test_many_threads_count_exactly(open_store: Callable[[], Any]) -> None:
         sessions = [("alice", f"s{n}") for n in range(threads)]
         for session in sessions:
             assert len(store.load(session, ("blobs",)).data) == stored(last)
+            # No history fits the 160 bytes left: none is written (`history_store`).
+            assert store.load(session, HISTORY) is None
+        assert settled(rt, "alice") == threads * stored(last)
+        # With room, the next write of each session's history carries all its records.
+        rt.durability.budget.cap = Cap("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", 1 << 20)
+        for n in range(threads):
+            assert text(rt, "alice", f"s{n}") == "x" * last  # recorded too (a call)
+        rt.durability.flush()
         histories = sum(len(store.load(session, HISTORY).data) for session in sessions)
         assert held(rt, "alice") == threads * stored(last) + histories
         assert settled(rt, "alice") == threads * stored(last) + histories
