@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from budget_support import Blobs, settled
 from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
@@ -24,29 +25,6 @@ from ctxactors.testing import context_args
 
 SETTING = "CTXACTORS_STATE_MAX_PRINCIPAL_BYTES"
 THREADS, SESSIONS, CALLS = 8, 4, 3  # per thread: new sessions, and calls in each
-
-
-class Blobs(Server):
-    """A durable server holding one text per session: what fills the budget."""
-
-    name = "blobs"
-    scope = Scope.SESSION
-    State = str
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    def snapshot(self) -> str:
-        return self.text
-
-    def restore(self, state: str) -> None:
-        self.text = state
-
-    @tool
-    def put(self, ctx: ToolContext, size: int) -> dict[str, Any]:
-        """Keep `size` characters."""
-        self.text = "x" * size
-        return {"size": size}
 
 
 class Echo(Server):
@@ -74,16 +52,6 @@ def runtime(store: StateStore) -> Runtime:
 
 def call(rt: Runtime, principal: str, session: str, tool_name: str, **args: Any) -> Any:
     return rt.call(tool_name, context_args(session, **args), principal=principal)
-
-
-def settled(rt: Runtime, principal: str) -> int:
-    """The principal's count once the histories are written: exactly what the store holds."""
-    assert rt.durability is not None
-    rt.durability.flush()
-    stored = rt.durability.store.principal_bytes(principal)
-    count = rt.durability.budget.held(principal)
-    assert count == sum(stored.values()), (count, stored)
-    return count
 
 
 def recent(rt: Runtime, principal: str, session: str) -> list[str]:
