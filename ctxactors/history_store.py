@@ -263,8 +263,10 @@ class HistorySaver:
             if unread:
                 self.loaded = False
                 self._waiting = True  # the flusher's next pass reads, merges, tries again
-            # Else the records wait for the next one, which writes them all (the bound).
-            refused, self._refused = not unread and not self._refused, not unread
+            # Else the records wait for the next one, which writes them all (the bound),
+            # and the refusal is logged once.
+            refused = not unread and not self._refused
+            self._refused = self._refused or refused
             self._inflight = False
             self._idle.set()
             again = unread and not self._closed
