@@ -173,7 +173,7 @@ class _Saving(Pending):
     One object per save (it is the group commit's queue entry too): this runs per call, so
     a lock is made only when the next call must wait (`wait`)."""
 
-    __slots__ = ("durability", "result", "then", "settled", "_waiter")
+    __slots__ = ("durability", "result", "then", "charged", "settled", "_waiter")
 
     def __init__(
         self,
@@ -181,12 +181,14 @@ class _Saving(Pending):
         write: Write,
         result: ToolResult,
         then: Callable[[ToolResult], None],
+        charged: int,
     ) -> None:
         # Pending's fields set here, not by its __init__: one call less on every save.
         self.write, self.done, self.wake, self.outcome, self.batch = write, None, None, None, None
         self.durability = durability
         self.result = result
         self.then = then
+        self.charged = charged  # the bytes the state budget counts in flight for it
         self.settled = False
         self._waiter: threading.Lock | None = None
 
@@ -194,6 +196,8 @@ class _Saving(Pending):
         """In the writing thread, once the store has answered (only for a queued save)."""
         self.outcome = outcome
         result = self.result
+        if self.charged:  # answered: no longer in flight (given back if not taken)
+            self.durability.budget.landed(self.write.session, self.charged, type(outcome) is int)
         try:
             if type(outcome) is not int:
                 result = self.durability.answer(self.write, outcome, result)
@@ -333,9 +337,11 @@ class Durability:
             refused = self._charge(server, slot, grows)
             if refused is not None:
                 return refused
+        else:
+            grows = 0  # nothing charged, nothing in flight
         outcome: Outcome | StoreError | TimeoutError | None
         if then is not None:
-            saving = _Saving(self, write, result, then)
+            saving = _Saving(self, write, result, then, grows)
             if not self.commit.write_or_queue(saving):
                 slot.saving = saving  # settled before the key's next call (`load`)
                 return None
@@ -346,6 +352,8 @@ class Durability:
                 outcome = self.commit.save(write, timeout=self.save_timeout)
             except (StoreError, TimeoutError) as exc:
                 outcome = exc
+        if grows:  # a timed-out save counts still, as it may land (over, never under)
+            self.budget.landed(slot.session, grows, not isinstance(outcome, StoreError))
         self._settle(server, slot, write, outcome)
         return self.answer(write, outcome, result)
 
@@ -408,21 +416,20 @@ class Durability:
                 slot.parted.settle_parts(saved=True)
             slot.revision, slot.data = outcome, write.data
             return
-        # Not taken: the budget counts what the store holds instead of the save's bytes.
-        stored = len(slot.data) if slot.revision else 0
+        # Not taken: its charge was given back when it landed (`StateBudget.landed`); a
+        # stale save's key is reloaded, and what another process stored there counts.
         if isinstance(outcome, StaleStateError):
+            before = len(slot.data) if slot.revision else 0
             slot.loaded = False
             try:
                 self._load(server, slot)
-                stored = len(slot.data) if slot.revision else 0  # another process's
+                self.budget.adjust(slot.session, (len(slot.data) if slot.revision else 0) - before)
             except StoreError:
                 self._roll_back(server, slot)  # and reload on the next call
         else:
             self._roll_back(server, slot)
             if isinstance(outcome, TimeoutError):
                 slot.loaded = False  # the save may yet land: read back what the store has
-                return  # and it counts, as it may
-        self.budget.charge(slot.session, stored - len(write.data), force=True)
 
     def _wait_saving(self, saving: _Saving) -> None:
         """Wait for the outcome of the key's last save, which went on without its actor

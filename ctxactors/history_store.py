@@ -22,6 +22,16 @@ write beat appending the new records as parts of the key: compressed, a busy ses
 whole history is smaller than a page, and parts take a SQLite batch off its one-statement
 path (about 17 µs more per history write, measured).
 
+Each write is charged to the principal's state budget (`ctxactors.state_budget`) like a
+key's save: one that would take a principal past ``state.max_principal_bytes`` is not
+written (a shrink always is), or a principal over its budget could still store up to the
+bound for every new session it opens, without end. The calls it records were answered
+already, with their results: their records stay in the session's live history (what
+``get_recent_context`` reads) and go with the session's next write that fits the budget;
+they are lost only if the session's actors go first (reaped, or a restart). The refusal is
+logged once (a warning with the principal, the session and the budget's own wording), and
+the principal's saves of key state are refused with the same words as long as it is over.
+
 `end_session` closes the session's saver (nothing more is written) and waits for the
 writes already queued before it deletes. A write that fails (the store is down, or another
 process wrote this session's history) makes the next record (or read) reload from the
@@ -134,10 +144,12 @@ class HistorySaver:
         self._encodings: Callable[[], list[bytes]] = list
         self._merge: Callable[[], object] = lambda: None
         self._next = 0  # the revision the next write expects
-        # The bytes the store holds (None: not read yet) and those of the write under way:
-        # charged to the principal's state budget, never refused (the calls are answered).
+        # The bytes the store holds (None: not read yet) and those of the write under way,
+        # charged to the principal's state budget (a write it refuses waits for the next
+        # record; `_refused`: that was logged, until a write is taken again).
         self._stored: int | None = None
         self._writing = 0
+        self._refused = False
         self._retry_at = 0.0  # no store read before this (`time.monotonic`): see `load`
         self.loaded = False  # read by the history on every record, under its lock
         self._waiting = False  # records wait for a write (the flusher was told)...
@@ -186,7 +198,7 @@ class HistorySaver:
         self._next = 0 if record is None else record.revision
         stored = 0 if record is None else len(record.data)
         if self._stored is not None:  # read again (a write failed): someone else's bytes
-            self._durable.budget.charge(self._session, stored - self._stored, force=True)
+            self._durable.budget.adjust(self._session, stored - self._stored)
         self._stored = stored
         if record is None:
             return []
@@ -232,17 +244,54 @@ class HistorySaver:
         write = Write(self._session, KEY, pack(records), expected)
         assert write.data is not None
         self._writing = len(write.data) - (self._stored or 0)
-        self._durable.budget.charge(self._session, self._writing, force=True)
-        self._durable.commit.submit(write, self._done)
+        if self._charge():
+            self._durable.commit.submit(write, self._done)
+
+    def _charge(self) -> bool:
+        """Charge the write under way to the principal's budget: False when it is not to
+        be written (over the budget, or the budget can't read the store: then it is read,
+        merged and written again like a refused write), and no write is under way."""
+        budget = self._durable.budget
+        try:
+            if budget.charge(self._session, self._writing):
+                self._refused = False
+                return True
+            unread = False
+        except StoreError:
+            unread = True
+        with self._lock:
+            if unread:
+                self.loaded = False
+                self._waiting = True  # the flusher's next pass reads, merges, tries again
+            # Else the records wait for the next one, which writes them all (the bound),
+            # and the refusal is logged once.
+            refused = not unread and not self._refused
+            self._refused = self._refused or refused
+            self._inflight = False
+            self._idle.set()
+            again = unread and not self._closed
+        if refused:
+            principal = self._session[0]
+            _log.warning(
+                "history_not_saved",
+                principal=principal,
+                session=self._session[1],
+                error=f"{budget.refused(principal, self._writing)}; this session's history is "
+                "kept in memory only until a write fits",
+            )
+        if again:
+            self.defer()
+        return False
 
     def _done(self, outcome: object) -> None:
         with self._lock:
             if isinstance(outcome, BaseException):  # stale or unavailable: re-read, merge
                 self.loaded = False
                 self._waiting = True  # written again, merged, by the flusher's next pass
-                self._durable.budget.charge(self._session, -self._writing, force=True)
+                self._durable.budget.landed(self._session, self._writing, kept=False)
             else:
                 assert isinstance(outcome, int)
+                self._durable.budget.landed(self._session, self._writing, kept=True)
                 self._next = outcome
                 self._stored = (self._stored or 0) + self._writing
             self._inflight = False

@@ -5,9 +5,13 @@ stop a principal that opens many sessions, assistants and threads: one tenant co
 disk (or the Redis memory) every tenant's state lives in. The runtime's durability charges
 each save of a principal's key its delta against the record it replaces, before it is
 written; a save that would take the principal past ``state.max_principal_bytes`` is refused
-(it changes nothing), and a save that shrinks or deletes is always taken. A failed save gives
-its charge back; ending a session and the retention purge subtract what the session held.
-Callers with no principal are not capped (one tenant under the server's own limits).
+(it changes nothing), and a save that shrinks or deletes is always taken. A session's
+history is charged the same way when it is written behind the calls (`history_store`): a
+principal over its budget can't grow a history either, so opening session after session
+stores nothing more (a history kept in memory only, see there). A failed save gives its
+charge back (`landed`); ending a session and the retention purge subtract what the session
+held, and are never refused. Callers with no principal are not capped (one tenant under the
+server's own limits).
 
 Sessions stored before this process started count too: the first save of a principal here
 asks the store once for the bytes of its stored sessions (`StateStore.principal_bytes`);
@@ -15,9 +19,16 @@ after that each save costs a lock and a few dict operations, no store query. Con
 documents (a key's parts) are not counted here: ``content.max_principal_bytes`` caps them.
 
 Concurrent saves of one principal's keys are charged one at a time under the lock, so they
-never overshoot the budget; a save charged and still on its way counts already. One process
-counts what it writes: processes sharing a store (Ray shards) each recount once and then
-count their own saves, so together they may hold up to one budget each.
+never overshoot the budget; a save charged and still on its way counts already. Those saves
+are also kept apart as in flight until the store answered (`landed`): a recount (after a
+purge, or once per retention period on Redis) reads only what the store holds, so it adds
+what is still in flight, and a save charged while the store is read is not lost either. A
+save the store took just before the read but answered just after counts twice until its
+session ends or the principal is recounted: over, never under. Each principal is recounted
+under its own lock (a Redis recount scans the keyspace: other principals' first saves don't
+wait for it). One process counts what it writes: processes sharing a store (Ray shards) each
+recount once and then count their own saves, so together they may hold up to one budget
+each.
 """
 
 from __future__ import annotations
@@ -30,25 +41,35 @@ from ctxactors.state import SessionRef, StateStore
 
 
 class StateBudget:
-    """Principal -> session id -> stored bytes, for one runtime's store; thread-safe."""
+    """Principal -> session id -> stored bytes, for one runtime's store; thread-safe.
+
+    Each `charge` of a save is followed by one `landed` once the store has answered it;
+    `adjust` corrects the count to what the store holds (another process's write)."""
 
     def __init__(self, store: StateStore, cap: Cap | None = None) -> None:
         self.cap = DEFAULTS.state.cap("max_principal_bytes") if cap is None else cap
         self._store = store
         self._lock = threading.Lock()
-        self._recounting = threading.Lock()  # one store query at a time (once per principal)
+        # One store query at a time per principal (once per principal, or per retention).
+        self._recounting: dict[str, threading.Lock] = {}
         self._totals: dict[str, int] = {}  # a principal's bytes: its sessions' sum
         self._sessions: dict[str, dict[str, int]] = {}
+        # Charged and not answered by the store yet: what a recount must add to its read.
+        # Kept through `forget` (those saves still land): [bytes, saves] per session.
+        self._inflight: dict[str, dict[str, list[int]]] = {}
+        # Per principal being recounted, the saves that landed meanwhile: the read may
+        # have missed them, so they are added (over, never under).
+        self._landing: dict[str, dict[str, int]] = {}
         # A store that expires sessions itself (Redis) tells no purge: each principal is
         # recounted once per retention period, so what expired stops counting.
         self._clock = time.monotonic
         self._max_age = store.retention
         self._stale_at: dict[str, float] = {}
 
-    def charge(self, session: SessionRef, delta: int, force: bool = False) -> bool:
-        """Count `delta` more bytes stored for `session`; False (nothing counted) when that
-        would take its principal past the cap, unless `force` (a write that must land: a
-        history written behind calls already answered). Never refuses a shrink.
+    def charge(self, session: SessionRef, delta: int) -> bool:
+        """Count a save of `delta` more bytes for `session`, in flight until `landed`;
+        False (nothing counted, nothing to land) when that would take its principal past
+        the cap. Never refuses a shrink.
 
         Raises `StoreUnavailableError` when the principal's first charge here can't read
         what the store holds."""
@@ -56,13 +77,6 @@ class StateBudget:
         if principal is None or not delta:
             return True
         totals = self._totals
-        if force:  # never a store query: a principal not counted yet is read from the store
-            with self._lock:
-                if principal in totals:
-                    totals[principal] += delta
-                    sessions = self._sessions[principal]
-                    sessions[session_id] = sessions.get(session_id, 0) + delta
-            return True
         while True:
             if principal not in totals or self._clock() >= self._stale_at[principal]:
                 self._recount(principal)
@@ -76,12 +90,58 @@ class StateBudget:
                 totals[principal] = total
                 sessions = self._sessions[principal]
                 sessions[session_id] = sessions.get(session_id, 0) + delta
+                flying = self._inflight.setdefault(principal, {}).setdefault(session_id, [0, 0])
+                flying[0] += delta
+                flying[1] += 1
             return True
+
+    def landed(self, session: SessionRef, delta: int, kept: bool) -> None:
+        """The store answered a save `charge`d `delta`: taken (`kept`: it counts now as
+        stored), or not (its bytes are given back)."""
+        principal, session_id = session
+        if principal is None or not delta:
+            return
+        with self._lock:
+            inflight = self._inflight.get(principal)
+            flying = None if inflight is None else inflight.get(session_id)
+            if flying is None:
+                return  # its session was ended (and what it held freed) meanwhile
+            flying[0] -= delta
+            flying[1] -= 1
+            if not flying[1]:
+                del inflight[session_id]  # type: ignore[union-attr]
+                if not inflight:
+                    del self._inflight[principal]
+            landing = self._landing.get(principal)
+            if kept and landing is not None:
+                landing[session_id] = landing.get(session_id, 0) + delta
+            sessions = self._sessions.get(principal)
+            if not kept and sessions is not None and session_id in sessions:
+                self._totals[principal] -= delta
+                sessions[session_id] -= delta
+
+    def adjust(self, session: SessionRef, delta: int) -> None:
+        """What the store holds for `session` changed by `delta` without a save of ours
+        (another process wrote it): never refused, never a store query (a principal not
+        counted yet is read from the store on its next charge)."""
+        principal, session_id = session
+        if principal is None or not delta:
+            return
+        with self._lock:
+            sessions = self._sessions.get(principal)
+            if sessions is not None:
+                self._totals[principal] += delta
+                sessions[session_id] = sessions.get(session_id, 0) + delta
 
     def held(self, principal: str) -> int | None:
         """The principal's bytes as counted (None: not counted in this process yet)."""
         with self._lock:
             return self._totals.get(principal)
+
+    def in_flight(self, principal: str) -> int:
+        """The bytes of the principal's saves charged and not answered by the store yet."""
+        with self._lock:
+            return sum(flying[0] for flying in self._inflight.get(principal, {}).values())
 
     def refused(self, principal: str | None, delta: int) -> str:
         """What the caller of a refused save is told."""
@@ -92,13 +152,31 @@ class StateBudget:
         )
 
     def _recount(self, principal: str) -> None:
-        with self._recounting:
+        with self._lock:
+            recounting = self._recounting.setdefault(principal, threading.Lock())
+        with recounting:
             if principal in self._totals and self._clock() < self._stale_at[principal]:
                 return  # another thread counted it while this one waited
-            stored = self._store.principal_bytes(principal)
             with self._lock:
-                self._sessions[principal] = dict(stored)
-                self._totals[principal] = sum(stored.values())
+                self._landing.setdefault(principal, {})
+            try:
+                stored = self._store.principal_bytes(principal)
+            except BaseException:
+                with self._lock:
+                    self._landing.pop(principal, None)
+                raise
+            with self._lock:
+                landed = self._landing.pop(principal, {})
+                # What the store holds, and the saves it may have missed: those still in
+                # flight, and those answered while it was read. (No charge of this
+                # principal is made meanwhile: each waits for this recount.)
+                sessions = dict(stored)
+                for session_id, (delta, _) in self._inflight.get(principal, {}).items():
+                    sessions[session_id] = sessions.get(session_id, 0) + delta
+                for session_id, delta in landed.items():
+                    sessions[session_id] = sessions.get(session_id, 0) + delta
+                self._sessions[principal] = sessions
+                self._totals[principal] = sum(sessions.values())
                 self._stale_at[principal] = self._clock() + self._max_age
 
     def deleted(self, session: SessionRef) -> None:
@@ -110,11 +188,18 @@ class StateBudget:
             sessions = self._sessions.get(principal)
             if sessions is not None:
                 self._totals[principal] -= sessions.pop(session_id, 0)
+            inflight = self._inflight.get(principal)
+            if inflight is not None:
+                inflight.pop(session_id, None)  # deleted behind its last writes
+                if not inflight:
+                    del self._inflight[principal]
 
     def forget(self) -> None:
         """Sessions expired (the retention purge): each principal is recounted from the
-        store on its next save."""
+        store on its next save (its saves in flight still count then)."""
         with self._lock:
             self._totals.clear()
             self._sessions.clear()
             self._stale_at.clear()
+            # The locks of recounts under way stay (a second one would run beside them).
+            self._recounting = {p: lock for p, lock in self._recounting.items() if lock.locked()}

@@ -15,49 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from budget_support import Blobs, settled, stored
 
-from ctxactors import Runtime, Scope, Server, ToolContext, tool
+from ctxactors import Runtime
 from ctxactors.cli import serve
 from ctxactors.history_store import KEY as HISTORY
-from ctxactors.settings import HistorySettings, Settings, StateSettings
+from ctxactors.settings import Cap, HistorySettings, Settings, StateSettings
 from ctxactors.state import MemoryStore, StateStore
 from ctxactors.testing import context_args
 
 CAP = 2000
 BLOB = 300  # what one `put` stores: msgpack of a 300-byte str is 303 bytes
-
-
-class Blobs(Server):
-    """A durable server holding one text per session."""
-
-    name = "blobs"
-    scope = Scope.SESSION
-    State = str
-
-    def __init__(self) -> None:
-        self.text = ""
-
-    def snapshot(self) -> str:
-        return self.text
-
-    def restore(self, state: str) -> None:
-        self.text = state
-
-    @tool
-    def put(self, ctx: ToolContext, size: int, fill: str = "x") -> dict[str, Any]:
-        """Keep `size` characters."""
-        self.text = fill * size
-        return {"size": size}
-
-    @tool(read_only=True)
-    def get(self, ctx: ToolContext) -> dict[str, Any]:
-        """The text kept."""
-        return {"text": self.text}
-
-
-def stored(size: int) -> int:
-    """The bytes a `put` of `size` characters stores (msgpack str header included)."""
-    return size + (1 if size < 32 else 2 if size < 256 else 3)
 
 
 def runtime(store: StateStore, cap: int = CAP) -> Runtime:
@@ -86,17 +54,6 @@ def text(rt: Runtime, principal: str | None, session: str) -> str:
 def held(rt: Runtime, principal: str) -> int | None:
     assert rt.durability is not None
     return rt.durability.budget.held(principal)
-
-
-def settled(rt: Runtime, principal: str) -> int:
-    """The principal's count once the histories are written: exactly what the store holds
-    (each key's state and each session's history)."""
-    assert rt.durability is not None
-    rt.durability.flush()
-    stored = rt.durability.store.principal_bytes(principal)
-    count = held(rt, principal)
-    assert count == sum(stored.values()), (count, stored)
-    return count
 
 
 def test_over_budget_save_is_refused_and_changes_nothing(open_store: Callable[[], Any]) -> None:
@@ -230,6 +187,14 @@ def test_many_threads_count_exactly(open_store: Callable[[], Any]) -> None:
         sessions = [("alice", f"s{n}") for n in range(threads)]
         for session in sessions:
             assert len(store.load(session, ("blobs",)).data) == stored(last)
+            # No history fits the 160 bytes left: none is written (`history_store`).
+            assert store.load(session, HISTORY) is None
+        assert settled(rt, "alice") == threads * stored(last)
+        # With room, the next write of each session's history carries all its records.
+        rt.durability.budget.cap = Cap("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", 1 << 20)
+        for n in range(threads):
+            assert text(rt, "alice", f"s{n}") == "x" * last  # recorded too (a call)
+        rt.durability.flush()
         histories = sum(len(store.load(session, HISTORY).data) for session in sessions)
         assert held(rt, "alice") == threads * stored(last) + histories
         assert settled(rt, "alice") == threads * stored(last) + histories
