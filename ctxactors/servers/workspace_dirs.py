@@ -32,7 +32,9 @@ import time
 
 from ctxactors import sandbox as sandboxes
 from ctxactors.errors import ToolError
+from ctxactors.logs import get_logger
 from ctxactors.sandbox_disk import DiskBudgets, area_path, plain_area, plain_areas
+from ctxactors.servers import workspace_legacy as legacy_dirs
 from ctxactors.state import SessionRef, encode_ref
 
 _KEY_FILE = ".ctxactors-session-key"
@@ -89,6 +91,9 @@ class SessionDirs:
                 finally:
                     os.unlink(temporary)
             self._key = _read_key(path)
+            # Made now, while there is room: ending a session must lock it on a full disk.
+            with legacy_dirs.locked(self.root):
+                pass
         return self._key
 
     def path(self, session: SessionRef) -> str:
@@ -107,13 +112,10 @@ class SessionDirs:
 
     def open(self, session: SessionRef, ids: tuple[int, int]) -> str:
         """The session's directory, made (and handed to its principal's uid, `ids`) if new."""
-        legacy = os.path.join(self.root, self._name(session))
-        if session[0] is not None and os.path.isdir(legacy):
-            # Kept by a version that had no areas: used where it is until its retention ends.
-            self._record_use(legacy)
-            return legacy
-        self._area(session[0])
+        area = self._area(session[0])
         path = self.path(session)
+        if session[0] is not None:
+            self._adopt(session, area)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -131,6 +133,44 @@ class SessionDirs:
         self._record_use(path)  # in use (again): a purge pass must not take it now
         return path
 
+    def _adopt(self, session: SessionRef, area: str) -> None:
+        """Move the session's directory kept by a version without areas into its
+        principal's `area` (`ctxactors.servers.workspace_legacy`), if there is one."""
+        legacy = os.path.join(self.root, self._name(session))
+        if not legacy_dirs.is_directory(legacy):
+            return
+        self._record_use(legacy)  # in use: a purge pass must not take it while it moves
+        with legacy_dirs.locked(self.root):
+            if not legacy_dirs.is_directory(legacy):  # moved by another server meanwhile
+                return
+            free = self._free(session[0])
+            try:
+                moved = legacy_dirs.move(legacy, area, free)
+            except legacy_dirs.TooBig as exc:
+                raise ToolError(
+                    f"this session's files, kept by an earlier version outside its principal's "
+                    f"workspace disk, take {exc.held:,} bytes: more than that disk has free "
+                    f"({exc.free:,} bytes; its size is CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES). "
+                    "They stay as they are, unused, until the session ends: free space in "
+                    "other sessions (rm) and call again, or end this session to drop them"
+                ) from None
+        if self._disks is not None:
+            self._disks.forget()  # the root's count and the area's changed
+        get_logger("ctxactors.workspace").info(
+            "workspace_moved_into_area",
+            directory=os.path.join(area, os.path.basename(legacy)),
+            copied=moved,
+        )
+
+    def _free(self, principal: str | None) -> int | None:
+        """Bytes the principal's own filesystem has free within its budget (None: its area
+        is a plain directory, held by the measured budget)."""
+        disks = self._disks
+        if disks is None or disks.images is None:
+            return None
+        used, capacity = disks.images.usage(principal)
+        return max(min(capacity, disks.budget.principal_disk_bytes) - used, 0)
+
     def touched(self, sessions: list[SessionRef]) -> None:
         for session in sessions:
             path = self.path(session)
@@ -144,7 +184,15 @@ class SessionDirs:
         if session[0] is not None and os.path.exists(self._use_file(path)):
             self._area(session[0])  # its disk, mounted: ending a session always deletes
         shutil.rmtree(path, ignore_errors=True)
-        shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
+        legacy = os.path.join(self.root, self._name(session))
+        if legacy_dirs.is_directory(legacy):  # kept from before areas; maybe moving now
+            with legacy_dirs.locked(self.root):
+                shutil.rmtree(legacy, ignore_errors=True)
+                shutil.rmtree(path, ignore_errors=True)  # a move that ended meanwhile
+                copy = os.path.join(os.path.dirname(path), legacy_dirs.COPY + self._name(session))
+                shutil.rmtree(copy, ignore_errors=True)
+            if self._disks is not None:
+                self._disks.forget(legacy)
         _unlink(self._use_file(path))
         if self._disks is not None:
             self._disks.forget(path)
@@ -164,6 +212,10 @@ class SessionDirs:
     def purge(self, retention: float) -> None:
         if not os.path.isdir(self.root):
             return
+        with legacy_dirs.locked(self.root, wait=False) as free:
+            if free:  # else a move is under way: its leftovers wait for the next pass
+                areas = self._disks.areas() if self._disks is not None else plain_areas(self.root)
+                legacy_dirs.sweep(self.root, areas)
         directories = self._directories()
         names = set(directories)
         now = time.time()
