@@ -254,12 +254,9 @@ def test_a_server_killed_during_a_move_loses_nothing_and_leaves_one_directory(
     try:
         assert server.stdout is not None
         assert server.stdout.readline() == "ready\n"
-        if gate == "copying":  # killed while cp runs (or just after: still mid-move)
-            wait_until(
-                lambda: any(workspace_legacy.COPY in p for p in kept_directories(workspace_root)),
-                WAIT,
-                describe=lambda: kept_directories(workspace_root),
-            )
+        if gate == "copying":  # cp frozen part-way, then the server killed
+            copier = wait_until(copiers, WAIT, describe=lambda: kept_directories(workspace_root))
+            copier[0].suspend()
         else:
             assert server.stdout.readline() == "gate\n"
         server.send_signal(signal.SIGKILL)
@@ -271,11 +268,7 @@ def test_a_server_killed_during_a_move_loses_nothing_and_leaves_one_directory(
         if server.stdout is not None:
             server.stdout.close()
     # No copier outlives the server (it would write on into the next try's copy).
-    wait_until(
-        lambda: not [p for p in psutil.process_iter(["cmdline"]) if copying(p)],
-        WAIT,
-        describe=lambda: [p.info["cmdline"] for p in psutil.process_iter(["cmdline"])],
-    )
+    wait_until(lambda: not copiers(), WAIT, describe=copiers)
     if os.path.lexists(legacy):
         assert tree(legacy) == before  # the source is whole whatever the copy got to
     store = SQLiteStore(database, retention=3600)
@@ -310,9 +303,13 @@ def test_the_purge_removes_what_a_killed_move_left(
         assert run(rt, "s1", "cat f", "alice") == "moved\n"
 
 
-def copying(process: psutil.Process) -> bool:
-    line = process.info["cmdline"] or []
-    return any(workspace_legacy.COPY in part for part in line)
+def copiers() -> list[psutil.Process]:
+    """The processes copying a session's directory into an area (``cp`` of a move)."""
+    return [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if any(workspace_legacy.COPY in part for part in p.info["cmdline"] or [])
+    ]
 
 
 def tree(path: str) -> dict[str, tuple[int, int, bytes | str | None]]:
