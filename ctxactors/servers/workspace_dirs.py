@@ -12,7 +12,9 @@ purge.
 
 A principal's directories are in its own area, ``<root>/principals/<hash of the
 principal>/`` (on a root server, its own loop-mounted filesystem: `ctxactors.sandbox_disk`);
-callers with no principal keep theirs in the root itself.
+callers with no principal keep theirs in the root itself. A principal's directory kept in
+the root by a version without areas moves into its area at the session's first call
+(`ctxactors.servers.workspace_legacy`), never used where it is.
 
 The name is an HMAC of the session's key under a secret kept in the root (mode 0600), so
 nobody who can't read the root can derive a session's directory from its id (a plain hash
