@@ -78,8 +78,8 @@ def images_or_skip(rt: Runtime) -> None:
 def legacy_directory(root: str, session: SessionRef, extra: dict[str, bytes] | None = None) -> str:
     """What the workspace before areas (fdc5e63) kept for `session`: ``<root>/ws-`` and
     the first 48 hex digits of the HMAC-SHA256 of its encoded key under the root's key,
-    mode 0700, given to the single sandbox user; here holding `FILES`, a symlink, a hard
-    link and `extra`."""
+    mode 0700, given to the single sandbox user, its last use recorded in
+    ``.ctxactors-last-use``; here holding `FILES`, a symlink, a hard link and `extra`."""
     SessionDirs(root, Settings.from_env().workspace.sandbox).path(session)  # the root's key
     key = Path(root, ".ctxactors-session-key").read_bytes()
     digest = hmac.new(key, encode_ref(session).encode(), hashlib.sha256).hexdigest()
@@ -94,6 +94,9 @@ def legacy_directory(root: str, session: SessionRef, extra: dict[str, bytes] | N
         for name in [*dirs, *names]:
             os.chown(os.path.join(parent, name), OLD_UID, OLD_UID, follow_symlinks=False)
     os.chown(path, OLD_UID, OLD_UID)
+    uses = os.path.join(root, ".ctxactors-last-use")  # its last use, as that version kept it
+    os.makedirs(uses, mode=0o700, exist_ok=True)
+    Path(uses, os.path.basename(path)).touch(0o600)
     return path
 
 
@@ -301,6 +304,21 @@ def test_the_purge_removes_what_a_killed_move_left(
         rt.reap()  # a purge pass
         assert kept_directories(workspace_root) == [path]
         assert run(rt, "s1", "cat f", "alice") == "moved\n"
+
+
+def test_ending_a_session_removes_its_legacy_directory_and_a_copy_cut_short(
+    store: SQLiteStore, leaks: Leaks, workspace_root: str
+) -> None:
+    legacy = legacy_directory(workspace_root, ("alice", "s2"))
+    with served(leaks, store) as rt:
+        run(rt, "s1", "true", "alice")  # alice's area, made (on a root server, mounted)
+        s1 = Workspace._kept[rt].path(("alice", "s1"))  # noqa: SLF001
+        name = os.path.basename(legacy)
+        os.mkdir(os.path.join(os.path.dirname(s1), workspace_legacy.COPY + name))  # as a
+        # server killed mid-copy left it
+        assert rt.end_session("s2", principal="alice") == 0  # no actor: its files only
+        assert kept_directories(workspace_root) == [s1]
+        assert not os.path.exists(os.path.join(workspace_root, ".ctxactors-last-use", name))
 
 
 def copiers() -> list[psutil.Process]:
