@@ -94,7 +94,7 @@ class SessionDirs:
                     os.unlink(temporary)
             self._key = _read_key(path)
             # Made now, while there is room: ending a session must lock it on a full disk.
-            with legacy_dirs.locked(self.root):
+            with legacy_dirs.locked(self.root, wait=False):
                 pass
         return self._key
 

@@ -24,8 +24,10 @@ next move removes the copy and starts again) or the whole copy and maybe the sta
 one (the next move, or `sweep` in the purge, removes that): never two directories a
 session could use, and nothing lost. ``cp`` runs under ``setpriv --pdeathsig KILL``, so a
 killed server leaves no copier writing on. A directory larger than what the principal's
-disk has free is not moved (`TooBig`): its files stay in the root, unused, until the
-session ends or its retention does.
+image has free is not moved (`TooBig`): its files stay in the root, unused, until the
+session ends or its retention does. (Renamed into a measured area, one larger than the
+budget is moved all the same: the principal is then over its budget, and its commands
+can't write files until it deletes some, as for any principal over it.)
 
 Moves, `sweep` and the removal of a session with a root directory hold an exclusive
 ``flock`` on ``<root>/.ctxactors-migrate.lock``, so servers sharing a root, and a purge
@@ -160,6 +162,7 @@ def _run(*argv: str) -> None:
         ["setpriv", "--pdeathsig", "KILL", "--", *argv],
         capture_output=True,
         text=True,
+        errors="replace",  # a tenant's file name in an error need not be UTF-8
         timeout=_TIMEOUT,
         check=False,
         stdin=subprocess.DEVNULL,

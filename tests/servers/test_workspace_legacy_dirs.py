@@ -189,8 +189,11 @@ def test_a_legacy_directory_larger_than_the_free_disk_stays_unused_until_the_ses
             "they are, unused, until the session ends: free space in other sessions (rm) "
             "and call again, or end this session to drop them"
         )
-        # Not used in place, and nothing of it copied into the image.
+        # Not used in place, and nothing of it copied into the image; the server-wide
+        # budget counts it (the root's walk).
         assert kept_directories(workspace_root) == [legacy]
+        tenants = Workspace.tenants(rt)
+        assert tenants is not None and tenants.disks.server_used() >= held
         assert Path(legacy, "big").stat().st_size == 20 * MIB
         # Alice's other sessions work; ending this one drops it.
         assert run(rt, "s2", "echo ok", "alice") == "ok\n"
