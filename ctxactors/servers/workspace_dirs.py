@@ -142,7 +142,7 @@ class SessionDirs:
         if not legacy_dirs.is_directory(legacy):
             return
         self._record_use(legacy)  # in use: a purge pass must not take it while it moves
-        with legacy_dirs.locked(self.root):
+        with legacy_dirs.locked(self.root, moving=True):
             if not legacy_dirs.is_directory(legacy):  # moved by another server meanwhile
                 return
             free = self._free(session[0])
@@ -202,8 +202,7 @@ class SessionDirs:
     def _directories(self) -> dict[str, str]:
         """Name -> path of every kept directory: the root's and every principal area's."""
         found: dict[str, str] = {}
-        areas = self._disks.areas() if self._disks is not None else plain_areas(self.root)
-        for area in [self.root, *areas]:
+        for area in [self.root, *self._areas()]:
             try:
                 names = os.listdir(area)
             except FileNotFoundError:
@@ -211,25 +210,32 @@ class SessionDirs:
             found.update((n, os.path.join(area, n)) for n in names if _NAME.fullmatch(n))
         return found
 
+    def _areas(self) -> list[str]:
+        """Every principal's area (mounting images)."""
+        return self._disks.areas() if self._disks is not None else plain_areas(self.root)
+
     def purge(self, retention: float) -> None:
         if not os.path.isdir(self.root):
             return
+        # Held for the pass, so that no move copies a directory this pass removes; held by
+        # a move now, the root's directories (and what moves left) wait for the next pass.
         with legacy_dirs.locked(self.root, wait=False) as free:
-            if free:  # else a move is under way: its leftovers wait for the next pass
-                areas = self._disks.areas() if self._disks is not None else plain_areas(self.root)
-                legacy_dirs.sweep(self.root, areas)
-        directories = self._directories()
-        names = set(directories)
-        now = time.time()
-        for path in directories.values():
-            used = _mtime(self._use_file(path))
-            if used is None:  # kept from before these records: its retention starts now
-                self._record_use(path)
-            elif now - used >= retention:
-                shutil.rmtree(path, ignore_errors=True)
-                _unlink(self._use_file(path))
-                if self._disks is not None:
-                    self._disks.forget()
+            if free:
+                legacy_dirs.sweep(self.root, self._areas())
+            directories = self._directories()
+            names = set(directories)
+            now = time.time()
+            for path in directories.values():
+                if not free and os.path.dirname(path) == self.root:
+                    continue
+                used = _mtime(self._use_file(path))
+                if used is None:  # kept from before these records: its retention starts now
+                    self._record_use(path)
+                elif now - used >= retention:
+                    shutil.rmtree(path, ignore_errors=True)
+                    _unlink(self._use_file(path))
+                    if self._disks is not None:
+                        self._disks.forget()
         # Records whose directory went another way (a touch racing an end_session).
         uses = os.path.join(self.root, _USES)
         for name in os.listdir(uses) if os.path.isdir(uses) else ():

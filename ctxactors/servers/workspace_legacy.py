@@ -37,6 +37,7 @@ or an ``end_session`` racing a move, never see half of one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import shutil
@@ -62,12 +63,21 @@ class TooBig(Exception):
 
 
 @contextlib.contextmanager
-def locked(root: str, *, wait: bool = True) -> Iterator[bool]:
+def locked(root: str, *, wait: bool = True, moving: bool = False) -> Iterator[bool]:
     """The root's exclusive migration lock for a ``with`` block; yields False (and holds
-    nothing) if `wait` is False and another holds it."""
-    fd = os.open(
-        os.path.join(root, _LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-    )
+    nothing) if `wait` is False and another holds it. Only `moving` needs the lock file
+    made; without it (a purge, an end_session) a full disk is no reason to fail."""
+    try:
+        fd = os.open(
+            os.path.join(root, _LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+    except OSError as exc:
+        if moving or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # A full disk, and no lock file: no move ever ran here, and none can start (it
+        # needs the file too), so a purge or an end_session goes on without it.
+        yield True
+        return
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

@@ -324,6 +324,23 @@ def test_ending_a_session_removes_its_legacy_directory_and_a_copy_cut_short(
         assert not os.path.exists(os.path.join(workspace_root, ".ctxactors-last-use", name))
 
 
+def test_a_purge_leaves_the_roots_directories_alone_while_a_move_holds_the_lock(
+    store: SQLiteStore, leaks: Leaks, workspace_root: str
+) -> None:
+    """Past its retention, a legacy directory goes with the next purge, but not while a
+    move (of this server or another on the root) holds the lock: it may be copying it."""
+    legacy = legacy_directory(workspace_root, ("alice", "s1"))
+    record = os.path.join(workspace_root, ".ctxactors-last-use", os.path.basename(legacy))
+    os.utime(record, (1, 1))  # last used in 1970
+    with served(leaks, store) as rt:
+        with workspace_legacy.locked(workspace_root, moving=True) as held:
+            assert held
+            rt.reap()  # a purge pass
+            assert kept_directories(workspace_root) == [legacy]
+        rt.reap()
+        assert kept_directories(workspace_root) == []
+
+
 def copiers() -> list[psutil.Process]:
     """The processes copying a session's directory into an area (``cp`` of a move)."""
     return [
