@@ -94,8 +94,7 @@ class SessionDirs:
                     os.unlink(temporary)
             self._key = _read_key(path)
             # Made now, while there is room: ending a session must lock it on a full disk.
-            with legacy_dirs.locked(self.root, wait=False):
-                pass
+            legacy_dirs.prepare(self.root)
         return self._key
 
     def path(self, session: SessionRef) -> str:
@@ -142,12 +141,14 @@ class SessionDirs:
         if not legacy_dirs.is_directory(legacy):
             return
         self._record_use(legacy)  # in use: a purge pass must not take it while it moves
-        with legacy_dirs.locked(self.root, moving=True):
+        name = os.path.basename(legacy)
+        with legacy_dirs.moving(self.root, name):
             if not legacy_dirs.is_directory(legacy):  # moved by another server meanwhile
                 return
             free = self._free(session[0])
             try:
                 moved = legacy_dirs.move(legacy, area, free)
+                legacy_dirs.forget(self.root, name)
             except legacy_dirs.TooBig as exc:
                 raise ToolError(
                     f"this session's files, kept by an earlier version outside its principal's "
@@ -185,19 +186,20 @@ class SessionDirs:
         path = self.path(session)
         if session[0] is not None and os.path.exists(self._use_file(path)):
             self._area(session[0])  # its disk, mounted: ending a session always deletes
-        shutil.rmtree(path, ignore_errors=True)
-        legacy = os.path.join(self.root, self._name(session))
-        if legacy_dirs.is_directory(legacy):  # kept from before areas; maybe moving now
-            with legacy_dirs.locked(self.root):
-                shutil.rmtree(legacy, ignore_errors=True)
-                shutil.rmtree(path, ignore_errors=True)  # a move that ended meanwhile
-                copy = os.path.join(os.path.dirname(path), legacy_dirs.COPY + self._name(session))
-                shutil.rmtree(copy, ignore_errors=True)
-            if self._disks is not None:
-                self._disks.forget(legacy)
+        name = self._name(session)
+        legacy = os.path.join(self.root, name)
+        # Under the name's lock: a move of the session's directory kept in the root by a
+        # version without areas ends first, and can't bring it back once removed.
+        with legacy_dirs.removing(self.root, name):
+            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(legacy, ignore_errors=True)
+            copy = os.path.join(os.path.dirname(path), legacy_dirs.COPY + name)
+            shutil.rmtree(copy, ignore_errors=True)
+            legacy_dirs.forget(self.root, name)
         _unlink(self._use_file(path))
         if self._disks is not None:
             self._disks.forget(path)
+            self._disks.forget(legacy)
 
     def _directories(self) -> dict[str, str]:
         """Name -> path of every kept directory: the root's and every principal area's."""
@@ -217,9 +219,9 @@ class SessionDirs:
     def purge(self, retention: float) -> None:
         if not os.path.isdir(self.root):
             return
-        # Held for the pass, so that no move copies a directory this pass removes; held by
-        # a move now, the root's directories (and what moves left) wait for the next pass.
-        with legacy_dirs.locked(self.root, wait=False) as free:
+        # Held for the pass, so that no move copies a directory this pass removes; while a
+        # move runs, the root's directories (and what moves left) wait for the next pass.
+        with legacy_dirs.idle(self.root) as free:
             if free:
                 legacy_dirs.sweep(self.root, self._areas())
             directories = self._directories()

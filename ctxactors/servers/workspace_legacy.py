@@ -29,9 +29,12 @@ session ends or its retention does. (Renamed into a measured area, one larger th
 budget is moved all the same: the principal is then over its budget, and its commands
 can't write files until it deletes some, as for any principal over it.)
 
-Moves, `sweep` and the removal of a session with a root directory hold an exclusive
-``flock`` on ``<root>/.ctxactors-migrate.lock``, so servers sharing a root, and a purge
-or an ``end_session`` racing a move, never see half of one.
+A move holds an exclusive ``flock`` on its directory's lock file (``<root>/
+.ctxactors-migrating/<name>``), as does ending a session with a root directory, and a
+shared one on ``<root>/.ctxactors-migrate.lock``, which a purge pass takes exclusively
+(skipping the root's directories while a move runs): servers sharing a root, and a purge
+or an ``end_session`` racing a move, never see half of one, and moves of different
+sessions don't wait for each other.
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ from ctxactors.sandbox_disk import measure
 
 COPY = ".ctxactors-migrating-"  # a copy being made, in the area
 TRASH = ".ctxactors-migrated-"  # a root directory already copied, being removed
-_LOCK = ".ctxactors-migrate.lock"
+_LOCK = ".ctxactors-migrate.lock"  # shared by moves, exclusive for a purge pass
+_LOCKS = ".ctxactors-migrating"  # a lock file per directory being moved
 _TIMEOUT = 3600.0  # seconds a copy may take (the most a budget holds, on a slow disk)
 
 
@@ -63,30 +67,85 @@ class TooBig(Exception):
 
 
 @contextlib.contextmanager
-def locked(root: str, *, wait: bool = True, moving: bool = False) -> Iterator[bool]:
-    """The root's exclusive migration lock for a ``with`` block; yields False (and holds
-    nothing) if `wait` is False and another holds it. Only `moving` needs the lock file
-    made; without it (a purge, an end_session) a full disk is no reason to fail."""
-    try:
-        fd = os.open(
-            os.path.join(root, _LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-        )
-    except OSError as exc:
-        if moving or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-            raise
-        # A full disk, and no lock file: no move ever ran here, and none can start (it
-        # needs the file too), so a purge or an end_session goes on without it.
+def moving(root: str, name: str) -> Iterator[None]:
+    """Held while the directory `name` moves: the root's lock shared (moves of other
+    sessions go on at once: one principal's long copy stalls no one else's), the name's
+    exclusive. Both lock files must be made: a move on a full root disk fails."""
+    with _held(os.path.join(root, _LOCK), fcntl.LOCK_SH, make=True):
+        with _held(_name_lock(root, name), fcntl.LOCK_EX, make=True):
+            yield
+
+
+@contextlib.contextmanager
+def removing(root: str, name: str) -> Iterator[None]:
+    """Held while a session with a root directory `name` ends: no move of it is under way.
+    On a full disk with no lock file there, none is (a move makes the file first)."""
+    with _held(_name_lock(root, name), fcntl.LOCK_EX, make=False):
+        yield
+
+
+@contextlib.contextmanager
+def idle(root: str) -> Iterator[bool]:
+    """The root's lock, exclusive, if no move holds it now (yields False if one does):
+    for a purge pass, which must not remove what a move is copying."""
+    with _held(os.path.join(root, _LOCK), fcntl.LOCK_EX | fcntl.LOCK_NB, make=False) as held:
+        yield held
+
+
+def prepare(root: str) -> None:
+    """Make the lock files' places now, while there is room (see `removing`)."""
+    os.makedirs(os.path.join(root, _LOCKS), mode=0o700, exist_ok=True)
+    fd = _lock_file(os.path.join(root, _LOCK), make=False)
+    if fd is not None:
+        os.close(fd)
+
+
+def forget(root: str, name: str) -> None:
+    """Remove `name`'s lock file (held) once its root directory is gone: nothing is done
+    under it again (a waiter finds no directory), so a second file made later is harmless."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(_name_lock(root, name))
+
+
+def _name_lock(root: str, name: str) -> str:
+    return os.path.join(root, _LOCKS, name)
+
+
+@contextlib.contextmanager
+def _held(path: str, how: int, *, make: bool) -> Iterator[bool]:
+    """``flock(how)`` on `path` for a ``with`` block; yields False (holding nothing) if
+    ``LOCK_NB`` and another holds it. Without `make`, a lock file that can't be made (a
+    full disk) is no lock to take: yields True."""
+    fd = _lock_file(path, make=make)
+    if fd is None:
         yield True
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            fcntl.flock(fd, how)
         except BlockingIOError:
             yield False
             return
         yield True
     finally:
         os.close(fd)  # and the lock with it
+
+
+def _lock_file(path: str, *, make: bool) -> int | None:
+    """The lock file's descriptor (made if missing); None if it can't be made for a full
+    disk, or its directory is missing, and not `make`."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        if not make:
+            return None
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        return os.open(path, flags, 0o600)
+    except OSError as exc:
+        if make or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        return None
 
 
 def is_directory(path: str) -> bool:
@@ -99,7 +158,7 @@ def is_directory(path: str) -> bool:
 
 def move(legacy: str, area: str, free: int | None) -> bool:
     """Move the root's session directory `legacy` into `area` under its name (holding
-    `locked`); `free`: the bytes a copy may take (None: no budget of its own). Returns
+    `moving`); `free`: the bytes a copy may take (None: no budget of its own). Returns
     False if the area held the directory already (a copy finished before a crash): the
     root's was stale, and is removed."""
     name = os.path.basename(legacy)
@@ -145,7 +204,7 @@ def discard(legacy: str) -> None:
 
 
 def sweep(root: str, areas: Iterable[str]) -> None:
-    """What moves cut short by a crash left (holding `locked`): partial copies in the
+    """What moves cut short by a crash left (holding `idle`): partial copies in the
     areas, removals in the root, and root directories whose copy in an area is whole."""
     moved: set[str] = set()
     for area in areas:

@@ -333,12 +333,24 @@ def test_a_purge_leaves_the_roots_directories_alone_while_a_move_holds_the_lock(
     record = os.path.join(workspace_root, ".ctxactors-last-use", os.path.basename(legacy))
     os.utime(record, (1, 1))  # last used in 1970
     with served(leaks, store) as rt:
-        with workspace_legacy.locked(workspace_root, moving=True) as held:
-            assert held
+        with workspace_legacy.moving(workspace_root, "ws-" + "0" * 48):  # another's move
             rt.reap()  # a purge pass
             assert kept_directories(workspace_root) == [legacy]
         rt.reap()
         assert kept_directories(workspace_root) == []
+
+
+def test_one_principals_long_move_stalls_no_other_principals_move(
+    store: SQLiteStore, leaks: Leaks, workspace_root: str
+) -> None:
+    mallory = legacy_directory(workspace_root, ("mallory", "s1"))
+    legacy_directory(workspace_root, ("alice", "s1"))
+    with served(leaks, store) as rt:
+        # Mallory's directory moving (a long copy, here held for the test): alice's moves.
+        with workspace_legacy.moving(workspace_root, os.path.basename(mallory)):
+            assert run(rt, "s1", READ, "alice") == SEEN
+        alice = Workspace._kept[rt].path(("alice", "s1"))  # noqa: SLF001
+        assert kept_directories(workspace_root) == sorted([alice, mallory])
 
 
 def copiers() -> list[psutil.Process]:
