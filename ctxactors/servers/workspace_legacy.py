@@ -29,9 +29,9 @@ session ends or its retention does. (Renamed into a measured area, one larger th
 budget is moved all the same: the principal is then over its budget, and its commands
 can't write files until it deletes some, as for any principal over it.)
 
-A move holds an exclusive ``flock`` on its directory's lock file (``<root>/
-.ctxactors-migrating/<name>``), as does ending a session with a root directory, and a
-shared one on ``<root>/.ctxactors-migrate.lock``, which a purge pass takes exclusively
+A move holds an exclusive ``flock`` on its directory's lock file
+(``<root>/.ctxactors-move-locks/<name>``), as does ending any session, and a shared one on
+``<root>/.ctxactors-migrate.lock``, which a purge pass takes exclusively
 (skipping the root's directories while a move runs): servers sharing a root, and a purge
 or an ``end_session`` racing a move, never see half of one, and moves of different
 sessions don't wait for each other.
@@ -53,7 +53,7 @@ from ctxactors.sandbox_disk import measure
 COPY = ".ctxactors-migrating-"  # a copy being made, in the area
 TRASH = ".ctxactors-migrated-"  # a root directory already copied, being removed
 _LOCK = ".ctxactors-migrate.lock"  # shared by moves, exclusive for a purge pass
-_LOCKS = ".ctxactors-migrating"  # a lock file per directory being moved
+_LOCKS = ".ctxactors-move-locks"  # a lock file per directory being moved
 _TIMEOUT = 3600.0  # seconds a copy may take (the most a budget holds, on a slow disk)
 
 
