@@ -12,7 +12,9 @@ purge.
 
 A principal's directories are in its own area, ``<root>/principals/<hash of the
 principal>/`` (on a root server, its own loop-mounted filesystem: `ctxactors.sandbox_disk`);
-callers with no principal keep theirs in the root itself.
+callers with no principal keep theirs in the root itself. A principal's directory kept in
+the root by a version without areas moves into its area at the session's first call
+(`ctxactors.servers.workspace_legacy`), never used where it is.
 
 The name is an HMAC of the session's key under a secret kept in the root (mode 0600), so
 nobody who can't read the root can derive a session's directory from its id (a plain hash
@@ -35,6 +37,7 @@ from ctxactors import sandbox as sandboxes
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox_disk import DiskBudgets, area_path, plain_area, plain_areas
+from ctxactors.servers import workspace_legacy as legacy_dirs
 from ctxactors.state import SessionRef, encode_ref
 
 _KEY_FILE = ".ctxactors-session-key"
@@ -91,6 +94,8 @@ class SessionDirs:
                 finally:
                     os.unlink(temporary)
             self._key = _read_key(path)
+            # Made now, while there is room: ending a session must lock it on a full disk.
+            legacy_dirs.prepare(self.root)
         return self._key
 
     def path(self, session: SessionRef) -> str:
@@ -109,15 +114,12 @@ class SessionDirs:
 
     def open(self, session: SessionRef, ids: tuple[int, int]) -> str:
         """The session's directory, made (and handed to its principal's uid, `ids`) if new."""
-        legacy = os.path.join(self.root, self._name(session))
-        if session[0] is not None and os.path.isdir(legacy):
-            # Kept by a version that had no areas: used where it is until its retention ends.
-            self._record_use(legacy)
-            return legacy
-        self._area(session[0])
+        area = self._area(session[0])
         path = self.path(session)
         if _mtime(self._use_file(path)) == 0:  # ended, its disk unmountable then: see deleted
             shutil.rmtree(path, ignore_errors=True)
+        if session[0] is not None:
+            self._adopt(session, area)
         try:
             os.mkdir(path, 0o700)
         except FileExistsError:
@@ -135,6 +137,46 @@ class SessionDirs:
         self._record_use(path)  # in use (again): a purge pass must not take it now
         return path
 
+    def _adopt(self, session: SessionRef, area: str) -> None:
+        """Move the session's directory kept by a version without areas into its
+        principal's `area` (`ctxactors.servers.workspace_legacy`), if there is one."""
+        legacy = os.path.join(self.root, self._name(session))
+        if not legacy_dirs.is_directory(legacy):
+            return
+        self._record_use(legacy)  # in use: a purge pass must not take it while it moves
+        name = os.path.basename(legacy)
+        with legacy_dirs.moving(self.root, name):
+            if not legacy_dirs.is_directory(legacy):  # moved by another server meanwhile
+                return
+            free = self._free(session[0])
+            try:
+                moved = legacy_dirs.move(legacy, area, free)
+                legacy_dirs.forget(self.root, name)
+            except legacy_dirs.TooBig as exc:
+                raise ToolError(
+                    f"this session's files, kept by an earlier version outside its principal's "
+                    f"workspace disk, take {exc.held:,} bytes: more than that disk has free "
+                    f"({exc.free:,} bytes; its size is CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES). "
+                    "They stay as they are, unused, until the session ends: free space in "
+                    "other sessions (rm) and call again, or end this session to drop them"
+                ) from None
+        if self._disks is not None:
+            self._disks.forget()  # the root's count and the area's changed
+        get_logger("ctxactors.workspace").info(
+            "workspace_moved_into_area",
+            directory=os.path.join(area, os.path.basename(legacy)),
+            copied=moved,
+        )
+
+    def _free(self, principal: str | None) -> int | None:
+        """Bytes the principal's own filesystem has free within its budget (None: its area
+        is a plain directory, held by the measured budget)."""
+        disks = self._disks
+        if disks is None or disks.images is None:
+            return None
+        used, capacity = disks.images.usage(principal)
+        return max(min(capacity, disks.budget.principal_disk_bytes) - used, 0)
+
     def touched(self, sessions: list[SessionRef]) -> None:
         for session in sessions:
             path = self.path(session)
@@ -149,6 +191,7 @@ class SessionDirs:
         record is dated to the epoch, so the next purge deletes the rest (and `open`
         before it, should the session come back first)."""
         path = self.path(session)
+        mounted = True
         if session[0] is not None and os.path.exists(self._use_file(path)):
             try:
                 self._area(session[0])  # its disk, mounted, to delete what it holds
@@ -156,21 +199,30 @@ class SessionDirs:
                 get_logger("ctxactors.workspace").warning(
                     "workspace_delete_deferred", directory=path, error=str(exc)
                 )
-                shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
+                mounted = False
+        name = self._name(session)
+        legacy = os.path.join(self.root, name)
+        # Under the name's lock: a move of the session's directory kept in the root by a
+        # version without areas ends first, and can't bring it back once removed.
+        with legacy_dirs.removing(self.root, name):
+            shutil.rmtree(legacy, ignore_errors=True)
+            legacy_dirs.forget(self.root, name)
+            if not mounted:
                 with contextlib.suppress(FileNotFoundError):  # a purge took it meanwhile
                     os.utime(self._use_file(path), (0, 0))
                 return
-        shutil.rmtree(path, ignore_errors=True)
-        shutil.rmtree(os.path.join(self.root, self._name(session)), ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)
+            copy = os.path.join(os.path.dirname(path), legacy_dirs.COPY + name)
+            shutil.rmtree(copy, ignore_errors=True)
         _unlink(self._use_file(path))
         if self._disks is not None:
             self._disks.forget(path)
+            self._disks.forget(legacy)
 
     def _directories(self) -> dict[str, str]:
         """Name -> path of every kept directory: the root's and every principal area's."""
         found: dict[str, str] = {}
-        areas = self._disks.areas() if self._disks is not None else plain_areas(self.root)
-        for area in [self.root, *areas]:
+        for area in [self.root, *self._areas()]:
             try:
                 names = os.listdir(area)
             except FileNotFoundError:
@@ -178,21 +230,32 @@ class SessionDirs:
             found.update((n, os.path.join(area, n)) for n in names if _NAME.fullmatch(n))
         return found
 
+    def _areas(self) -> list[str]:
+        """Every principal's area (mounting images)."""
+        return self._disks.areas() if self._disks is not None else plain_areas(self.root)
+
     def purge(self, retention: float) -> None:
         if not os.path.isdir(self.root):
             return
-        directories = self._directories()
-        names = set(directories)
-        now = time.time()
-        for path in directories.values():
-            used = _mtime(self._use_file(path))
-            if used is None:  # kept from before these records: its retention starts now
-                self._record_use(path)
-            elif now - used >= retention:
-                shutil.rmtree(path, ignore_errors=True)
-                _unlink(self._use_file(path))
-                if self._disks is not None:
-                    self._disks.forget()
+        # Held for the pass, so that no move copies a directory this pass removes; while a
+        # move runs, the root's directories (and what moves left) wait for the next pass.
+        with legacy_dirs.idle(self.root) as free:
+            if free:
+                legacy_dirs.sweep(self.root, self._areas())
+            directories = self._directories()
+            names = set(directories)
+            now = time.time()
+            for path in directories.values():
+                if not free and os.path.dirname(path) == self.root:
+                    continue
+                used = _mtime(self._use_file(path))
+                if used is None:  # kept from before these records: its retention starts now
+                    self._record_use(path)
+                elif now - used >= retention:
+                    shutil.rmtree(path, ignore_errors=True)
+                    _unlink(self._use_file(path))
+                    if self._disks is not None:
+                        self._disks.forget()
         # Records whose directory went another way (a touch racing an end_session).
         uses = os.path.join(self.root, _USES)
         for name in os.listdir(uses) if os.path.isdir(uses) else ():
