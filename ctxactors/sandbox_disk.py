@@ -217,6 +217,27 @@ class DiskBudgets:
                 self._dirs[name] = found
                 self._walked.add(name)
 
+    def last(self, principal: str | None, directory: str) -> int:
+        """The bytes of a measured principal's `directory` at its last count (0: none)."""
+        with self._lock:
+            return self._dirs.get(cgroups.group_name(principal), {}).get(directory, (0, 0))[0]
+
+    def counted(
+        self, fresh: dict[str, dict[str, tuple[int, int]]]
+    ) -> tuple[dict[str, tuple[int, int]], int]:
+        """With `fresh` counts (area name -> directory -> (bytes, entries)) in place of the
+        last ones of those directories: each measured area's (bytes, entries), and the bytes
+        of every measured area together (for `ctxactors.sandbox_diskwatch`; nothing kept)."""
+        with self._lock:
+            areas = {name: dict(found) for name, found in self._dirs.items()}
+        for name, found in fresh.items():
+            areas.setdefault(name, {}).update(found)
+        totals = {
+            name: (sum(b for b, _ in found.values()), sum(e for _, e in found.values()))
+            for name, found in areas.items()
+        }
+        return totals, sum(b for b, _ in totals.values())
+
     def _total(self, name: str) -> tuple[int, int]:
         with self._lock:
             counts = list(self._dirs.get(name, {}).values())
@@ -258,20 +279,15 @@ class DiskBudgets:
             used, capacity = self.images.usage(principal)
             left = min(capacity, self.budget.principal_disk_bytes) - used
             if used > self.budget.principal_disk_bytes:  # a lowered budget, not shrunk yet
-                return Admission(0, self._full("principal_disk_bytes", used))
-            note = self._full("principal_disk_bytes", used) if left < _FULL else None
+                return Admission(0, self.full("principal_disk_bytes", used))
+            note = self.full("principal_disk_bytes", used) if left < _FULL else None
             server = self._server_left()
             if server <= 0:
-                return Admission(0, self._full("server_disk_bytes", self.server_used()))
+                return Admission(0, self.full("server_disk_bytes", self.server_used()))
             return Admission(min(file_bytes, server), note)
         used, entries = self.measure(principal)
         if entries > MAX_ENTRIES:
-            return Admission(
-                0,
-                f"this principal's workspace holds more than {MAX_ENTRIES:,} files and "
-                "directories, the most the server counts: commands can't write files until "
-                "some are deleted (rm) or sessions ended",
-            )
+            return Admission(0, self.too_many())
         left = self._server_left()
         if principal is not None:
             left = min(left, self.budget.principal_disk_bytes - used)
@@ -280,13 +296,13 @@ class DiskBudgets:
             if principal is not None and self._server_left() <= 0:
                 setting = "server_disk_bytes"
             shown = self.server_used() if setting == "server_disk_bytes" else used
-            return Admission(0, self._full(setting, shown))
+            return Admission(0, self.full(setting, shown))
         return Admission(min(file_bytes, left))
 
     def _server_left(self) -> int:
         return self.server_bytes - self.server_used()
 
-    def _full(self, setting: str, used: int) -> str:
+    def full(self, setting: str, used: int) -> str:
         whose = "this principal's" if setting == "principal_disk_bytes" else "the server's"
         cap = (
             Cap(self.budget.cap("server_disk_bytes").setting, self.server_bytes)
@@ -296,6 +312,14 @@ class DiskBudgets:
         return (
             cap.exceeded(f"{whose} workspace files take {used:,} bytes of disk")
             + "; until some are deleted (rm) or sessions ended, commands can't write files"
+        )
+
+    def too_many(self) -> str:
+        """Why a principal past the walk's bound may not write."""
+        return (
+            f"this principal's workspace holds more than {MAX_ENTRIES:,} files and "
+            "directories, the most the server counts: commands can't write files until "
+            "some are deleted (rm) or sessions ended"
         )
 
     def _three_quarters(self) -> int:

@@ -1,0 +1,171 @@
+"""A command that writes past a disk budget is stopped while it runs (`ctxactors.sandbox_diskwatch`).
+
+``RLIMIT_FSIZE`` caps each file, not what a command writes: these commands write many files,
+each well under the budget, and would write far past it (64 MiB, 28 MiB) if nothing watched
+them. Real bubblewrap, real files, a real store; the server-wide test needs loop-mounted
+images (root here) and skips, saying why, where the server can't mount them.
+
+Each writer writes 256 KiB, then sleeps 50 ms: it can't write faster than 5 MiB/s however
+fast the disk is, so the overshoot the watch allows (one pause of at most 1 s, one pass and
+the kill: under 2 s) is at most 10 MiB; the bounds below are that, not a measured figure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from test_workspace_disk_budget import MIB, disk_runtime, disks_of, kernel, run
+from workspace_support import WAIT, Leaks, call, start, wait_done
+
+from ctxactors import Runtime
+from ctxactors.sandbox_disk import measure
+from ctxactors.servers.workspace import Workspace
+from ctxactors.state import SQLiteStore
+from ctxactors.testing import wait_until
+
+if TYPE_CHECKING:  # only: the module is new, and these tests must fail (not break) without it
+    from ctxactors.sandbox_diskwatch import DiskWatch
+
+pytestmark = pytest.mark.usefixtures("workspace_root")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
+    yield opened
+    opened.close()
+
+
+OVERSHOOT = 10 * MIB  # 5 MiB/s at most (see the module docstring) for under 2 s
+TAIL = (
+    "{whose} workspace files take (?P<used>[0-9,]+) bytes of disk: the limit is {limit:,} "
+    r"\({var}\); until some are deleted \(rm\) or sessions ended, commands can't write files"
+)
+
+
+def writer(files: int) -> str:
+    """A command writing `files` files of 256 KiB, at most 5 MiB/s; "wrote all" at the end."""
+    return (
+        f"i=0; while [ $i -lt {files} ]; do i=$((i+1)); "
+        "head -c 256K /dev/zero > f$i || exit 1; sleep 0.05; done; echo wrote all"
+    )
+
+
+# Waits until the test removes its file `hold` (removing gives space back: it never grows).
+HOLD = "while [ -e hold ]; do sleep 0.05; done; echo done"
+
+
+def stopped(rt: Runtime, session: str, process_id: str, principal: str, tail: str) -> int:
+    """Wait for the command to end, check it was stopped for the budget `tail` matches (its
+    answer's warning and the last line of its output), and return the bytes it said."""
+    done = wait_done(rt, session, process_id, principal=principal)
+    assert done["status"] == "killed", done
+    assert done["exitCode"] == -9
+    why = re.fullmatch(tail, done["warning"])
+    assert why is not None, done["warning"]
+    assert done["output"].endswith(f"[ctxactors: killed: {done['warning']}]\n"), done["output"]
+    assert "wrote all" not in done["output"]
+    return int(why["used"].replace(",", ""))
+
+
+def release(rt: Runtime, session: str, principal: str) -> None:
+    """Let a `HOLD` command of the session end."""
+    os.unlink(os.path.join(Workspace._kept[rt].path((principal, session)), "hold"))  # noqa: SLF001
+
+
+def test_measured_a_loop_of_small_files_is_stopped_at_the_principals_budget(
+    store: SQLiteStore, leaks: Leaks
+) -> None:
+    budget = 4 * MIB
+    with disk_runtime(leaks, store, disk="off", principal_disk_bytes=budget) as rt:
+        disks = disks_of(rt)
+        assert disks.images is None
+        run(rt, "a1", "echo x > hold", "alice")
+        held = start(rt, "a1", HOLD, principal="alice")
+        attack = start(rt, "m1", writer(256), principal="mallory")  # 64 MiB if not stopped
+        tail = TAIL.format(
+            whose="this principal's", limit=budget, var="CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES"
+        )
+        said = stopped(rt, "m1", attack, "mallory", tail)
+        assert budget < said <= budget + OVERSHOOT
+        # What it wrote stays, and is counted: near the budget.
+        used, _ = disks.measure("mallory")
+        area = disks.area("mallory")
+        assert used == sum(measure(os.path.join(area, n))[0] for n in os.listdir(area))
+        assert budget < used <= budget + OVERSHOOT
+        # Alice's command ran all along (the same runtime, the same moment), and completes.
+        polled = call(rt, "a1", "poll_process", processId=held, principal="alice")
+        assert polled["status"] == "running"
+        release(rt, "a1", "alice")
+        done = wait_done(rt, "a1", held, principal="alice")
+        assert (done["status"], done["output"], "warning" in done) == ("exited", "done\n", False)
+        # Deleting works over the budget, and then the principal writes again.
+        # (its note first: it starts at the budget, where no file may grow)
+        deleted = run(rt, "m1", "rm f*; ls | wc -l", "mallory")["output"]
+        assert deleted.startswith("[ctxactors: this principal's") and deleted.endswith("]\n0\n")
+        assert run(rt, "m1", writer(4), "mallory")["output"] == "wrote all\n"
+
+
+def test_a_reader_over_the_budget_keeps_running(store: SQLiteStore, leaks: Leaks) -> None:
+    """Only commands whose files grew are stopped: over its budget, a principal's command
+    that only reads or deletes runs to its end."""
+    budget = 4 * MIB
+    with disk_runtime(leaks, store, disk="off", principal_disk_bytes=budget) as rt:
+        run(rt, "m1", "echo x > hold", "mallory")
+        held = start(rt, "m1", HOLD, principal="mallory")
+        attack = start(rt, "m2", writer(256), principal="mallory")
+        tail = TAIL.format(
+            whose="this principal's", limit=budget, var="CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES"
+        )
+        stopped(rt, "m2", attack, "mallory", tail)
+        tenants = Workspace.tenants(rt)
+        assert tenants is not None
+        watch: DiskWatch = tenants.watch
+        passes = watch.passes
+        # Over the budget for two more passes at least, the reader is left alone.
+        wait_until(lambda: watch.passes >= passes + 2, WAIT)
+        assert call(rt, "m1", "poll_process", processId=held, principal="mallory")["status"] == (
+            "running"
+        )
+        release(rt, "m1", "mallory")
+        done = wait_done(rt, "m1", held, principal="mallory")
+        assert (done["status"], done["output"]) == ("exited", "done\n")
+
+
+def test_kernel_the_server_wide_budget_stops_only_the_principal_that_grew(
+    store: SQLiteStore, leaks: Leaks
+) -> None:
+    server = 24 * MIB
+    with disk_runtime(leaks, store, principal_disk_bytes=32 * MIB, server_disk_bytes=server) as rt:
+        disks = kernel(rt)
+        assert disks.images is not None
+        assert run(rt, "e1", "head -c 8M /dev/zero > f; echo rc=$?", "eve")["output"] == "rc=0\n"
+        run(rt, "a1", "echo x > hold", "alice")
+        held = start(rt, "a1", HOLD, principal="alice")
+        # 28 MiB if not stopped: within mallory's own 32 MiB filesystem, past the server's.
+        attack = start(rt, "m1", writer(112), principal="mallory")
+        tail = TAIL.format(
+            whose="the server's", limit=server, var="CTXACTORS_WORKSPACE_SERVER_DISK_BYTES"
+        )
+        said = stopped(rt, "m1", attack, "mallory", tail)
+        assert server < said <= server + OVERSHOOT
+        assert server < disks.images.allocated() <= server + OVERSHOOT
+        # Alice's command, running all along, did not grow: it completes.
+        assert call(rt, "a1", "poll_process", processId=held, principal="alice")["status"] == (
+            "running"
+        )
+        release(rt, "a1", "alice")
+        done = wait_done(rt, "a1", held, principal="alice")
+        assert (done["status"], done["output"], "warning" in done) == ("exited", "done\n", False)
+        # Mallory deletes (over the server's budget, deleting still runs), and writes again.
+        deleted = run(rt, "m1", "rm f*; ls | wc -l", "mallory")["output"]
+        assert deleted.startswith("[ctxactors: the server's") and deleted.endswith("]\n0\n")
+        # ext4 gives the blocks back to the host (discard) at its next journal commit.
+        images = disks.images
+        wait_until(lambda: images.allocated() < server - MIB, WAIT, describe=images.allocated)
+        assert run(rt, "m1", writer(4), "mallory")["output"] == "wrote all\n"
