@@ -15,15 +15,17 @@ store and the system).
   directories stay in the root): the server walks the principal's directories (at its
   first command of this run, and after each command ends; a bounded walk: past
   `MAX_ENTRIES` files the principal counts as over) and starts each command under an
-  ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. Commands running
-  at once may each write up to what was left when they started: the overshoot is bounded
-  by the principal's running sandboxes.
+  ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. That caps one
+  file, not what a command writes: while commands run, `ctxactors.sandbox_diskwatch`
+  walks their directories again (a pass every 50 ms to 1 s) and stops those that grew
+  the principal past its budget; the overshoot is what they write between two passes.
 
 Once a principal is at a budget, its commands still start (deleting files with ``rm`` is a
 command, and must always work) but under an ``RLIMIT_FSIZE`` of 0: no file can grow; the
 call's answer and the process's output say which budget is full and how to free it. The
 server-wide budget is measured in both modes (the images are sparse: what they hold on the
-host). Ending a session only deletes, which needs no space.
+host), when a command starts and, while commands run, by the same watch: past it, the
+commands whose files grew are stopped. Ending a session only deletes, which needs no space.
 """
 
 from __future__ import annotations
@@ -160,7 +162,10 @@ class DiskBudgets:
         )
 
     def describe(self) -> str:
-        return f"{self.enforcement}; server-wide {self.server_bytes:,} bytes, measured"
+        return (
+            f"{self.enforcement}; server-wide {self.server_bytes:,} bytes, measured; "
+            "running commands watched, stopped when they write past a budget"
+        )
 
     def _kernel(self, principal: str | None) -> bool:
         return self.images is not None and principal is not None

@@ -209,10 +209,7 @@ class _Process:
         with self._lock:
             if self.done.is_set() or self.end_reason is not None:
                 return
-            self.warning = why
-            if self._output and not self._output.endswith(b"\n"):
-                self._output += b"\n"  # the note on a line of its own
-        self.note(f"killed: {why}")
+            self.warning = why  # `output` ends with it: after what is still drained
         self.kill("killed")
 
     def stop(self) -> None:
@@ -229,14 +226,19 @@ class _Process:
     def output(self) -> str:
         with self._lock:
             data, dropped = bytes(self._output), self._dropped
-        if not dropped:
-            return data.decode("utf-8", "replace")
-        # Don't start in the middle of a UTF-8 character.
-        cut = 0
-        while cut < min(len(data), 3) and 0x80 <= data[cut] <= 0xBF:
-            cut += 1
-        note = f"[... {dropped + cut} bytes of earlier output dropped ...]\n"
-        return note + data[cut:].decode("utf-8", "replace")
+        text = data.decode("utf-8", "replace")
+        if dropped:
+            # Don't start in the middle of a UTF-8 character.
+            cut = 0
+            while cut < min(len(data), 3) and 0x80 <= data[cut] <= 0xBF:
+                cut += 1
+            note = f"[... {dropped + cut} bytes of earlier output dropped ...]\n"
+            text = note + data[cut:].decode("utf-8", "replace")
+        if self.warning is not None:  # stopped for a disk budget: said last, on its own line
+            text += ("\n" if text and not text.endswith("\n") else "") + (
+                f"[ctxactors: killed: {self.warning}]\n"
+            )
+        return text
 
     def summary(self) -> dict[str, Any]:
         status = self.status

@@ -23,6 +23,7 @@ from test_workspace_disk_budget import MIB, disk_runtime, disks_of, kernel, run
 from workspace_support import WAIT, Leaks, call, start, wait_done
 
 from ctxactors import Runtime
+from ctxactors.cli.loadtest.refusals import command_refusal
 from ctxactors.sandbox_disk import measure
 from ctxactors.servers.workspace import Workspace
 from ctxactors.state import SQLiteStore
@@ -48,11 +49,20 @@ TAIL = (
 )
 
 
+def test_the_load_testers_count_a_command_stopped_at_a_disk_budget_by_its_variable() -> None:
+    why = TAIL.replace("(?P<used>[0-9,]+)", "9").replace("\\", "")
+    why = why.format(whose="the server's", limit=8, var="CTXACTORS_WORKSPACE_SERVER_DISK_BYTES")
+    output = f"partial line\n[ctxactors: killed: {why}]\n"
+    assert command_refusal(output, -9, "killed") == "CTXACTORS_WORKSPACE_SERVER_DISK_BYTES"
+    assert command_refusal("x\n[ctxactors: killed: (CTXACTORS_X)]\n", 0, "exited") is None
+
+
 def writer(files: int) -> str:
-    """A command writing `files` files of 256 KiB, at most 5 MiB/s; "wrote all" at the end."""
+    """A command writing `files` files of 256 KiB, at most 5 MiB/s, and a dot for each (no
+    newline: the server's note must still come on a line of its own); "wrote all" at the end."""
     return (
         f"i=0; while [ $i -lt {files} ]; do i=$((i+1)); "
-        "head -c 256K /dev/zero > f$i || exit 1; sleep 0.05; done; echo wrote all"
+        "head -c 256K /dev/zero > f$i || exit 1; printf .; sleep 0.05; done; echo wrote all"
     )
 
 
@@ -68,7 +78,8 @@ def stopped(rt: Runtime, session: str, process_id: str, principal: str, tail: st
     assert done["exitCode"] == -9
     why = re.fullmatch(tail, done["warning"])
     assert why is not None, done["warning"]
-    assert done["output"].endswith(f"[ctxactors: killed: {done['warning']}]\n"), done["output"]
+    assert re.fullmatch(r"\.+\n\[ctxactors: killed: [^\n]+\]\n", done["output"]), done["output"]
+    assert done["output"].endswith(f"\n[ctxactors: killed: {done['warning']}]\n")
     assert "wrote all" not in done["output"]
     return int(why["used"].replace(",", ""))
 
@@ -108,7 +119,7 @@ def test_measured_a_loop_of_small_files_is_stopped_at_the_principals_budget(
         # (its note first: it starts at the budget, where no file may grow)
         deleted = run(rt, "m1", "rm f*; ls | wc -l", "mallory")["output"]
         assert deleted.startswith("[ctxactors: this principal's") and deleted.endswith("]\n0\n")
-        assert run(rt, "m1", writer(4), "mallory")["output"] == "wrote all\n"
+        assert run(rt, "m1", writer(4), "mallory")["output"] == "....wrote all\n"
 
 
 def test_a_reader_over_the_budget_keeps_running(store: SQLiteStore, leaks: Leaks) -> None:
@@ -168,4 +179,4 @@ def test_kernel_the_server_wide_budget_stops_only_the_principal_that_grew(
         # ext4 gives the blocks back to the host (discard) at its next journal commit.
         images = disks.images
         wait_until(lambda: images.allocated() < server - MIB, WAIT, describe=images.allocated)
-        assert run(rt, "m1", writer(4), "mallory")["output"] == "wrote all\n"
+        assert run(rt, "m1", writer(4), "mallory")["output"] == "....wrote all\n"
