@@ -42,6 +42,7 @@ from ctxactors.logs import get_logger
 from ctxactors.settings import Cap, WorkspaceSettings
 
 MAX_ENTRIES = 200_000  # files and directories the measured walk visits per principal
+MAX_DEPTH = 256  # directories nested deeper count as past the bound (an open fd a level)
 _FULL = 64 << 10  # a kernel-held filesystem with less than this free counts as full
 
 
@@ -81,34 +82,80 @@ class Admission(NamedTuple):
 def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
     """(bytes allocated, entries) under `path`, each inode once, never following a link,
     visiting at most `MAX_ENTRIES` entries (then it stops: the count is past the bound);
-    `names`: only the top-level entries starting with it."""
+    `names`: only the top-level entries starting with it.
+
+    What can't be counted counts as past the bound too (entries ``MAX_ENTRIES + 1``): a
+    directory nested deeper than `MAX_DEPTH`, or one the server may not list (its owner,
+    the sandbox, can ``chmod 100`` it and write in it by name, hidden from the count)."""
     total, entries = 0, 0
     seen: set[tuple[int, int]] = set()
     try:
         top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return 0, 0
+    except PermissionError:  # the sandbox owns its directory, and may chmod it 0
+        return 0, MAX_ENTRIES + 1
+    # Depth first with a stack, not recursion (os.fwalk recurses: a tree nested a few
+    # thousand deep, which a sandbox can make, ends it in RecursionError): one open
+    # directory and its names not visited yet per level, closed once popped.
+    listing = _listing(top)
+    if listing is None:
+        return 0, MAX_ENTRIES + 1
+    if names is not None:
+        listing = [n for n in listing if n.startswith(names)]
+    frames: list[tuple[int, list[str]]] = [(top, listing)]
     try:
-        for dirpath, dirs, files, fd in os.fwalk(dir_fd=top, follow_symlinks=False):
-            if dirpath == "." and names is not None:
-                dirs[:] = [d for d in dirs if d.startswith(names)]
-                files = [f for f in files if f.startswith(names)]
-            for name in dirs + files:
-                entries += 1
-                if entries > MAX_ENTRIES:
-                    return total, entries
-                try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # deleted meanwhile
-                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):  # a hard link: once
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
+        while frames:
+            fd, pending = frames[-1]
+            if not pending:
+                frames.pop()
+                os.close(fd)
+                continue
+            name = pending.pop()
+            entries += 1
+            if entries > MAX_ENTRIES:
+                return total, entries
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            if stat.S_ISDIR(st.st_mode):
                 total += st.st_blocks * 512
+                if len(frames) > MAX_DEPTH:
+                    return total, MAX_ENTRIES + 1
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                try:
+                    child = os.open(name, flags, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # deleted, or replaced, meanwhile
+                except PermissionError:
+                    return total, MAX_ENTRIES + 1
+                inside = _listing(child)
+                if inside is None:
+                    return total, MAX_ENTRIES + 1
+                frames.append((child, inside))
+                continue
+            if st.st_nlink > 1:  # a hard link: once
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
     finally:
-        os.close(top)
+        for fd, _ in frames:
+            os.close(fd)
     return total, entries
+
+
+def _listing(fd: int) -> list[str] | None:
+    """The names in the open directory `fd`, or None (and `fd` closed) if the server may
+    not list it; on any other error `fd` is closed and the error raised."""
+    try:
+        return os.listdir(fd)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, PermissionError):
+            return None
+        raise
 
 
 class DiskBudgets:
@@ -222,10 +269,10 @@ class DiskBudgets:
                 self._dirs[name] = found
                 self._walked.add(name)
 
-    def last(self, principal: str | None, directory: str) -> int:
-        """The bytes of a measured principal's `directory` at its last count (0: none)."""
+    def last(self, principal: str | None, directory: str) -> tuple[int, int]:
+        """A measured principal's `directory` at its last count: (bytes, entries)."""
         with self._lock:
-            return self._dirs.get(cgroups.group_name(principal), {}).get(directory, (0, 0))[0]
+            return self._dirs.get(cgroups.group_name(principal), {}).get(directory, (0, 0))
 
     def counted(
         self, fresh: dict[str, dict[str, tuple[int, int]]]
@@ -323,7 +370,8 @@ class DiskBudgets:
         """Why a principal past the walk's bound may not write."""
         return (
             f"this principal's workspace holds more than {MAX_ENTRIES:,} files and "
-            "directories, the most the server counts: commands can't write files until "
+            f"directories, or nests them more than {MAX_DEPTH} deep, or in one the server "
+            "may not read: more than the server counts; commands can't write files until "
             "some are deleted (rm) or sessions ended"
         )
 

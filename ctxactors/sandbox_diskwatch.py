@@ -56,12 +56,13 @@ _COST_FACTOR = 10  # pause = this x the last pass's cost: the watch takes <= ~1/
 @dataclass(eq=False)
 class _Watched:
     """One running command: whose, where it writes, how to stop it, and its files' count
-    (its directory's bytes, or its principal's filesystem's use) when it started."""
+    when it started: its directory's (bytes, entries), or its principal's filesystem's
+    (bytes used, 0)."""
 
     principal: str | None
     directory: str
     stop: Callable[[str], None]
-    start: int
+    start: tuple[int, int]
     kernel: bool
     stopped: bool = field(default=False)
 
@@ -82,7 +83,9 @@ class DiskWatch:
     ) -> None:
         """Watch a command from now until `remove(key)`; `stop(why)` kills it."""
         kernel = self.disks.images is not None and principal is not None
-        start = _filesystem_used(directory) if kernel else self.disks.last(principal, directory)
+        start = (
+            (_filesystem_used(directory), 0) if kernel else self.disks.last(principal, directory)
+        )
         watched = _Watched(principal, directory, stop, start, kernel)
         with self._lock:
             if self._closed:
@@ -140,33 +143,31 @@ class DiskWatch:
     def _pass(self, watched: list[_Watched]) -> None:
         disks = self.disks
         fresh: dict[str, dict[str, tuple[int, int]]] = {}
-        for w in watched:
-            if not w.kernel:
-                found = fresh.setdefault(cgroups.group_name(w.principal), {})
-                if w.directory not in found:
-                    found[w.directory] = measure(w.directory)
-        totals, measured = disks.counted(fresh)
-        now: dict[int, int] = {}  # id(w) -> its count now, as `start`
+        now: dict[int, tuple[int, int]] = {}  # id(watched) -> its count now, as its `start`
         for w in watched:
             if w.kernel:
-                now[id(w)] = _filesystem_used(w.directory)
-            else:
-                now[id(w)] = fresh[cgroups.group_name(w.principal)][w.directory][0]
-        why: dict[int, str] = {}
-        budget = disks.budget.principal_disk_bytes
-        for w in watched:
-            if w.kernel or w.principal is None or now[id(w)] <= w.start:
+                now[id(w)] = (_filesystem_used(w.directory), 0)
                 continue
+            found = fresh.setdefault(cgroups.group_name(w.principal), {})
+            if w.directory not in found:
+                found[w.directory] = _measure(w.directory, w.start)
+            now[id(w)] = found[w.directory]
+        totals, measured = disks.counted(fresh)
+        # Only a command whose files grew is stopped: rm must work over a budget.
+        grew = [w for w in watched if now[id(w)][0] > w.start[0] or now[id(w)][1] > w.start[1]]
+        why: dict[int, str] = {}
+        for w in grew:
+            if w.kernel or w.principal is None:
+                continue  # its filesystem holds its budget, or it has none of its own
             used, entries = totals[cgroups.group_name(w.principal)]
             if entries > MAX_ENTRIES:
                 why[id(w)] = disks.too_many()
-            elif used > budget:
+            elif used > disks.budget.principal_disk_bytes:
                 why[id(w)] = disks.full("principal_disk_bytes", used)
         server = measured + (disks.images.allocated() if disks.images is not None else 0)
         if server > disks.server_bytes:
-            for w in watched:
-                if id(w) not in why and now[id(w)] > w.start:
-                    why[id(w)] = disks.full("server_disk_bytes", server)
+            for w in grew:
+                why.setdefault(id(w), disks.full("server_disk_bytes", server))
         for w in watched:
             if id(w) in why:
                 w.stopped = True
@@ -174,6 +175,15 @@ class DiskWatch:
                     "disk_budget_stopped", directory=w.directory, why=why[id(w)]
                 )
                 w.stop(why[id(w)])
+
+
+def _measure(directory: str, last: tuple[int, int]) -> tuple[int, int]:
+    """`measure`, and what can't be walked (an error) counted as past the bound: one
+    directory must not blind the watch to every other."""
+    try:
+        return measure(directory)
+    except OSError:
+        return last[0], MAX_ENTRIES + 1
 
 
 def _filesystem_used(directory: str) -> int:

@@ -24,7 +24,7 @@ from workspace_support import WAIT, Leaks, call, start, wait_done
 
 from ctxactors import Runtime
 from ctxactors.cli.loadtest.refusals import command_refusal
-from ctxactors.sandbox_disk import measure
+from ctxactors.sandbox_disk import MAX_DEPTH, MAX_ENTRIES, measure
 from ctxactors.servers.workspace import Workspace
 from ctxactors.state import SQLiteStore
 from ctxactors.testing import wait_until
@@ -179,4 +179,42 @@ def test_kernel_the_server_wide_budget_stops_only_the_principal_that_grew(
         # ext4 gives the blocks back to the host (discard) at its next journal commit.
         images = disks.images
         wait_until(lambda: images.allocated() < server - MIB, WAIT, describe=images.allocated)
+        assert run(rt, "m1", writer(4), "mallory")["output"] == "....wrote all\n"
+
+
+def nest(root: Path, depth: int) -> Path:
+    root.mkdir()
+    path = root
+    for _ in range(depth):
+        path = path / "a"
+        path.mkdir()
+    return path
+
+
+def test_a_tree_nested_too_deep_counts_as_past_the_bound_and_leaks_no_descriptor(
+    tmp_path: Path,
+) -> None:
+    """A recursive walk (os.fwalk) ended in RecursionError on a few thousand levels, which
+    left the count as it was: the principal's writes went uncounted."""
+    fds = len(os.listdir("/proc/self/fd"))
+    (nest(tmp_path / "deep", 1500) / "f").write_bytes(b"x" * 8192)
+    assert measure(str(tmp_path / "deep"))[1] == MAX_ENTRIES + 1
+    nest(tmp_path / "shallow", MAX_DEPTH)
+    assert measure(str(tmp_path / "shallow"))[1] == MAX_DEPTH
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_measured_a_command_writing_in_a_tree_too_deep_to_count_is_stopped(
+    store: SQLiteStore, leaks: Leaks
+) -> None:
+    with disk_runtime(leaks, store, disk="off", principal_disk_bytes=64 * MIB) as rt:
+        deep = "d=$(printf 'a/%.0s' $(seq 1500)); mkdir -p $d && cd $d && "
+        attack = start(rt, "m1", deep + writer(64), principal="mallory")
+        done = wait_done(rt, "m1", attack, principal="mallory")
+        assert (done["status"], done["warning"]) == ("killed", disks_of(rt).too_many()), done
+        assert done["output"].endswith(f"[ctxactors: killed: {done['warning']}]\n")
+        assert "wrote all" not in done["output"]
+        # Its next command starts with no file able to grow, and deleting the tree works.
+        deleted = run(rt, "m1", "rm -rf a f*; ls | wc -l", "mallory")["output"]
+        assert deleted == f"[ctxactors: {disks_of(rt).too_many()}]\n0\n"
         assert run(rt, "m1", writer(4), "mallory")["output"] == "....wrote all\n"
