@@ -12,8 +12,10 @@ the kill: under 2 s) is at most 10 MiB; the bounds below are that, not a measure
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -197,8 +199,11 @@ def test_a_tree_nested_too_deep_counts_as_past_the_bound_and_leaks_no_descriptor
     """A recursive walk (os.fwalk) ended in RecursionError on a few thousand levels, which
     left the count as it was: the principal's writes went uncounted."""
     fds = len(os.listdir("/proc/self/fd"))
-    (nest(tmp_path / "deep", 1500) / "f").write_bytes(b"x" * 8192)
-    assert measure(str(tmp_path / "deep"))[1] == MAX_ENTRIES + 1
+    try:
+        (nest(tmp_path / "deep", 1500) / "f").write_bytes(b"x" * 8192)
+        assert measure(str(tmp_path / "deep"))[1] == MAX_ENTRIES + 1
+    finally:  # shutil.rmtree (pytest's clean-up) recurses too: rm doesn't
+        subprocess.run(["rm", "-rf", str(tmp_path / "deep")], check=True)
     nest(tmp_path / "shallow", MAX_DEPTH)
     assert measure(str(tmp_path / "shallow"))[1] == MAX_DEPTH
     assert len(os.listdir("/proc/self/fd")) == fds
@@ -207,9 +212,14 @@ def test_a_tree_nested_too_deep_counts_as_past_the_bound_and_leaks_no_descriptor
 def test_measured_a_command_writing_in_a_tree_too_deep_to_count_is_stopped(
     store: SQLiteStore, leaks: Leaks
 ) -> None:
-    with disk_runtime(leaks, store, disk="off", principal_disk_bytes=64 * MIB) as rt:
+    with (
+        contextlib.ExitStack() as cleanup,  # if it fails: shutil.rmtree can't remove the tree
+        disk_runtime(leaks, store, disk="off", principal_disk_bytes=64 * MIB) as rt,
+    ):
         deep = "d=$(printf 'a/%.0s' $(seq 1500)); mkdir -p $d && cd $d && "
         attack = start(rt, "m1", deep + writer(64), principal="mallory")
+        session = Workspace._kept[rt].path(("mallory", "m1"))  # noqa: SLF001
+        cleanup.callback(subprocess.run, ["rm", "-rf", os.path.join(session, "a")], check=True)
         done = wait_done(rt, "m1", attack, principal="mallory")
         assert (done["status"], done["warning"]) == ("killed", disks_of(rt).too_many()), done
         assert done["output"].endswith(f"[ctxactors: killed: {done['warning']}]\n")
