@@ -92,10 +92,13 @@ class DiskWatch:
                 return
             self._watched[key] = watched
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="ctxactors-diskwatch", daemon=True
-                )
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="ctxactors-diskwatch", daemon=True)
+                try:
+                    thread.start()
+                except BaseException:  # no thread: the caller must not start the command
+                    del self._watched[key]
+                    raise
+                self._thread = thread
 
     def remove(self, key: str) -> None:
         with self._lock:
