@@ -134,7 +134,7 @@ class DiskWatch:
                 failed = ""
             except Exception as exc:  # a session ended meanwhile, ...: the next pass tries again
                 if str(exc) != failed:
-                    log.warning("disk_watch_failed", error=str(exc))
+                    log.warning("disk_watch_failed", error=str(exc), exc_info=True)
                 failed = str(exc)
             self.passes += 1
             cost = time.perf_counter() - began
