@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -228,3 +231,31 @@ def test_measured_a_command_writing_in_a_tree_too_deep_to_count_is_stopped(
         deleted = run(rt, "m1", "rm -rf a f*; ls | wc -l", "mallory")["output"]
         assert deleted == f"[ctxactors: {disks_of(rt).too_many()}]\n0\n"
         assert run(rt, "m1", writer(4), "mallory")["output"] == "....wrote all\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: to hand the tree to another uid")
+def test_a_directory_the_server_may_not_read_counts_as_past_the_bound(tmp_path: Path) -> None:
+    """A non-root server runs its sandboxes as its own uid: a sandbox may ``chmod 100`` a
+    directory and write in it by name, where the server's walk can't list it. The walk ran
+    as root here would read it, so it runs as the tree's owner, as such a server would."""
+    base = Path(tempfile.mkdtemp(prefix="ctxactors-test-perm-"))  # tmp_path's parents: 0700
+    try:
+        base.chmod(0o755)
+        hidden = base / "top" / "hidden"
+        hidden.mkdir(parents=True)
+        (hidden / "f").write_bytes(b"x" * 65536)
+        subprocess.run(["chown", "-R", "65534:65534", str(base / "top")], check=True)
+        hidden.chmod(0o100)
+        walk = f"from ctxactors.sandbox_disk import measure; print(measure({str(base / 'top')!r}))"
+        done = subprocess.run(
+            [sys.executable, "-c", walk],
+            user=65534,
+            group=65534,
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+        assert done.stdout == f"({os.stat(hidden).st_blocks * 512}, {MAX_ENTRIES + 1})\n"
+    finally:
+        shutil.rmtree(base)
