@@ -15,15 +15,17 @@ store and the system).
   directories stay in the root): the server walks the principal's directories (at its
   first command of this run, and after each command ends; a bounded walk: past
   `MAX_ENTRIES` files the principal counts as over) and starts each command under an
-  ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. Commands running
-  at once may each write up to what was left when they started: the overshoot is bounded
-  by the principal's running sandboxes.
+  ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. That caps one
+  file, not what a command writes: while commands run, `ctxactors.sandbox_diskwatch`
+  walks their directories again (a pass every 50 ms to 1 s) and stops those that grew
+  the principal past its budget; the overshoot is what they write between two passes.
 
 Once a principal is at a budget, its commands still start (deleting files with ``rm`` is a
 command, and must always work) but under an ``RLIMIT_FSIZE`` of 0: no file can grow; the
 call's answer and the process's output say which budget is full and how to free it. The
 server-wide budget is measured in both modes (the images are sparse: what they hold on the
-host). Ending a session only deletes, which needs no space.
+host), when a command starts and, while commands run, by the same watch: past it, the
+commands whose files grew are stopped. Ending a session only deletes, which needs no space.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ctxactors.logs import get_logger
 from ctxactors.settings import Cap, WorkspaceSettings
 
 MAX_ENTRIES = 200_000  # files and directories the measured walk visits per principal
+MAX_DEPTH = 256  # directories nested deeper count as past the bound (an open fd a level)
 _FULL = 64 << 10  # a kernel-held filesystem with less than this free counts as full
 
 
@@ -79,34 +82,80 @@ class Admission(NamedTuple):
 def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
     """(bytes allocated, entries) under `path`, each inode once, never following a link,
     visiting at most `MAX_ENTRIES` entries (then it stops: the count is past the bound);
-    `names`: only the top-level entries starting with it."""
+    `names`: only the top-level entries starting with it.
+
+    What can't be counted counts as past the bound too (entries ``MAX_ENTRIES + 1``): a
+    directory nested deeper than `MAX_DEPTH`, or one the server may not list (its owner,
+    the sandbox, can ``chmod 100`` it and write in it by name, hidden from the count)."""
     total, entries = 0, 0
     seen: set[tuple[int, int]] = set()
     try:
         top = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except (FileNotFoundError, NotADirectoryError):
         return 0, 0
+    except PermissionError:  # the sandbox owns its directory, and may chmod it 0
+        return 0, MAX_ENTRIES + 1
+    # Depth first with a stack, not recursion (os.fwalk recurses: a tree nested a few
+    # thousand deep, which a sandbox can make, ends it in RecursionError): one open
+    # directory and its names not visited yet per level, closed once popped.
+    listing = _listing(top)
+    if listing is None:
+        return 0, MAX_ENTRIES + 1
+    if names is not None:
+        listing = [n for n in listing if n.startswith(names)]
+    frames: list[tuple[int, list[str]]] = [(top, listing)]
     try:
-        for dirpath, dirs, files, fd in os.fwalk(dir_fd=top, follow_symlinks=False):
-            if dirpath == "." and names is not None:
-                dirs[:] = [d for d in dirs if d.startswith(names)]
-                files = [f for f in files if f.startswith(names)]
-            for name in dirs + files:
-                entries += 1
-                if entries > MAX_ENTRIES:
-                    return total, entries
-                try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                except FileNotFoundError:
-                    continue  # deleted meanwhile
-                if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):  # a hard link: once
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
+        while frames:
+            fd, pending = frames[-1]
+            if not pending:
+                frames.pop()
+                os.close(fd)
+                continue
+            name = pending.pop()
+            entries += 1
+            if entries > MAX_ENTRIES:
+                return total, entries
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted meanwhile
+            if stat.S_ISDIR(st.st_mode):
                 total += st.st_blocks * 512
+                if len(frames) > MAX_DEPTH:
+                    return total, MAX_ENTRIES + 1
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                try:
+                    child = os.open(name, flags, dir_fd=fd)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # deleted, or replaced, meanwhile
+                except PermissionError:
+                    return total, MAX_ENTRIES + 1
+                inside = _listing(child)
+                if inside is None:
+                    return total, MAX_ENTRIES + 1
+                frames.append((child, inside))
+                continue
+            if st.st_nlink > 1:  # a hard link: once
+                if (st.st_dev, st.st_ino) in seen:
+                    continue
+                seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * 512
     finally:
-        os.close(top)
+        for fd, _ in frames:
+            os.close(fd)
     return total, entries
+
+
+def _listing(fd: int) -> list[str] | None:
+    """The names in the open directory `fd`, or None (and `fd` closed) if the server may
+    not list it; on any other error `fd` is closed and the error raised."""
+    try:
+        return os.listdir(fd)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, PermissionError):
+            return None
+        raise
 
 
 class DiskBudgets:
@@ -167,7 +216,10 @@ class DiskBudgets:
         return disks
 
     def describe(self) -> str:
-        return f"{self.enforcement}; server-wide {self.server_bytes:,} bytes, measured"
+        return (
+            f"{self.enforcement}; server-wide {self.server_bytes:,} bytes, measured; "
+            "running commands watched, stopped when they write past a budget"
+        )
 
     def _kernel(self, principal: str | None) -> bool:
         return self.images is not None and principal is not None
@@ -237,6 +289,27 @@ class DiskBudgets:
                 self._dirs[name] = found
                 self._walked.add(name)
 
+    def last(self, principal: str | None, directory: str) -> tuple[int, int]:
+        """A measured principal's `directory` at its last count: (bytes, entries)."""
+        with self._lock:
+            return self._dirs.get(cgroups.group_name(principal), {}).get(directory, (0, 0))
+
+    def counted(
+        self, fresh: dict[str, dict[str, tuple[int, int]]]
+    ) -> tuple[dict[str, tuple[int, int]], int]:
+        """With `fresh` counts (area name -> directory -> (bytes, entries)) in place of the
+        last ones of those directories: each measured area's (bytes, entries), and the bytes
+        of every measured area together (for `ctxactors.sandbox_diskwatch`; nothing kept)."""
+        with self._lock:
+            areas = {name: dict(found) for name, found in self._dirs.items()}
+        for name, found in fresh.items():
+            areas.setdefault(name, {}).update(found)
+        totals = {
+            name: (sum(b for b, _ in found.values()), sum(e for _, e in found.values()))
+            for name, found in areas.items()
+        }
+        return totals, sum(b for b, _ in totals.values())
+
     def _total(self, name: str) -> tuple[int, int]:
         with self._lock:
             counts = list(self._dirs.get(name, {}).values())
@@ -278,20 +351,15 @@ class DiskBudgets:
             used, capacity = self.images.usage(principal)
             left = min(capacity, self.budget.principal_disk_bytes) - used
             if used > self.budget.principal_disk_bytes:  # a lowered budget, not shrunk yet
-                return Admission(0, self._full("principal_disk_bytes", used))
-            note = self._full("principal_disk_bytes", used) if left < _FULL else None
+                return Admission(0, self.full("principal_disk_bytes", used))
+            note = self.full("principal_disk_bytes", used) if left < _FULL else None
             server = self._server_left()
             if server <= 0:
-                return Admission(0, self._full("server_disk_bytes", self.server_used()))
+                return Admission(0, self.full("server_disk_bytes", self.server_used()))
             return Admission(min(file_bytes, server), note)
         used, entries = self.measure(principal)
         if entries > MAX_ENTRIES:
-            return Admission(
-                0,
-                f"this principal's workspace holds more than {MAX_ENTRIES:,} files and "
-                "directories, the most the server counts: commands can't write files until "
-                "some are deleted (rm) or sessions ended",
-            )
+            return Admission(0, self.too_many())
         left = self._server_left()
         if principal is not None:
             left = min(left, self.budget.principal_disk_bytes - used)
@@ -300,13 +368,13 @@ class DiskBudgets:
             if principal is not None and self._server_left() <= 0:
                 setting = "server_disk_bytes"
             shown = self.server_used() if setting == "server_disk_bytes" else used
-            return Admission(0, self._full(setting, shown))
+            return Admission(0, self.full(setting, shown))
         return Admission(min(file_bytes, left))
 
     def _server_left(self) -> int:
         return self.server_bytes - self.server_used()
 
-    def _full(self, setting: str, used: int) -> str:
+    def full(self, setting: str, used: int) -> str:
         whose = "this principal's" if setting == "principal_disk_bytes" else "the server's"
         cap = (
             Cap(self.budget.cap("server_disk_bytes").setting, self.server_bytes)
@@ -316,6 +384,15 @@ class DiskBudgets:
         return (
             cap.exceeded(f"{whose} workspace files take {used:,} bytes of disk")
             + "; until some are deleted (rm) or sessions ended, commands can't write files"
+        )
+
+    def too_many(self) -> str:
+        """Why a principal past the walk's bound may not write."""
+        return (
+            f"this principal's workspace holds more than {MAX_ENTRIES:,} files and "
+            f"directories, or nests them more than {MAX_DEPTH} deep, or in one the server "
+            "may not read: more than the server counts; commands can't write files until "
+            "some are deleted (rm) or sessions ended"
         )
 
     def _three_quarters(self) -> int:

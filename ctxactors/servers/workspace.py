@@ -112,6 +112,7 @@ class _Process:
         self.deadline = time.monotonic() + timeout
         self.max_output = max_output
         self.end_reason: str | None = None  # "killed" or "timeout", set once
+        self.warning: str | None = None  # why a disk budget stopped it, if one did
         self.stopping = False
         self._lock = threading.Lock()
         self._output = bytearray()
@@ -202,6 +203,15 @@ class _Process:
         except (ProcessLookupError, PermissionError):
             pass  # the group is already gone
 
+    def stop_for_disk(self, why: str) -> None:
+        """Kill it for a disk budget it pushed over (`ctxactors.sandbox_diskwatch`),
+        saying so last in its output and in its poll's answer."""
+        with self._lock:
+            if self.done.is_set() or self.end_reason is not None:
+                return
+            self.warning = why  # `output` ends with it: after what is still drained
+        self.kill("killed")
+
     def stop(self) -> None:
         """For close(): kill, and make the watcher give up soon whatever happens."""
         self.stopping = True
@@ -216,14 +226,19 @@ class _Process:
     def output(self) -> str:
         with self._lock:
             data, dropped = bytes(self._output), self._dropped
-        if not dropped:
-            return data.decode("utf-8", "replace")
-        # Don't start in the middle of a UTF-8 character.
-        cut = 0
-        while cut < min(len(data), 3) and 0x80 <= data[cut] <= 0xBF:
-            cut += 1
-        note = f"[... {dropped + cut} bytes of earlier output dropped ...]\n"
-        return note + data[cut:].decode("utf-8", "replace")
+        text = data.decode("utf-8", "replace")
+        if dropped:
+            # Don't start in the middle of a UTF-8 character.
+            cut = 0
+            while cut < min(len(data), 3) and 0x80 <= data[cut] <= 0xBF:
+                cut += 1
+            note = f"[... {dropped + cut} bytes of earlier output dropped ...]\n"
+            text = note + data[cut:].decode("utf-8", "replace")
+        if self.warning is not None:  # stopped for a disk budget: said last, on its own line
+            text += ("\n" if text and not text.endswith("\n") else "") + (
+                f"[ctxactors: killed: {self.warning}]\n"
+            )
+        return text
 
     def summary(self) -> dict[str, Any]:
         status = self.status
@@ -362,11 +377,12 @@ class Workspace(Server):
             )
         return self._ids
 
-    def _finished(self, principal: str | None) -> None:
+    def _finished(self, principal: str | None, process_id: str) -> None:
         """From a command's watcher once it ended: count what it left on disk (before the
         process reads as done, so the next command is admitted on the new count)."""
         try:
             if self._host is not None:
+                self._host.watch.remove(process_id)
                 self._host.disks.measure(principal, self._dir)
         except Exception as exc:  # never in the way of "done": the last count stays
             get_logger("ctxactors.workspace").warning("disk_measure_failed", error=str(exc))
@@ -438,7 +454,7 @@ class Workspace(Server):
             if lease is not None:
                 lease.release()
             raise
-        done = functools.partial(self._finished, ctx.principal)
+        done = functools.partial(self._finished, ctx.principal, process_id)
         proc = _Process(process_id, command, popen, seconds, self.max_output_bytes, done, lease)
         full = admission.full if admission is not None else None
         if full is not None:  # said first in its output too: the model reads that
@@ -446,8 +462,12 @@ class Workspace(Server):
         with self._active_lock:
             self._active += 1
         try:
+            if self._host is not None:  # watched until its watcher ends (`_finished`)
+                self._host.watch.add(process_id, ctx.principal, workdir, proc.stop_for_disk)
             proc.thread.start()
         except BaseException:  # no thread, no watcher: don't leave the child behind
+            if self._host is not None:
+                self._host.watch.remove(process_id)
             with self._active_lock:
                 self._active -= 1
             os.killpg(popen.pid, signal.SIGKILL)
@@ -471,15 +491,19 @@ class Workspace(Server):
     @tool(read_only=True, extract=_PROCESS_OUTCOME)
     def poll_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name
         """Status (running, exited, killed, timeout), exit code and output so far of a
-        process this session started. Old output beyond the cap is dropped (newest kept)."""
+        process this session started. Old output beyond the cap is dropped (newest kept);
+        a `warning` says which disk budget it pushed over, when one stopped it."""
         proc = self._get(processId)
         status = proc.status  # read before the output: "exited" means the output is whole
-        return {
+        polled = {
             "processId": processId,
             "status": status,
             "exitCode": proc.proc.returncode if status != "running" else None,
             "output": proc.output(),
         }
+        if proc.warning is not None:  # a disk budget stopped it: which, and what to do
+            polled["warning"] = proc.warning
+        return polled
 
     @tool(destructive=True, idempotent=True, blocking=True, extract=_PROCESS_OUTCOME)
     def kill_process(self, ctx: ToolContext, processId: ProcessId) -> dict[str, Any]:  # noqa: N803 - the public argument name

@@ -2,7 +2,8 @@
 
 Every session's workspace asks the same object, so that what holds *across* a principal's
 sessions holds: its sandboxes' budgets (`ctxactors.sandbox_limits`) and its own host uid
-(`ctxactors.sandbox_uids`, on a root server). A session asks once for its uid (its
+(`ctxactors.sandbox_uids`, on a root server), and the watch of their running commands'
+disk use (`ctxactors.sandbox_diskwatch`). A session asks once for its uid (its
 directory belongs to it) and once per command for a place in the budgets.
 """
 
@@ -13,6 +14,7 @@ import os
 from ctxactors import sandbox as sandboxes
 from ctxactors import sandbox_seccomp
 from ctxactors.sandbox_disk import Admission, DiskBudgets
+from ctxactors.sandbox_diskwatch import DiskWatch
 from ctxactors.sandbox_limits import Lease, SandboxBudgets
 from ctxactors.sandbox_uids import SandboxUids
 from ctxactors.settings import WorkspaceSettings
@@ -26,6 +28,7 @@ class Tenants:
         sandbox = settings.sandbox
         self.budgets = SandboxBudgets.open(settings.budget)
         self.disks = DiskBudgets.open(settings)
+        self.watch = DiskWatch(self.disks)  # stops commands that write past a disk budget
         self.uids = (
             SandboxUids(settings.root, sandbox.uid_first, sandbox.uid_count)
             if sandbox.switch_user and sandbox.uid_first is not None
@@ -74,6 +77,7 @@ class Tenants:
     def close(self) -> list[str]:
         """Remove the cgroups and unmount the disks (returns any left behind), and close the
         uid table."""
+        self.watch.close()
         if self.uids is not None:
             self.uids.close()
         return self.budgets.close() + self.disks.close()

@@ -46,6 +46,10 @@ def command_refusal(output: str, exit_code: int | None, status: str) -> str | No
     and exit status (None: nothing was refused)."""
     if output.startswith("[ctxactors: ") and (named := _SETTING.search(output.split("]\n")[0])):
         return named.group(1)  # started at a disk budget: no file may grow
+    last = output.rstrip("\n").rpartition("\n")[2]
+    if status == "killed" and last.startswith("[ctxactors: killed: "):
+        named = _SETTING.search(last)  # stopped for writing past a disk budget
+        return named.group(1) if named else None
     if "Cannot fork" in output or "Resource temporarily unavailable" in output:
         return "kernel: fork failed (pids.max or RLIMIT_NPROC)"
     if "No space left on device" in output:

@@ -1,0 +1,196 @@
+"""Stop the commands that push a disk budget over while they run: `DiskWatch`.
+
+``RLIMIT_FSIZE`` (`ctxactors.sandbox_disk.DiskBudgets.admit`) caps one file, not what a
+command writes: a loop of files each under it would write until the command's timeout (up
+to an hour) and could fill the disk under every tenant and the store. In kernel mode a
+principal's filesystem holds its own budget, but the images are sparse, so nothing but this
+watch holds them all together to ``server_disk_bytes``.
+
+One thread per runtime, started with the first running command and gone once none runs
+(no command, no thread, no polling). Each pass:
+
+- Measured principals (and callers with no principal, in either mode): the directories
+  their running commands can write (their session's directory: the sandbox's only
+  writable disk path) are walked again, with `sandbox_disk.measure`'s bounded walk; the
+  rest of the principal's count is the last one. Past ``principal_disk_bytes`` (or past
+  `sandbox_disk.MAX_ENTRIES` entries), the principal's commands whose directory grew since
+  they started are stopped.
+- Server-wide, in both modes: the measured directories as above plus what the images hold
+  on the host (a stat each). Past ``server_disk_bytes``, the commands that grew their
+  files since they started are stopped (kernel-held principals: their filesystem's use, a
+  ``statvfs``); the others keep running.
+
+Only commands that grew are stopped: deleting (``rm``) always works, even over a budget,
+and a principal's reads or another principal's commands are never in the way.
+
+The pause between passes is 10 times what the last pass cost, between 50 ms and 1 s: a
+pass of a few files costs well under a millisecond, so it runs 20 times a second; a walk
+of a directory at the bound (200,000 entries, about a second) runs at most about half the
+time. The overshoot is what the principal writes in one pause plus one pass (at most about
+2 s of its write speed); past its budget its next command starts with no file able to grow.
+The server-wide budget's default is 3/4 of the free space, so the quarter kept free
+absorbs that overshoot for the store and the system.
+
+A stopped command reads as ``killed``; its output ends with a line saying which budget is
+full and what to do, as does the ``warning`` of its poll's answer. The files it wrote stay,
+so the principal can ``rm`` them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ctxactors import cgroups
+from ctxactors.logs import get_logger
+from ctxactors.sandbox_disk import MAX_ENTRIES, DiskBudgets, measure
+
+_MIN_PAUSE = 0.05  # seconds between passes, at least
+_MAX_PAUSE = 1.0  # and at most: the overshoot's bound
+_COST_FACTOR = 10  # pause = this x the last pass's cost: the watch takes <= ~1/10 of a CPU
+
+
+@dataclass(eq=False)
+class _Watched:
+    """One running command: whose, where it writes, how to stop it, and its files' count
+    when it started: its directory's (bytes, entries), or its principal's filesystem's
+    (bytes used, 0)."""
+
+    principal: str | None
+    directory: str
+    stop: Callable[[str], None]
+    start: tuple[int, int]
+    kernel: bool
+    stopped: bool = field(default=False)
+
+
+class DiskWatch:
+    """The watch of one runtime's running commands; thread-safe."""
+
+    def __init__(self, disks: DiskBudgets) -> None:
+        self.disks = disks
+        self._lock = threading.Condition()
+        self._watched: dict[str, _Watched] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.passes = 0  # for tests and the curious: passes made in this run
+
+    def add(
+        self, key: str, principal: str | None, directory: str, stop: Callable[[str], None]
+    ) -> None:
+        """Watch a command from now until `remove(key)`; `stop(why)` kills it."""
+        kernel = self.disks.images is not None and principal is not None
+        start = (
+            (_filesystem_used(directory), 0) if kernel else self.disks.last(principal, directory)
+        )
+        watched = _Watched(principal, directory, stop, start, kernel)
+        with self._lock:
+            if self._closed:
+                return
+            self._watched[key] = watched
+            if self._thread is None:
+                thread = threading.Thread(target=self._run, name="ctxactors-diskwatch", daemon=True)
+                try:
+                    thread.start()
+                except BaseException:  # no thread: the caller must not start the command
+                    del self._watched[key]
+                    raise
+                self._thread = thread
+
+    def remove(self, key: str) -> None:
+        with self._lock:
+            self._watched.pop(key, None)
+            if not self._watched:
+                self._lock.notify_all()  # the thread ends now, not after its pause
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._watched.clear()
+            self._lock.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+
+    def _run(self) -> None:
+        log = get_logger("ctxactors.workspace")
+        failed = ""  # the last pass's error, logged once, not at every pass
+        while True:
+            with self._lock:
+                watched = [w for w in self._watched.values() if not w.stopped]
+                if not self._watched:
+                    self._thread = None
+                    return
+            if not watched:  # only commands being stopped: nothing to count
+                with self._lock:
+                    self._lock.wait(_MIN_PAUSE)
+                continue
+            began = time.perf_counter()
+            try:
+                self._pass(watched)
+                failed = ""
+            except Exception as exc:  # a session ended meanwhile, ...: the next pass tries again
+                if str(exc) != failed:
+                    log.warning("disk_watch_failed", error=str(exc), exc_info=True)
+                failed = str(exc)
+            self.passes += 1
+            cost = time.perf_counter() - began
+            pause = min(max(_COST_FACTOR * cost, _MIN_PAUSE), _MAX_PAUSE)
+            with self._lock:
+                if self._watched:
+                    self._lock.wait(pause)
+
+    def _pass(self, watched: list[_Watched]) -> None:
+        disks = self.disks
+        fresh: dict[str, dict[str, tuple[int, int]]] = {}
+        now: dict[int, tuple[int, int]] = {}  # id(watched) -> its count now, as its `start`
+        for w in watched:
+            if w.kernel:
+                now[id(w)] = (_filesystem_used(w.directory), 0)
+                continue
+            found = fresh.setdefault(cgroups.group_name(w.principal), {})
+            if w.directory not in found:
+                found[w.directory] = _measure(w.directory, w.start)
+            now[id(w)] = found[w.directory]
+        totals, measured = disks.counted(fresh)
+        # Only a command whose files grew is stopped: rm must work over a budget.
+        grew = [w for w in watched if now[id(w)][0] > w.start[0] or now[id(w)][1] > w.start[1]]
+        why: dict[int, str] = {}
+        for w in grew:
+            if w.kernel or w.principal is None:
+                continue  # its filesystem holds its budget, or it has none of its own
+            used, entries = totals[cgroups.group_name(w.principal)]
+            if entries > MAX_ENTRIES:
+                why[id(w)] = disks.too_many()
+            elif used > disks.budget.principal_disk_bytes:
+                why[id(w)] = disks.full("principal_disk_bytes", used)
+        server = measured + (disks.images.allocated() if disks.images is not None else 0)
+        if server > disks.server_bytes:
+            for w in grew:
+                why.setdefault(id(w), disks.full("server_disk_bytes", server))
+        for w in watched:
+            if id(w) in why:
+                w.stopped = True
+                get_logger("ctxactors.workspace").warning(
+                    "disk_budget_stopped", directory=w.directory, why=why[id(w)]
+                )
+                w.stop(why[id(w)])
+
+
+def _measure(directory: str, last: tuple[int, int]) -> tuple[int, int]:
+    """`measure`, and what can't be walked (an error) counted as past the bound: one
+    directory must not blind the watch to every other."""
+    try:
+        return measure(directory)
+    except OSError:
+        return last[0], MAX_ENTRIES + 1
+
+
+def _filesystem_used(directory: str) -> int:
+    """Bytes used on the filesystem holding `directory` (a kernel-held principal's own):
+    a ``statvfs``, never the images' lock, which a slow mount of another image can hold."""
+    s = os.statvfs(directory)
+    return (s.f_blocks - s.f_bfree) * s.f_frsize
