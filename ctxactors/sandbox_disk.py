@@ -31,6 +31,7 @@ commands whose files grew are stopped. Ending a session only deletes, which need
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import threading
@@ -77,6 +78,23 @@ class Admission(NamedTuple):
 
     file_bytes: int
     full: str | None = None
+
+
+def remove(path: str) -> None:
+    """Delete a tree a sandbox wrote, however deep. ``shutil.rmtree`` recurses (Python
+    3.11) and its RecursionError passes through ``ignore_errors``: a tree a few thousand
+    levels deep would stay, and end a retention purge for every tenant. Coreutils' ``rm``
+    walks without recursing and never follows a link."""
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:
+        subprocess.run(
+            ["rm", "-rf", "--one-file-system", "--", path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+        )
 
 
 def measure(path: str, *, names: str | None = None) -> tuple[int, int]:

@@ -42,7 +42,6 @@ import functools
 import os
 import secrets
 import selectors
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -58,6 +57,7 @@ from ctxactors._launcher import launch
 from ctxactors.context import ToolContext
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
+from ctxactors.sandbox_disk import remove as remove_tree
 from ctxactors.sandbox_limits import Lease
 from ctxactors.servers.workspace_dirs import SessionDirs
 from ctxactors.servers.workspace_tenants import Tenants
@@ -536,7 +536,7 @@ class Workspace(Server):
         if self._dir is not None and self._dirs is not None:
             self._log.info("workspace_kept", directory=self._dir, processes=len(procs))
         elif self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            remove_tree(self._dir)
             if self._host is not None:
                 self._host.disks.forget(self._dir)
             self._log.info(

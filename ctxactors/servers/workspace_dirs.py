@@ -30,13 +30,13 @@ import hmac
 import os
 import re
 import secrets
-import shutil
 import time
 
 from ctxactors import sandbox as sandboxes
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
 from ctxactors.sandbox_disk import DiskBudgets, area_path, plain_area, plain_areas
+from ctxactors.sandbox_disk import remove as remove_tree
 from ctxactors.servers import workspace_legacy as legacy_dirs
 from ctxactors.state import SessionRef, encode_ref
 
@@ -117,7 +117,7 @@ class SessionDirs:
         area = self._area(session[0])
         path = self.path(session)
         if _mtime(self._use_file(path)) == 0:  # ended, its disk unmountable then: see deleted
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
         if session[0] is not None:
             self._adopt(session, area)
         try:
@@ -205,15 +205,15 @@ class SessionDirs:
         # Under the name's lock: a move of the session's directory kept in the root by a
         # version without areas ends first, and can't bring it back once removed.
         with legacy_dirs.removing(self.root, name):
-            shutil.rmtree(legacy, ignore_errors=True)
+            remove_tree(legacy)
             legacy_dirs.forget(self.root, name)
             if not mounted:
                 with contextlib.suppress(FileNotFoundError):  # a purge took it meanwhile
                     os.utime(self._use_file(path), (0, 0))
                 return
-            shutil.rmtree(path, ignore_errors=True)
+            remove_tree(path)
             copy = os.path.join(os.path.dirname(path), legacy_dirs.COPY + name)
-            shutil.rmtree(copy, ignore_errors=True)
+            remove_tree(copy)
         _unlink(self._use_file(path))
         if self._disks is not None:
             self._disks.forget(path)
@@ -252,7 +252,7 @@ class SessionDirs:
                 if used is None:  # kept from before these records: its retention starts now
                     self._record_use(path)
                 elif now - used >= retention:
-                    shutil.rmtree(path, ignore_errors=True)
+                    remove_tree(path)
                     _unlink(self._use_file(path))
                     if self._disks is not None:
                         self._disks.forget()

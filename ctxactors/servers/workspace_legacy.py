@@ -43,12 +43,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import shutil
 import stat
 import subprocess
 from collections.abc import Iterable, Iterator
 
 from ctxactors.sandbox_disk import measure
+from ctxactors.sandbox_disk import remove as remove_tree
 
 COPY = ".ctxactors-migrating-"  # a copy being made, in the area
 TRASH = ".ctxactors-migrated-"  # a root directory already copied, being removed
@@ -200,7 +200,7 @@ def discard(legacy: str) -> None:
     except FileNotFoundError:
         return
     _sync_directory(os.path.dirname(legacy))
-    shutil.rmtree(trash, ignore_errors=True)
+    remove_tree(trash)
 
 
 def sweep(root: str, areas: Iterable[str]) -> None:
@@ -252,7 +252,7 @@ def _names(directory: str) -> list[str]:
 
 def _remove(path: str) -> None:
     if os.path.lexists(path):
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
 
 
 def _sync_directory(path: str) -> None:
