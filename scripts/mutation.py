@@ -129,6 +129,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "ctxactors/sandbox.py",
             "ctxactors/sandbox_disk.py",
             "ctxactors/loop_images.py",
+            "ctxactors/sandbox_diskwatch.py",
+            "ctxactors/servers/workspace_legacy.py",
         ],
         _tests(
             "workspace",
@@ -141,6 +143,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "sandbox_tenants",
             "workspace_root",
             "workspace_disk_budget",
+            "workspace_disk_watch",
+            "workspace_loop_images",
+            "workspace_legacy_dirs",
+            "workspace_deep_trees",
         ),
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.
@@ -178,6 +184,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "durable_direct",
             "sqlite_purge",
             "principal_store_budget",
+            "state_budget_history",
+            "state_budget_recount",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
