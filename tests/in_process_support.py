@@ -8,9 +8,9 @@ builds the same thing from the same options: `access.security_from_args`,
 uvicorn with `connections.guarded_protocol` and a `GuardedListener` (as
 `serve._serve_http` does), and runs it in a thread.
 
-Its loop is a `SkippingLoop`: a test moves the loop's clock ahead, so the guard's
-deadlines (``loop.call_later``) fire after exactly the configured time, without waiting for
-it, however loaded the machine is.
+Its loop is a `SkippingLoop`: a test stops the loop's clock (`SkippingLoop.frozen`) and
+moves it ahead, so the guard's deadlines (``loop.call_later``) fire after exactly the
+configured time, without waiting for it, and never sooner however loaded the machine is.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import uvicorn
@@ -35,25 +35,64 @@ WAIT = 30.0  # generous: the machine is shared and loaded; a condition, never a 
 
 
 class SkippingLoop(asyncio.SelectorEventLoop):
-    """A selector loop (uvicorn's ``loop="asyncio"``) whose clock a test can move ahead."""
+    """A selector loop (uvicorn's ``loop="asyncio"``) whose clock a test can move ahead, and
+    stop: while `frozen`, real time does not move it, only `skip` does."""
 
     def __init__(self) -> None:
         super().__init__()
         self._skipped = 0.0
+        self._frozen_at: float | None = None  # the real clock when frozen; None: it flows
+
+    def _real(self) -> float:
+        return super().time()
 
     def time(self) -> float:
-        return super().time() + self._skipped
+        real = self._real() if self._frozen_at is None else self._frozen_at
+        return real + self._skipped
 
-    def skip(self, seconds: float) -> None:
-        """Move the clock `seconds` ahead, from the test's thread; returns once every timer
-        that fell due has run, and what it scheduled at once (a transport's close) too."""
+    def _on_loop(self, change: Callable[[], None]) -> None:
+        """Run `change` on the loop's thread (the only one that reads the clock), then let
+        the loop handle every timer that fell due and what it scheduled at once (a
+        transport's close)."""
 
-        async def ahead() -> None:
-            self._skipped += seconds
+        async def run() -> None:
+            change()
             for _ in range(3):  # due timers run on the next turn, their call_soon on the one after
                 await asyncio.sleep(0)
 
-        asyncio.run_coroutine_threadsafe(ahead(), self).result(WAIT)
+        asyncio.run_coroutine_threadsafe(run(), self).result(WAIT)
+
+    def skip(self, seconds: float) -> None:
+        """Move the clock `seconds` ahead, from the test's thread; returns once every timer
+        that fell due has run, and what it scheduled at once too."""
+
+        def ahead() -> None:
+            self._skipped += seconds
+
+        self._on_loop(ahead)
+
+    @contextlib.contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Within the block the clock moves only by `skip`: however long the machine takes
+        between two steps of a test, no deadline comes closer. Timers that need real time
+        to pass (uvicorn's 0.1 s tick that notices `should_exit`, its graceful shutdown,
+        the late-stream pings) wait, so the server is stopped only after the block, where the clock flows again
+        on from where it stood (no jump: no deadline fires for the time it was frozen)."""
+
+        def freeze() -> None:
+            assert self._frozen_at is None, "frozen already"
+            self._frozen_at = self._real()
+
+        def thaw() -> None:
+            assert self._frozen_at is not None
+            self._skipped += self._frozen_at - self._real()
+            self._frozen_at = None
+
+        self._on_loop(freeze)
+        try:
+            yield
+        finally:
+            self._on_loop(thaw)
 
     def timers(self) -> list[asyncio.TimerHandle]:
         """The timers the loop holds now, not cancelled (read on the loop's thread)."""

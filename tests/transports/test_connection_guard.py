@@ -42,7 +42,8 @@ pytestmark = pytest.mark.timeout(90)
 HEADERS_S, BODY_S = 100, 200  # deadlines far beyond anything a loaded machine takes
 DEADLINES = ("--set", f"http.header_timeout={HEADERS_S}", "--set", f"http.body_timeout={BODY_S}")
 NO_KEEP_ALIVE_CLOSE = 100_000  # uvicorn's idle timeout, beyond every skip of these tests
-JUST_BEFORE, JUST_AFTER = 0.05, 0.1  # seconds of loop time either side of a deadline
+JUST_BEFORE, JUST_AFTER = 0.001, 0.001  # seconds of loop time either side of a deadline:
+# the clock is frozen (`served`), so a deadline moved by more than a millisecond is seen
 
 
 def error_response(status: str, code: str, message: str, *extra: str) -> bytes:
@@ -73,8 +74,11 @@ def too_many(message: str) -> bytes:
 
 @pytest.fixture
 def served() -> Iterator[Served]:
+    """The server on a frozen clock: only the test's skips move it (real time passing
+    between the test's steps, however much on a loaded machine, brings no deadline closer)."""
     with serve_in_process(*DEADLINES, keep_alive=NO_KEEP_ALIVE_CLOSE) as served:
-        yield served
+        with served.loop.frozen():
+            yield served
 
 
 @pytest.fixture
