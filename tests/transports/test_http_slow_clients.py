@@ -204,21 +204,21 @@ def test_slow_headers_and_bodies_lose_their_connections_at_their_deadlines(
             while not first.endswith(b"\r\n\r\nok") and b'"ok"' not in first:
                 first += s.recv(65536)
             assert first.startswith(b"HTTP/1.1 200 OK\r\n")
+            sent = time.monotonic()  # before: the server's deadline starts after it
             s.sendall(b"GET /healthz HTTP/1.1\r\nHo")
-            sent = time.monotonic()
             late = read_to_close(s)
             assert time.monotonic() - sent >= 1.0
             assert late.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
         # A body that stops half way, over REST and MCP: closed, and nothing ran.
         for path in (b"/api/v1/tools/create_goal", b"/mcp"):
             with socket.create_connection(("127.0.0.1", port)) as s:
+                sent = time.monotonic()
                 s.sendall(
                     b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + auth
                     + b"X-Session-Id: slow\r\nAccept: application/json, text/event-stream\r\n"
                     + b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n"
                     + b'{"goal": "never'
                 )  # fmt: skip
-                sent = time.monotonic()
                 assert read_to_close(s) == b""
                 assert time.monotonic() - sent >= 2.0
         state = httpx.post(
