@@ -32,8 +32,10 @@ each.
 
 A thread that writes for every principal (the runtime's history flusher) never recounts:
 `charge_counted` starts the recount on a recounting thread of this budget's (at most
-`RECOUNTERS`, gone once none is wanted) and answers None, and the write waits for a later
-pass. One principal's slow count (a Redis SCAN after a purge) delays only its own writes.
+`RECOUNTERS`, gone once none is wanted) and, for a principal not counted yet, answers None:
+the write waits for a later pass. One principal's slow count (a Redis SCAN after a purge)
+delays only its own writes. A count only stale (once per retention) is charged against
+meanwhile, as a save charged during a recount is.
 """
 
 from __future__ import annotations
@@ -93,7 +95,8 @@ class StateBudget:
 
     def charge_counted(self, session: SessionRef, delta: int) -> bool | None:
         """`charge`, but never a store query in this thread: None (nothing counted) when
-        its principal's count is missing or stale, whose recount is started on another."""
+        its principal isn't counted yet, whose count is started on another thread (a
+        stale count is recounted there too, and charged meanwhile)."""
         return self._charge(session, delta, recount=False)
 
     def _charge(self, session: SessionRef, delta: int, *, recount: bool) -> bool | None:
@@ -102,11 +105,16 @@ class StateBudget:
             return True
         totals = self._totals
         while True:
-            if principal not in totals or self._clock() >= self._stale_at[principal]:
-                if not recount:
+            # (`get`: a purge may forget the count between the two reads.)
+            if principal not in totals or self._clock() >= self._stale_at.get(principal, 0.0):
+                if recount:
+                    self._recount(principal)
+                else:
                     self._recount_later(principal)
-                    return None
-                self._recount(principal)
+                    if principal not in totals:
+                        return None
+                    # Stale only (Redis, once per retention): charged against the last
+                    # count, which the recount then corrects (it adds what is in flight).
             with self._lock:
                 total = totals.get(principal)
                 if total is None:
@@ -195,8 +203,9 @@ class StateBudget:
             with self._lock:
                 landed = self._landing.pop(principal, {})
                 # What the store holds, and the saves it may have missed: those still in
-                # flight, and those answered while it was read. (No charge of this
-                # principal is made meanwhile: each waits for this recount.)
+                # flight, and those answered while it was read. (A charge made meanwhile,
+                # against a stale count by `charge_counted`, is among those: in flight,
+                # or answered.)
                 sessions = dict(stored)
                 for session_id, (delta, _) in self._inflight.get(principal, {}).items():
                     sessions[session_id] = sessions.get(session_id, 0) + delta

@@ -93,3 +93,39 @@ def test_a_failed_recount_is_tried_again_by_a_later_pass(open_store: Callable[[]
         assert rt.durability.budget.held("bob") == len(bob.data)
     finally:
         rt.close()
+
+
+def test_a_stale_count_is_charged_while_the_recount_runs(open_store: Callable[[], Any]) -> None:
+    """Counted, but stale (once per retention period): bob's history is charged against his
+    last count and written while his recount is held at a gate; the recount then counts
+    what the store holds, that write among it, once."""
+    store = GatedStore(open_store())
+    settings = Settings(
+        state=StateSettings(max_principal_bytes=1 << 20), history=HistorySettings(write_delay=0.05)
+    )
+    rt = Runtime([Blobs], store=store, settings=settings)  # type: ignore[arg-type]
+    assert rt.durability is not None
+    budget = rt.durability.budget
+    slow = Gate()
+    try:
+        put(rt, "bob", "b1", 100)  # counted, and his history written
+        wait_until(lambda: store.load(("bob", "b1"), KEY) is not None)
+        rt.durability.flush()
+        before = budget.held("bob")
+        assert before == stored_bytes(store, "bob")
+        now = budget._clock  # noqa: SLF001 - a retention period passes
+        budget._clock = lambda: now() + 10 * (store.retention or 1.0)  # noqa: SLF001
+        store.reads["bob"] = slow
+        assert not rt.call("get", context_args("b2"), principal="bob").is_error
+        wait_until(lambda: store.load(("bob", "b2"), KEY) is not None)  # not held by the gate
+        wait_until(slow.reached.is_set)  # his recount, on a recounting thread
+        b2 = store.load(("bob", "b2"), KEY)
+        assert b2 is not None
+        assert budget.held("bob") == before + len(b2.data)  # charged against the last count
+        slow.opened.set()
+        wait_until(lambda: not recounters())
+        store.reads.clear()
+        assert budget.held("bob") == stored_bytes(store, "bob") == before + len(b2.data)
+    finally:
+        slow.opened.set()
+        rt.close()
