@@ -23,6 +23,15 @@ def recounters() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "ctxactors-recount"]
 
 
+def flushing(open_store: Callable[[], Any]) -> tuple[Runtime, GatedStore]:
+    """A runtime on a gated store whose histories are written 50 ms behind the calls."""
+    store = GatedStore(open_store())
+    settings = Settings(
+        state=StateSettings(max_principal_bytes=1 << 20), history=HistorySettings(write_delay=0.05)
+    )
+    return Runtime([Blobs], store=store, settings=settings), store  # type: ignore[arg-type]
+
+
 def stored_bytes(store: GatedStore, principal: str) -> int:
     return sum(store.principal_bytes(principal).values())
 
@@ -31,11 +40,7 @@ def test_bobs_recount_does_not_hold_up_alices_history(open_store: Callable[[], A
     """Bob's first history write needs his stored bytes, read from the store (held here at
     a gate): alice's history is written meanwhile, and bob's once his count is in; each
     principal's count is then what the store holds, and no recounting thread is left."""
-    store = GatedStore(open_store())
-    settings = Settings(
-        state=StateSettings(max_principal_bytes=1 << 20), history=HistorySettings(write_delay=0.05)
-    )
-    rt = Runtime([Blobs], store=store, settings=settings)  # type: ignore[arg-type]
+    rt, store = flushing(open_store)
     assert rt.durability is not None
     budget = rt.durability.budget
     slow = store.reads["bob"] = Gate()
@@ -67,11 +72,7 @@ def test_bobs_recount_does_not_hold_up_alices_history(open_store: Callable[[], A
 def test_a_failed_recount_is_tried_again_by_a_later_pass(open_store: Callable[[], Any]) -> None:
     """A recount the store fails (down for a moment) is logged on the recounting thread,
     and the history's next pass asks for it again: written once the store answers."""
-    store = GatedStore(open_store())
-    settings = Settings(
-        state=StateSettings(max_principal_bytes=1 << 20), history=HistorySettings(write_delay=0.05)
-    )
-    rt = Runtime([Blobs], store=store, settings=settings)  # type: ignore[arg-type]
+    rt, store = flushing(open_store)
     assert rt.durability is not None
     failures = [2]
     read = store.store.principal_bytes
@@ -99,11 +100,7 @@ def test_a_stale_count_is_charged_while_the_recount_runs(open_store: Callable[[]
     """Counted, but stale (once per retention period): bob's history is charged against his
     last count and written while his recount is held at a gate; the recount then counts
     what the store holds, that write among it, once."""
-    store = GatedStore(open_store())
-    settings = Settings(
-        state=StateSettings(max_principal_bytes=1 << 20), history=HistorySettings(write_delay=0.05)
-    )
-    rt = Runtime([Blobs], store=store, settings=settings)  # type: ignore[arg-type]
+    rt, store = flushing(open_store)
     assert rt.durability is not None
     budget = rt.durability.budget
     slow = Gate()
