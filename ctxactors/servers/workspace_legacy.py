@@ -40,6 +40,8 @@ skips the name while a move holds it. Servers sharing a root, and a purge or an
 ``end_session`` racing a move, never see half of one; moves of different sessions don't
 wait for each other; and no stream of calls can keep the purge from the other names
 (one root-wide lock shared by moves was never free while a session's calls queued on it).
+A move also holds that root-wide lock shared once it has its name's (``moving``), for a
+server of the previous version on the same root, whose purge still takes it.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ from ctxactors.sandbox_disk import remove as remove_tree
 
 COPY = ".ctxactors-migrating-"  # a copy being made, in the area
 TRASH = ".ctxactors-migrated-"  # a root directory already copied, being removed
+_OLD_LOCK = ".ctxactors-migrate.lock"  # the previous version's purge: see `moving`
 SESSION = re.compile(r"ws-[0-9a-f]{48}")  # a kept session directory's name (an HMAC)
 _LOCKS = ".ctxactors-move-locks"  # a lock file per directory being moved
 _TIMEOUT = 3600.0  # seconds a copy may take (the most a budget holds, on a slow disk)
@@ -114,10 +117,14 @@ def _stamp(path: str) -> tuple[int, int, int]:
 @contextlib.contextmanager
 def moving(root: str, name: str) -> Iterator[None]:
     """Held while the directory `name` moves: the name's lock, exclusive (moves of other
-    sessions go on at once: one principal's long copy stalls no one else's). The lock
-    file must be made: a move on a full root disk fails."""
+    sessions go on at once: one principal's long copy stalls no one else's), then the
+    root's old lock shared, which a purge of the previous version (a server on the same
+    root, mid-upgrade) takes exclusively; taken second, it is held only by a move under
+    way, never by a call waiting for one. The lock files must be made: a move on a full
+    root disk fails."""
     with _held(_name_lock(root, name), fcntl.LOCK_EX, make=True):
-        yield
+        with _held(os.path.join(root, _OLD_LOCK), fcntl.LOCK_SH, make=True):
+            yield
 
 
 @contextlib.contextmanager
