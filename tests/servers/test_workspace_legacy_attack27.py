@@ -259,3 +259,45 @@ def waiting_on(root: str) -> list[str]:
     inodes = {str(os.stat(os.path.join(locks, n)).st_ino) for n in os.listdir(locks)}
     lines = Path("/proc/locks").read_text().splitlines()
     return [line for line in lines if "->" in line and line.split()[6].split(":")[-1] in inodes]
+
+
+def test_a_purge_pass_runs_while_two_servers_call_a_refused_session_in_a_loop(
+    tmp_path: Path, leaks: Leaks, workspace_root: str
+) -> None:
+    """Finding 9, as the attacker ran it: alice's root directory can't move (past the
+    walk's bound, into her image), and two servers call her session in a loop; one purge
+    pass meanwhile removes bob's root directory past its retention."""
+    alice = legacy_directory(workspace_root, ("alice", "s1"))
+    nest(alice, MAX_DEPTH + 44, leaf=os.urandom(20 * MIB))
+    bob = legacy_directory(workspace_root, ("bob", "s1"))
+    os.utime(Path(workspace_root, ".ctxactors-last-use", os.path.basename(bob)), (1, 1))
+    stores = [SQLiteStore(tmp_path / f"state{i}.db", retention=3600) for i in range(2)]
+    settings = budgets(principal_disk_bytes=16 * MIB)
+    servers = [Runtime(servers=[Workspace], store=s, settings=settings) for s in stores]
+    stop = threading.Event()
+    calls = [0, 0]
+
+    def loop(i: int) -> None:
+        while not stop.is_set():
+            refused(servers[i], "s1", "alice")  # why: the test above
+            calls[i] += 1
+
+    callers = [threading.Thread(target=loop, args=(i,)) for i in range(2)]
+    try:
+        images_or_skip(servers[0])
+        for caller in callers:
+            caller.start()
+        wait_until(lambda: min(calls) >= 2)
+        servers[0].reap()  # a purge pass
+        assert kept_directories(workspace_root) == [alice]
+        assert all(caller.is_alive() for caller in callers)  # calling still
+    finally:
+        stop.set()
+        for caller in callers:
+            if caller.ident is not None:
+                caller.join()
+        for rt in servers:
+            rt.close()
+        for opened in stores:
+            opened.close()
+    leaks.assert_none()
