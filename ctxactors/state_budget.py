@@ -45,7 +45,7 @@ import time
 
 from ctxactors.logs import lazy_logger
 from ctxactors.settings import DEFAULTS, Cap
-from ctxactors.state import SessionRef, StateStore
+from ctxactors.state import SessionRef, StateStore, StoreError
 
 RECOUNTERS = 2  # recounts run at once for `charge_counted` (each a store query)
 _log = lazy_logger("ctxactors.state_budget")
@@ -245,8 +245,10 @@ class StateBudget:
                 self._counting.add(principal)
             try:
                 self._recount(principal)
-            except Exception as exc:  # noqa: BLE001 - asked again by the write's next try
+            except StoreError as exc:  # the store is down: asked again by the write's next try
                 _log.warning("state_recount_failed", principal=principal, error=str(exc))
+            except Exception:  # noqa: BLE001 - a bug: this thread must still end, and say why
+                _log.error("state_recount_failed", principal=principal, exc_info=True)
             finally:
                 with self._lock:
                     self._counting.discard(principal)
