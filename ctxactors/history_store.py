@@ -31,6 +31,9 @@ already, with their results: their records stay in the session's live history (w
 they are lost only if the session's actors go first (reaped, or a restart). The refusal is
 logged once (a warning with the principal, the session and the budget's own wording), and
 the principal's saves of key state are refused with the same words as long as it is over.
+The flusher writes every principal's histories, so it never waits for one principal's
+recount (a store query: a Redis SCAN): a write whose principal isn't counted yet starts
+that count on another thread and waits for the flusher's next pass (`_charge`).
 
 `end_session` closes the session's saver (nothing more is written) and waits for the
 writes already queued before it deletes. A write that fails (the store is down, or another
@@ -222,11 +225,13 @@ class HistorySaver:
         """Have the flusher write what waits, `Durability.flush_delay` from now."""
         self._durable.defer(self._session, self)
 
-    def flush(self) -> None:
+    def flush(self, recount: bool = False) -> None:
         """Submit the waiting history now, unless a write of it is still under way. Not
         read from the store yet (first used in a writing thread, or after a failed write),
         it is read and merged first; if the store can't be read, the flusher tries again
-        a delay later (nothing is written blind over what the store holds)."""
+        a delay later (nothing is written blind over what the store holds). Without
+        `recount` (the flusher), a principal whose bytes aren't counted yet is counted on
+        another thread, and its history waits a delay too."""
         with self._lock:
             if not self._waiting or self._inflight or self._closed:
                 return
@@ -244,21 +249,35 @@ class HistorySaver:
         write = Write(self._session, KEY, pack(records), expected)
         assert write.data is not None
         self._writing = len(write.data) - (self._stored or 0)
-        if self._charge():
+        if self._charge(recount):
             self._durable.commit.submit(write, self._done)
 
-    def _charge(self) -> bool:
+    def _charge(self, recount: bool) -> bool:
         """Charge the write under way to the principal's budget: False when it is not to
         be written (over the budget, or the budget can't read the store: then it is read,
-        merged and written again like a refused write), and no write is under way."""
+        merged and written again like a refused write; or, without `recount`, its
+        principal is being counted: written a delay later), and no write is under way."""
         budget = self._durable.budget
         try:
-            if budget.charge(self._session, self._writing):
+            if recount:
+                taken: bool | None = budget.charge(self._session, self._writing)
+            else:
+                taken = budget.charge_counted(self._session, self._writing)
+            if taken:
                 self._refused = False
                 return True
             unread = False
         except StoreError:
             unread = True
+        if not unread and taken is None:
+            with self._lock:  # its principal is being counted: the next pass writes it
+                self._waiting = True
+                self._inflight = False
+                self._idle.set()
+                again = not self._closed
+            if again:
+                self.defer()
+            return False
         with self._lock:
             if unread:
                 self.loaded = False
@@ -305,7 +324,7 @@ class HistorySaver:
         deadline = time.monotonic() + timeout
         merged = False
         while True:
-            self.flush()
+            self.flush(recount=True)  # not the flusher: it may wait for a count
             with self._lock:
                 if not self._inflight and (not self._waiting or self._closed):
                     return True

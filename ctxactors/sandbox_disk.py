@@ -30,6 +30,7 @@ commands whose files grew are stopped. Ending a session only deletes, which need
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -82,12 +83,15 @@ class Admission(NamedTuple):
 
 def remove(path: str) -> None:
     """Delete a tree a sandbox wrote, however deep. ``shutil.rmtree`` recurses (Python
-    3.11) and its RecursionError passes through ``ignore_errors``: a tree a few thousand
-    levels deep would stay, and end a retention purge for every tenant. Coreutils' ``rm``
-    walks without recursing and never follows a link."""
-    try:
+    3.11) and holds a descriptor a level: its RecursionError passes through
+    ``ignore_errors``, and its EMFILE (a deep tree under the process's open-files limit)
+    is swallowed by it, leaving the tree in place with no error; either would keep a
+    tenant's files past a retention purge. So whatever it left goes with coreutils'
+    ``rm``, which walks without recursing, within any descriptor limit, and never follows
+    a link."""
+    with contextlib.suppress(RecursionError):
         shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
+    if os.path.lexists(path):
         subprocess.run(
             ["rm", "-rf", "--one-file-system", "--", path],
             stdin=subprocess.DEVNULL,

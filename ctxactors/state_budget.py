@@ -29,6 +29,13 @@ under its own lock (a Redis recount scans the keyspace: other principals' first 
 wait for it). One process counts what it writes: processes sharing a store (Ray shards) each
 recount once and then count their own saves, so together they may hold up to one budget
 each.
+
+A thread that writes for every principal (the runtime's history flusher) never recounts:
+`charge_counted` starts the recount on a recounting thread of this budget's (at most
+`RECOUNTERS`, gone once none is wanted) and, for a principal not counted yet, answers None:
+the write waits for a later pass. One principal's slow count (a Redis SCAN after a purge)
+delays only its own writes. A count only stale (once per retention) is charged against
+meanwhile, as a save charged during a recount is.
 """
 
 from __future__ import annotations
@@ -36,8 +43,12 @@ from __future__ import annotations
 import threading
 import time
 
+from ctxactors.logs import lazy_logger
 from ctxactors.settings import DEFAULTS, Cap
-from ctxactors.state import SessionRef, StateStore
+from ctxactors.state import SessionRef, StateStore, StoreError
+
+RECOUNTERS = 2  # recounts run at once for `charge_counted` (each a store query)
+_log = lazy_logger("ctxactors.state_budget")
 
 
 class StateBudget:
@@ -65,6 +76,11 @@ class StateBudget:
         self._clock = time.monotonic
         self._max_age = store.retention
         self._stale_at: dict[str, float] = {}
+        # Principals to recount on a recounting thread (`charge_counted`), in order, and
+        # those being recounted there; `_recounters`: how many such threads run.
+        self._wanted: dict[str, None] = {}
+        self._counting: set[str] = set()
+        self._recounters = 0
 
     def charge(self, session: SessionRef, delta: int) -> bool:
         """Count a save of `delta` more bytes for `session`, in flight until `landed`;
@@ -73,13 +89,32 @@ class StateBudget:
 
         Raises `StoreUnavailableError` when the principal's first charge here can't read
         what the store holds."""
+        taken = self._charge(session, delta, recount=True)
+        assert taken is not None
+        return taken
+
+    def charge_counted(self, session: SessionRef, delta: int) -> bool | None:
+        """`charge`, but never a store query in this thread: None (nothing counted) when
+        its principal isn't counted yet, whose count is started on another thread (a
+        stale count is recounted there too, and charged meanwhile)."""
+        return self._charge(session, delta, recount=False)
+
+    def _charge(self, session: SessionRef, delta: int, *, recount: bool) -> bool | None:
         principal, session_id = session
         if principal is None or not delta:
             return True
         totals = self._totals
         while True:
-            if principal not in totals or self._clock() >= self._stale_at[principal]:
-                self._recount(principal)
+            # (`get`: a purge may forget the count between the two reads.)
+            if principal not in totals or self._clock() >= self._stale_at.get(principal, 0.0):
+                if recount:
+                    self._recount(principal)
+                else:
+                    self._recount_later(principal)
+                    if principal not in totals:
+                        return None
+                    # Stale only (Redis, once per retention): charged against the last
+                    # count, which the recount then corrects (it adds what is in flight).
             with self._lock:
                 total = totals.get(principal)
                 if total is None:
@@ -168,8 +203,9 @@ class StateBudget:
             with self._lock:
                 landed = self._landing.pop(principal, {})
                 # What the store holds, and the saves it may have missed: those still in
-                # flight, and those answered while it was read. (No charge of this
-                # principal is made meanwhile: each waits for this recount.)
+                # flight, and those answered while it was read. (A charge made meanwhile,
+                # against a stale count by `charge_counted`, is among those: in flight,
+                # or answered.)
                 sessions = dict(stored)
                 for session_id, (delta, _) in self._inflight.get(principal, {}).items():
                     sessions[session_id] = sessions.get(session_id, 0) + delta
@@ -178,6 +214,44 @@ class StateBudget:
                 self._sessions[principal] = sessions
                 self._totals[principal] = sum(sessions.values())
                 self._stale_at[principal] = self._clock() + self._max_age
+
+    def _recount_later(self, principal: str) -> None:
+        """Have a recounting thread count `principal` (once, however often asked)."""
+        with self._lock:
+            if principal in self._wanted or principal in self._counting:
+                return
+            self._wanted[principal] = None
+            if self._recounters >= RECOUNTERS:
+                return  # a running one takes it next
+            self._recounters += 1
+        try:
+            threading.Thread(
+                target=self._recount_wanted, name="ctxactors-recount", daemon=True
+            ).start()
+        except BaseException:
+            with self._lock:
+                self._recounters -= 1
+            raise
+
+    def _recount_wanted(self) -> None:
+        """A recounting thread: count the wanted principals, one at a time, then end."""
+        while True:
+            with self._lock:
+                if not self._wanted:
+                    self._recounters -= 1
+                    return
+                principal = next(iter(self._wanted))
+                del self._wanted[principal]
+                self._counting.add(principal)
+            try:
+                self._recount(principal)
+            except StoreError as exc:  # the store is down: asked again by the write's next try
+                _log.warning("state_recount_failed", principal=principal, error=str(exc))
+            except Exception:  # noqa: BLE001 - a bug: this thread must still end, and say why
+                _log.error("state_recount_failed", principal=principal, exc_info=True)
+            finally:
+                with self._lock:
+                    self._counting.discard(principal)
 
     def deleted(self, session: SessionRef) -> None:
         """The session was ended: what it held is free."""

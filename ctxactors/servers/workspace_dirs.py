@@ -28,21 +28,28 @@ import errno
 import hashlib
 import hmac
 import os
-import re
 import secrets
+import subprocess
 import time
 
 from ctxactors import sandbox as sandboxes
 from ctxactors.errors import ToolError
 from ctxactors.logs import get_logger
-from ctxactors.sandbox_disk import DiskBudgets, area_path, plain_area, plain_areas
+from ctxactors.sandbox_disk import (
+    MAX_DEPTH,
+    MAX_ENTRIES,
+    DiskBudgets,
+    area_path,
+    plain_area,
+    plain_areas,
+)
 from ctxactors.sandbox_disk import remove as remove_tree
 from ctxactors.servers import workspace_legacy as legacy_dirs
 from ctxactors.state import SessionRef, encode_ref
 
 _KEY_FILE = ".ctxactors-session-key"
 _USES = ".ctxactors-last-use"  # the directory of last-use records (see the module docstring)
-_NAME = re.compile(r"ws-[0-9a-f]{48}")  # an ephemeral directory's random name never matches
+_NAME = legacy_dirs.SESSION  # an ephemeral directory's random name never matches
 
 
 _KEY_BYTES = 32
@@ -73,6 +80,7 @@ class SessionDirs:
         self._sandbox = sandbox
         self._disks = disks  # None: principals' areas are plain directories
         self._key: bytes | None = None
+        self._refusals = legacy_dirs.Refusals()  # root directories too big to move
 
     def _secret(self) -> bytes:
         if self._key is None:
@@ -150,9 +158,19 @@ class SessionDirs:
                 return
             free = self._free(session[0])
             try:
-                moved = legacy_dirs.move(legacy, area, free)
+                moved = legacy_dirs.move(legacy, area, free, self._refusals)
                 legacy_dirs.forget(self.root, name)
+                self._refusals.drop(name)
             except legacy_dirs.TooBig as exc:
+                if exc.past_bound:
+                    raise ToolError(
+                        "this session's files, kept by an earlier version outside its "
+                        f"principal's workspace disk, are more than {MAX_ENTRIES:,} files and "
+                        f"directories, or nested more than {MAX_DEPTH} deep, or in one the "
+                        "server may not read: more than the server counts, so they are not "
+                        "moved onto that disk. They stay as they are, unused, until the "
+                        "session ends: end this session to drop them"
+                    ) from None
                 raise ToolError(
                     f"this session's files, kept by an earlier version outside its principal's "
                     f"workspace disk, take {exc.held:,} bytes: more than that disk has free "
@@ -207,6 +225,7 @@ class SessionDirs:
         with legacy_dirs.removing(self.root, name):
             remove_tree(legacy)
             legacy_dirs.forget(self.root, name)
+            self._refusals.drop(name)
             if not mounted:
                 with contextlib.suppress(FileNotFoundError):  # a purge took it meanwhile
                     os.utime(self._use_file(path), (0, 0))
@@ -237,25 +256,18 @@ class SessionDirs:
     def purge(self, retention: float) -> None:
         if not os.path.isdir(self.root):
             return
-        # Held for the pass, so that no move copies a directory this pass removes; while a
-        # move runs, the root's directories (and what moves left) wait for the next pass.
-        with legacy_dirs.idle(self.root) as free:
-            if free:
-                legacy_dirs.sweep(self.root, self._areas())
-            directories = self._directories()
-            names = set(directories)
-            now = time.time()
-            for path in directories.values():
-                if not free and os.path.dirname(path) == self.root:
-                    continue
-                used = _mtime(self._use_file(path))
-                if used is None:  # kept from before these records: its retention starts now
-                    self._record_use(path)
-                elif now - used >= retention:
-                    remove_tree(path)
-                    _unlink(self._use_file(path))
-                    if self._disks is not None:
-                        self._disks.forget()
+        legacy_dirs.sweep(self.root, self._areas())
+        directories = self._directories()
+        names = set(directories)
+        now = time.time()
+        for path in directories.values():
+            used = _mtime(self._use_file(path))
+            if used is None:  # kept from before these records: its retention starts now
+                self._record_use(path)
+            elif now - used >= retention and self._expire(path):
+                _unlink(self._use_file(path))
+                if self._disks is not None:
+                    self._disks.forget()
         # Records whose directory went another way (a touch racing an end_session).
         uses = os.path.join(self.root, _USES)
         for name in os.listdir(uses) if os.path.isdir(uses) else ():
@@ -264,6 +276,22 @@ class SessionDirs:
                 _unlink(os.path.join(uses, name))
         if self._disks is not None:
             self._disks.release()  # the images mounted for this purge alone
+
+    def _expire(self, path: str) -> bool:
+        """Remove a session directory past its retention; one in the root only under its
+        name's lock, and not while a move holds it (it may be copying it: the next pass
+        takes it). False if it stays."""
+        if os.path.dirname(path) != self.root:
+            remove_tree(path)
+            return True
+        name = os.path.basename(path)
+        with legacy_dirs.unmoved(self.root, name) as free:
+            if not free:
+                return False
+            remove_tree(path)
+            legacy_dirs.forget(self.root, name)
+            self._refusals.drop(name)
+        return True
 
     def _use_file(self, directory: str) -> str:
         return os.path.join(self.root, _USES, os.path.basename(directory))
@@ -299,9 +327,21 @@ def _unlink(path: str) -> None:
 
 def _hand_over(path: str, ids: tuple[int, int]) -> None:
     """Give a kept directory and everything in it to the principal's uid: it was made for
-    another (the single sandbox user of an earlier version). Walked by descriptor without
-    following links, so what the sandbox put there can't point the chown elsewhere."""
-    os.chown(path, *ids, follow_symlinks=False)
-    for _, dirs, files, fd in os.fwalk(path, follow_symlinks=False):
-        for name in dirs + files:
-            os.chown(name, *ids, dir_fd=fd, follow_symlinks=False)
+    another (the single sandbox user of an earlier version). Coreutils' ``chown -R``
+    walks without recursing (a tree the sandbox nested thousands deep ends no walk) and,
+    with ``-P -h``, never follows a link, so what the sandbox put there can't point the
+    chown elsewhere. On failure the top goes back to its owner: `SessionDirs.open` tells
+    a directory still to hand over by its top's owner, so the next call tries again."""
+    before = os.lstat(path)
+    done = subprocess.run(
+        ["chown", "-R", "-P", "-h", f"{ids[0]}:{ids[1]}", "--", path],
+        capture_output=True,
+        text=True,
+        errors="replace",  # a tenant's file name in an error need not be UTF-8
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    if done.returncode != 0:
+        os.chown(path, before.st_uid, before.st_gid, follow_symlinks=False)
+        detail = done.stderr.strip() or f"exit status {done.returncode}"
+        raise OSError(f"chown of {path}: {detail}")

@@ -25,16 +25,23 @@ one (the next move, or `sweep` in the purge, removes that): never two directorie
 session could use, and nothing lost. ``cp`` runs under ``setpriv --pdeathsig KILL``, so a
 killed server leaves no copier writing on. A directory larger than what the principal's
 image has free is not moved (`TooBig`): its files stay in the root, unused, until the
-session ends or its retention does. (Renamed into a measured area, one larger than the
+session ends or its retention does; so is one past the walk's bound (more than
+`MAX_ENTRIES` files, nested deeper than it counts: its size is unknown), refused before
+anything is copied. A refusal is remembered (`Refusals`) until the directory changes or
+the principal's disk has more free than it lacked: each call of that session doesn't
+measure and copy it again. (Renamed into a measured area, one larger than the
 budget is moved all the same: the principal is then over its budget, and its commands
 can't write files until it deletes some, as for any principal over it.)
 
 A move holds an exclusive ``flock`` on its directory's lock file
-(``<root>/.ctxactors-move-locks/<name>``), as does ending any session, and a shared one on
-``<root>/.ctxactors-migrate.lock``, which a purge pass takes exclusively
-(skipping the root's directories while a move runs): servers sharing a root, and a purge
-or an ``end_session`` racing a move, never see half of one, and moves of different
-sessions don't wait for each other.
+(``<root>/.ctxactors-move-locks/<name>``), as does ending any session; a purge pass takes
+each name's lock without waiting (`unmoved`) before it removes anything of that name, and
+skips the name while a move holds it. Servers sharing a root, and a purge or an
+``end_session`` racing a move, never see half of one; moves of different sessions don't
+wait for each other; and no stream of calls can keep the purge from the other names
+(one root-wide lock shared by moves was never free while a session's calls queued on it).
+A move also holds that root-wide lock shared once it has its name's (``moving``), for a
+server of the previous version on the same root, whose purge still takes it.
 """
 
 from __future__ import annotations
@@ -43,36 +50,80 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import subprocess
+import sys
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
-from ctxactors.sandbox_disk import measure
+from ctxactors.sandbox_disk import MAX_ENTRIES, measure
 from ctxactors.sandbox_disk import remove as remove_tree
 
 COPY = ".ctxactors-migrating-"  # a copy being made, in the area
 TRASH = ".ctxactors-migrated-"  # a root directory already copied, being removed
-_LOCK = ".ctxactors-migrate.lock"  # shared by moves, exclusive for a purge pass
+_OLD_LOCK = ".ctxactors-migrate.lock"  # the previous version's purge: see `moving`
+SESSION = re.compile(r"ws-[0-9a-f]{48}")  # a kept session directory's name (an HMAC)
 _LOCKS = ".ctxactors-move-locks"  # a lock file per directory being moved
 _TIMEOUT = 3600.0  # seconds a copy may take (the most a budget holds, on a slow disk)
 
 
 class TooBig(Exception):
-    """A directory needs more than the principal's disk has free: (bytes held, free)."""
+    """A directory needs more than the principal's disk has free: (bytes held, free);
+    `past_bound`: it holds more than the walk counts (`MAX_ENTRIES`), `held` a floor."""
 
-    def __init__(self, held: int, free: int) -> None:
-        super().__init__(held, free)
+    def __init__(self, held: int, free: int, *, past_bound: bool = False) -> None:
+        super().__init__(held, free, past_bound)
         self.held = held
         self.free = free
+        self.past_bound = past_bound
+
+
+class _Refusal(NamedTuple):
+    stamp: tuple[int, int, int]  # the directory's (inode, mtime, ctime) when refused
+    need: int  # free bytes the next try needs (`sys.maxsize`: none will do)
+    error: TooBig
+
+
+class Refusals:
+    """The root directories a move refused (`TooBig`), each until it changes or the
+    principal's disk has the room it lacked; one process's, guarded by each name's move
+    lock (a name is only read or written under it)."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, _Refusal] = {}
+
+    def check(self, legacy: str, free: int | None) -> None:
+        """Raise the last refusal of `legacy` if it still holds."""
+        last = self._by_name.get(os.path.basename(legacy))
+        room = sys.maxsize - 1 if free is None else free  # no budget of its own
+        if last is not None and room < last.need and last.stamp == _stamp(legacy):
+            raise last.error
+
+    def refuse(self, legacy: str, error: TooBig, need: int, stamp: tuple[int, int, int]) -> TooBig:
+        self._by_name[os.path.basename(legacy)] = _Refusal(stamp, need, error)
+        return error
+
+    def drop(self, name: str) -> None:
+        """`name`'s directory moved or went."""
+        self._by_name.pop(name, None)
+
+
+def _stamp(path: str) -> tuple[int, int, int]:
+    st = os.lstat(path)
+    return st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
 @contextlib.contextmanager
 def moving(root: str, name: str) -> Iterator[None]:
-    """Held while the directory `name` moves: the root's lock shared (moves of other
-    sessions go on at once: one principal's long copy stalls no one else's), the name's
-    exclusive. Both lock files must be made: a move on a full root disk fails."""
-    with _held(os.path.join(root, _LOCK), fcntl.LOCK_SH, make=True):
-        with _held(_name_lock(root, name), fcntl.LOCK_EX, make=True):
+    """Held while the directory `name` moves: the name's lock, exclusive (moves of other
+    sessions go on at once: one principal's long copy stalls no one else's), then the
+    root's old lock shared, which a purge of the previous version (a server on the same
+    root, mid-upgrade) takes exclusively; taken second, it is held only by a move under
+    way, never by a call waiting for one. The lock files must be made: a move on a full
+    root disk fails."""
+    with _held(_name_lock(root, name), fcntl.LOCK_EX, make=True):
+        with _held(os.path.join(root, _OLD_LOCK), fcntl.LOCK_SH, make=True):
             yield
 
 
@@ -85,19 +136,18 @@ def removing(root: str, name: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def idle(root: str) -> Iterator[bool]:
-    """The root's lock, exclusive, if no move holds it now (yields False if one does):
-    for a purge pass, which must not remove what a move is copying."""
-    with _held(os.path.join(root, _LOCK), fcntl.LOCK_EX | fcntl.LOCK_NB, make=False) as held:
+def unmoved(root: str, name: str) -> Iterator[bool]:
+    """The name's lock, exclusive, if no move holds it now (yields False if one does):
+    for a purge pass, which must not remove what a move is copying, nor wait for it. The
+    lock file is made if there is room (a move starting meanwhile then waits for this);
+    on a full disk none can be, and no move can start either."""
+    with _held(_name_lock(root, name), fcntl.LOCK_EX | fcntl.LOCK_NB, make=False) as held:
         yield held
 
 
 def prepare(root: str) -> None:
-    """Make the lock files' places now, while there is room (see `removing`)."""
+    """Make the lock files' place now, while there is room (see `removing`)."""
     os.makedirs(os.path.join(root, _LOCKS), mode=0o700, exist_ok=True)
-    fd = _lock_file(os.path.join(root, _LOCK), make=False)
-    if fd is not None:
-        os.close(fd)
 
 
 def forget(root: str, name: str) -> None:
@@ -156,11 +206,12 @@ def is_directory(path: str) -> bool:
         return False
 
 
-def move(legacy: str, area: str, free: int | None) -> bool:
+def move(legacy: str, area: str, free: int | None, refusals: Refusals | None = None) -> bool:
     """Move the root's session directory `legacy` into `area` under its name (holding
     `moving`); `free`: the bytes a copy may take (None: no budget of its own). Returns
     False if the area held the directory already (a copy finished before a crash): the
-    root's was stale, and is removed."""
+    root's was stale, and is removed. Raises `TooBig` (remembered in `refusals`) for one
+    that doesn't fit, or is past the walk's bound, before copying anything."""
     name = os.path.basename(legacy)
     target, copy = os.path.join(area, name), os.path.join(area, COPY + name)
     _remove(copy)  # a copy cut short by a crash
@@ -172,16 +223,23 @@ def move(legacy: str, area: str, free: int | None) -> bool:
         _sync_directory(area)
         _sync_directory(os.path.dirname(legacy))
         return True
-    held, _ = measure(legacy)
+    refusals = Refusals() if refusals is None else refusals
+    refusals.check(legacy, free)
+    stamp = _stamp(legacy)
+    held, entries = measure(legacy)
+    if entries > MAX_ENTRIES:  # its size unknown: a copy could only fill the disk
+        raise refusals.refuse(legacy, TooBig(held, free or 0, past_bound=True), sys.maxsize, stamp)
     if free is not None and held > free:
-        raise TooBig(held, free)
+        raise refusals.refuse(legacy, TooBig(held, free), held, stamp)
     try:
         # -a: links as links, hard links, owners, modes, times, xattrs; holes kept as holes.
         _run("cp", "-a", "--sparse=always", "-T", legacy, copy)
         _run("sync", "-f", copy)  # the copy's data on disk before its name says it is whole
     except _NoSpace:
         _remove(copy)
-        raise TooBig(held, 0 if free is None else free) from None
+        lacked = TooBig(held, 0 if free is None else free)
+        # Measured to fit, and didn't (ext4's own blocks): not again until there is more.
+        raise refusals.refuse(legacy, lacked, lacked.free + 1, stamp) from None
     except BaseException:
         _remove(copy)
         raise
@@ -204,20 +262,31 @@ def discard(legacy: str) -> None:
 
 
 def sweep(root: str, areas: Iterable[str]) -> None:
-    """What moves cut short by a crash left (holding `idle`): partial copies in the
-    areas, removals in the root, and root directories whose copy in an area is whole."""
+    """What moves cut short by a crash left: partial copies in the areas, removals in the
+    root, and root directories whose copy in an area is whole; each under its name's lock
+    (`unmoved`: one moving now is left for the next pass). Only session directories'
+    names: every image has a ``lost+found`` (as may the root), which is no session's."""
     moved: set[str] = set()
     for area in areas:
         for name in _names(area):
-            if name.startswith(COPY):
-                _remove(os.path.join(area, name))
-            else:
+            if name.startswith(COPY) and SESSION.fullmatch(name[len(COPY) :]):
+                _remove_unmoved(root, name[len(COPY) :], os.path.join(area, name))
+            elif SESSION.fullmatch(name):
                 moved.add(name)
     for name in _names(root):
-        if name.startswith(TRASH):
-            _remove(os.path.join(root, name))
+        if name.startswith(TRASH) and SESSION.fullmatch(name[len(TRASH) :]):
+            _remove_unmoved(root, name[len(TRASH) :], os.path.join(root, name))
         elif name in moved and is_directory(os.path.join(root, name)):
-            discard(os.path.join(root, name))
+            with unmoved(root, name) as free:
+                if free:
+                    discard(os.path.join(root, name))
+                    forget(root, name)
+
+
+def _remove_unmoved(root: str, name: str, path: str) -> None:
+    with unmoved(root, name) as free:
+        if free:
+            _remove(path)
 
 
 class _NoSpace(Exception):

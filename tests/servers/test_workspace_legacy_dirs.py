@@ -328,12 +328,15 @@ def test_a_purge_leaves_the_roots_directories_alone_while_a_move_holds_the_lock(
     store: SQLiteStore, leaks: Leaks, workspace_root: str
 ) -> None:
     """Past its retention, a legacy directory goes with the next purge, but not while a
-    move (of this server or another on the root) holds the lock: it may be copying it."""
+    move (of this server or another on the root) holds its name's lock: it may be copying
+    it. Another name's move stops nothing."""
     legacy = legacy_directory(workspace_root, ("alice", "s1"))
-    record = os.path.join(workspace_root, ".ctxactors-last-use", os.path.basename(legacy))
-    os.utime(record, (1, 1))  # last used in 1970
+    other = legacy_directory(workspace_root, ("bob", "s1"))
+    for path in (legacy, other):
+        record = os.path.join(workspace_root, ".ctxactors-last-use", os.path.basename(path))
+        os.utime(record, (1, 1))  # last used in 1970
     with served(leaks, store) as rt:
-        with workspace_legacy.moving(workspace_root, "ws-" + "0" * 48):  # another's move
+        with workspace_legacy.moving(workspace_root, os.path.basename(legacy)):
             rt.reap()  # a purge pass
             assert kept_directories(workspace_root) == [legacy]
         rt.reap()
