@@ -2,17 +2,38 @@
 
 bubblewrap applies a compiled BPF program (``--seccomp FD``) to the command before it
 starts; it is built here once per process with libseccomp (``pyseccomp``, in the ``serve``
-extra; Debian's ``libseccomp2``). Every system call is allowed but those in `DENIED`, which
-fail with ``EPERM``: calls a tool command (a shell, a compiler, a test runner, git) never
-needs, that reach state shared with other tenants or the host, or that open the kernel's
-largest attack surfaces. The same list holds for the compat ABIs of the host (i386 and x32
-on x86-64, arm on aarch64), so a 32-bit binary can't go around it.
+extra; Debian's ``libseccomp2``). Every system call is allowed but:
+
+- those in `DENIED`, which fail with ``EPERM``: calls a tool command (a shell, a compiler,
+  a test runner, git) never needs, that reach state shared with other tenants or the host,
+  or that open the kernel's largest attack surfaces;
+- ``fallocate`` in the modes that take disk blocks ``RLIMIT_FSIZE`` never sees (the disk
+  budgets' cap on a file, `ctxactors.sandbox_disk`), which fail with ``EOPNOTSUPP`` (as on
+  a filesystem without them: glibc's ``posix_fallocate`` then writes, under the limit).
+  Linux checks the limit only when ``fallocate`` makes a file longer: ``KEEP_SIZE``
+  allocates past the end without (measured: 300 MiB under a limit of 0), ``INSERT_RANGE``
+  lengthens a file without the check, which mode 0 then fills (100 MiB under a 1 MiB
+  limit). Allowed: mode 0 and ``ZERO_RANGE`` (checked when they lengthen; inside a file
+  they fill what a write could), ``PUNCH_HOLE`` and ``COLLAPSE_RANGE`` (they free blocks).
+
+`program(delete_only=True)` is the filter of a principal at a disk budget (or past what the
+measured walk counts): ``RLIMIT_FSIZE`` 0 stops its writes, not what allocates with no
+write. It denies besides, with ``EDQUOT`` ("Disk quota exceeded"), every call in
+`CREATING` and ``open``/``openat`` with ``O_CREAT``, ``O_TMPFILE`` or a write access mode
+(`OPEN_FLAGS`), and ``openat2`` with ``ENOSYS`` (its flags are behind a pointer the filter
+can't read; glibc and Go fall back to ``openat``). ``rm``, ``ls``, ``cat`` and ``du`` work;
+even ``> /dev/null`` fails (``O_CREAT``: the filter can't see that the file exists).
+
+The same lists hold for the compat ABIs of the host (i386 and x32 on x86-64, arm on
+aarch64), so a 32-bit binary can't go around them. A call this libseccomp doesn't know
+(``setxattrat``, Linux 6.13, with libseccomp 2.5) can't be denied.
 """
 
 from __future__ import annotations
 
 import errno
 import functools
+import os
 import tempfile
 from typing import Any
 
@@ -71,6 +92,49 @@ DENIED: dict[str, str] = {
     "io_uring_register": "attack surface",
 }
 
+# fallocate(fd, mode, offset, len): the mode bits that don't take blocks past RLIMIT_FSIZE
+# (linux/falloc.h); every other bit, and KEEP_SIZE without PUNCH_HOLE, is refused.
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02  # only with KEEP_SIZE
+FALLOC_FL_COLLAPSE_RANGE = 0x08
+FALLOC_FL_ZERO_RANGE = 0x10
+_FALLOCATE_BITS = (
+    FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE | FALLOC_FL_COLLAPSE_RANGE | FALLOC_FL_ZERO_RANGE
+)
+
+# Delete-only (EDQUOT): what makes an inode, a name or blocks with no write, which is all
+# that RLIMIT_FSIZE 0 stops.
+CREATING: dict[str, str] = {
+    "creat": "a file",
+    "mkdir": "a directory",
+    "mkdirat": "a directory",
+    "mknod": "a fifo or device node",
+    "mknodat": "a fifo or device node",
+    "link": "a name (a directory's blocks grow with its names)",
+    "linkat": "a name (also gives an O_TMPFILE file a name)",
+    "symlink": "a link (an inode)",
+    "symlinkat": "a link (an inode)",
+    # A rename adds a name to a directory that may not have held it: its blocks grow, and
+    # a directory's blocks are not given back when names leave it.
+    "rename": "a name",
+    "renameat": "a name",
+    "renameat2": "a name (RENAME_WHITEOUT: an inode)",
+    # Extended attributes take a block per inode on ext4 (not shared when they differ).
+    "setxattr": "an attribute block",
+    "lsetxattr": "an attribute block",
+    "fsetxattr": "an attribute block",
+    "setxattrat": "an attribute block",
+    "fallocate": "blocks (mode 0 fills a sparse file, with no write)",
+    "bind": "a socket file (a Unix socket's path is an inode)",
+}
+# Delete-only: which argument of open(path, flags, mode) and openat(dirfd, path, flags,
+# mode) holds the flags, and the (mask, value) of those refused. Opening an existing file
+# for writing stays allowed (choom, which the sandbox runs first, writes /proc; writes fail
+# at RLIMIT_FSIZE 0).
+OPEN_FLAGS: dict[str, int] = {"open": 1, "openat": 2}
+_O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE (O_TMPFILE is it with O_DIRECTORY)
+_DENIED_FLAGS = ((os.O_CREAT, os.O_CREAT), (_O_TMPFILE_BIT, _O_TMPFILE_BIT))
+
 INSTALL_HINT = (
     "install the serve extra (pip install 'ctxactors[serve]', which has pyseccomp) and the "
     "Debian package libseccomp2"
@@ -78,18 +142,19 @@ INSTALL_HINT = (
 
 
 @functools.cache
-def program() -> bytes | str:
-    """The compiled filter (BPF), or why it can't be built here (one line)."""
+def program(delete_only: bool = False) -> bytes | str:
+    """The compiled filter (BPF), or why it can't be built here (one line); `delete_only`:
+    the filter of a principal at a disk budget (see the module docstring)."""
     try:
         import pyseccomp as seccomp
     except ImportError:
         return f"pyseccomp is not installed: {INSTALL_HINT}"
     except RuntimeError as exc:  # pyseccomp raises this when libseccomp is missing
         return f"{exc}: {INSTALL_HINT}"
-    return _build(seccomp)
+    return _build(seccomp, delete_only)
 
 
-def _build(seccomp: Any) -> bytes:
+def _build(seccomp: Any, delete_only: bool) -> bytes:
     allow_rest = seccomp.SyscallFilter(seccomp.ALLOW)
     native = seccomp.system_arch()
     compat = {
@@ -101,11 +166,29 @@ def _build(seccomp: Any) -> bytes:
             allow_rest.add_arch(arch)
         except OSError:
             pass  # a libseccomp without that ABI: the kernel's default (kill) holds for it
-    for name in DENIED:
+
+    def deny(errno_: int, name: str, *args: Any) -> None:
         try:
-            allow_rest.add_rule(seccomp.ERRNO(errno.EPERM), name)
+            allow_rest.add_rule(seccomp.ERRNO(errno_), name, *args)
         except (OSError, ValueError):
-            pass  # a call this architecture doesn't have
+            pass  # a call this architecture (or this libseccomp) doesn't have
+
+    for name in DENIED:
+        deny(errno.EPERM, name)
+    if delete_only:
+        for name in CREATING:
+            deny(errno.EDQUOT, name)
+        deny(errno.ENOSYS, "openat2")
+        for name, arg in OPEN_FLAGS.items():
+            for mask, value in _DENIED_FLAGS:
+                deny(errno.EDQUOT, name, seccomp.Arg(arg, seccomp.MASKED_EQ, mask, value))
+    else:
+        # The mode is an int: only its low 32 bits are compared (the kernel ignores the rest).
+        mode = 1
+        keep_alone = (FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE, FALLOC_FL_KEEP_SIZE)
+        denied_bits = [(1 << b, 1 << b) for b in range(32) if not (1 << b) & _FALLOCATE_BITS]
+        for mask, value in [keep_alone, *denied_bits]:
+            deny(errno.EOPNOTSUPP, "fallocate", seccomp.Arg(mode, seccomp.MASKED_EQ, mask, value))
     with tempfile.TemporaryFile() as f:
         allow_rest.export_bpf(f)
         f.seek(0)

@@ -71,7 +71,9 @@ class Tenants:
         lease = self.budgets.enter(principal)
         budget = self.settings.budget
         nproc = budget.server_processes if principal is None else budget.principal_processes
-        tenant = sandboxes.Tenant(ids, tuple(lease.procs_files), nproc, admission.file_bytes)
+        tenant = sandboxes.Tenant(
+            ids, tuple(lease.procs_files), nproc, admission.file_bytes, admission.delete_only
+        )
         return tenant, lease, admission
 
     def close(self) -> list[str]:
