@@ -48,7 +48,8 @@ class Tenants:
                 else f"every sandbox as the server's uid {os.getuid()} (not root, or no range)"
             ),
             "seccomp": (
-                f"{len(sandbox_seccomp.DENIED)} system calls denied"
+                f"{len(sandbox_seccomp.DENIED)} system calls denied, and fallocate past "
+                "RLIMIT_FSIZE; at a disk budget, creating files too (delete-only)"
                 if isinstance(program, bytes)
                 else f"none: {program}"
             ),
