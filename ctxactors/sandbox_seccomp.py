@@ -27,8 +27,8 @@ can't read; glibc and Go fall back to ``openat``). ``rm``, ``ls``, ``cat`` and `
 even ``> /dev/null`` fails (``O_CREAT``: the filter can't see that the file exists).
 
 The same lists hold for the compat ABIs of the host (i386 and x32 on x86-64, arm on
-aarch64), so a 32-bit binary can't go around them. A call this libseccomp doesn't know
-(``setxattrat``, Linux 6.13, with libseccomp 2.5) can't be denied.
+aarch64), so a 32-bit binary can't go around them. ``setxattrat`` (Linux 6.13), which
+libseccomp 2.5 doesn't know, is denied by a few instructions of our own before its program.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import struct
 import tempfile
 from typing import Any
 
@@ -145,6 +146,12 @@ OPEN_FLAGS: dict[str, int] = {"open": 1, "openat": 2}
 _O_TMPFILE_BIT = 0o20000000  # __O_TMPFILE (O_TMPFILE is it with O_DIRECTORY)
 _DENIED_FLAGS = ((os.O_CREAT, os.O_CREAT), (_O_TMPFILE_BIT, _O_TMPFILE_BIT))
 
+# Calls newer than libseccomp 2.5 that delete-only must deny: numbered the same on x86-64,
+# i386, aarch64 and arm since Linux 5.1 (x32: with bit 30 set). Denied by a few BPF
+# instructions before libseccomp's program when it can't name them.
+_NEWER_CREATING = {"setxattrat": 463}
+_X32_BIT = 0x40000000
+
 INSTALL_HINT = (
     "install the serve extra (pip install 'ctxactors[serve]', which has pyseccomp) and the "
     "Debian package libseccomp2"
@@ -206,4 +213,30 @@ def _build(seccomp: Any, delete_only: bool) -> bytes:
     with tempfile.TemporaryFile() as f:
         allow_rest.export_bpf(f)
         f.seek(0)
-        return f.read()
+        built = f.read()
+    unnamed = [
+        number
+        for name, number in _NEWER_CREATING.items()
+        if delete_only
+        and native in (seccomp.Arch.X86_64, seccomp.Arch.AARCH64)
+        and seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) < 0
+    ]
+    return _prefix(unnamed, errno.EDQUOT) + built
+
+
+def _prefix(numbers: list[int], errno_: int) -> bytes:
+    """Classic BPF that fails the system calls `numbers` with `errno_` and falls through to
+    the program after it otherwise (its jumps are relative, and it loads what it tests)."""
+    if not numbers:
+        return b""
+
+    def op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
+        return struct.pack("=HBBI", code, jt, jf, k)  # struct sock_filter
+
+    ld_nr, and_k, jeq_k, ret_k = 0x20, 0x54, 0x15, 0x06  # BPF_LD|W|ABS, ALU|AND|K, ...
+    out = [op(ld_nr, 0), op(and_k, ~_X32_BIT & 0xFFFFFFFF)]  # seccomp_data.nr
+    for i, number in enumerate(numbers):  # on a match, jump to the ret after the last test
+        out.append(op(jeq_k, number, jt=len(numbers) - i))
+    out.append(op(0x05, 1))  # BPF_JMP|JA: past the ret, to the program
+    out.append(op(ret_k, 0x00050000 | errno_))  # SECCOMP_RET_ERRNO
+    return b"".join(out)

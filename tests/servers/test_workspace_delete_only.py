@@ -77,7 +77,7 @@ def test_no_sandbox_may_fallocate_blocks_past_its_file_limit(
 # Each way to make an inode, a name or blocks without a write, tried in the sandbox (with
 # "old" there): its errno's name, or "ok".
 CREATE = r"""
-import ctypes, errno, os, socket
+import ctypes, errno, os, socket, struct
 libc = ctypes.CDLL(None, use_errno=True)
 def attempt(name, fn):
     try:
@@ -98,6 +98,10 @@ def fallocate():
         checked(libc.fallocate(fd, 0, ctypes.c_long(0), ctypes.c_long(1 << 16)))
     finally:
         os.close(fd)
+def setxattrat():  # Linux 6.13: its flags and value in a struct xattr_args
+    value = ctypes.create_string_buffer(b"y" * 2000)
+    args = struct.pack("=QII", ctypes.addressof(value), 2000, 0)
+    checked(libc.syscall(463, -100, b"old", 0, b"user.y", args, len(args)))
 def bind():
     with socket.socket(socket.AF_UNIX) as s:
         s.bind("sock")
@@ -110,6 +114,7 @@ attempt("symlink", lambda: os.symlink("old", "sym"))
 attempt("link", lambda: os.link("old", "hard"))
 attempt("mkfifo", lambda: os.mkfifo("fifo"))
 attempt("setxattr", lambda: os.setxattr("old", "user.x", b"x" * 2000))
+attempt("setxattrat", setxattrat)
 attempt("fallocate", fallocate)
 attempt("bind", bind)
 attempt("rename", lambda: os.rename("old", "renamed"))
@@ -118,12 +123,12 @@ attempt("rename", lambda: os.rename("old", "renamed"))
 SCRIPT = "echo old > old; cat > create.py <<'EOF'\n" + CREATE + "EOF\n"
 REFUSED = (
     "read ok\ncreat EDQUOT\ntmpfile EDQUOT\nopenat2 ENOSYS\nmkdir EDQUOT\nsymlink EDQUOT\n"
-    "link EDQUOT\nmkfifo EDQUOT\nsetxattr EDQUOT\nfallocate EDQUOT\nbind EDQUOT\n"
+    "link EDQUOT\nmkfifo EDQUOT\nsetxattr EDQUOT\nsetxattrat EDQUOT\nfallocate EDQUOT\nbind EDQUOT\n"
     "rename EDQUOT\n"
 )
 ALLOWED = (
     "read ok\ncreat ok\ntmpfile ok\nopenat2 ok\nmkdir ok\nsymlink ok\nlink ok\nmkfifo ok\n"
-    "setxattr ok\nfallocate ok\nbind ok\nrename ok\n"
+    "setxattr ok\nsetxattrat ok\nfallocate ok\nbind ok\nrename ok\n"
 )
 
 
