@@ -102,6 +102,13 @@ def setxattrat():  # Linux 6.13: its flags and value in a struct xattr_args
     value = ctypes.create_string_buffer(b"y" * 2000)
     args = struct.pack("=QII", ctypes.addressof(value), 2000, 0)
     checked(libc.syscall(463, -100, b"old", 0, b"user.y", args, len(args)))
+def resvsp64():  # FS_IOC_RESVSP64: fallocate with KEEP_SIZE
+    fd = os.open("old", os.O_RDWR)
+    try:
+        space_resv = struct.pack("=hh4xqqiI4i", 0, 0, 0, 1 << 20, 0, 0, 0, 0, 0, 0)
+        checked(libc.ioctl(fd, ctypes.c_ulong(0x4030582A), space_resv))
+    finally:
+        os.close(fd)
 def bind():
     with socket.socket(socket.AF_UNIX) as s:
         s.bind("sock")
@@ -116,6 +123,7 @@ attempt("mkfifo", lambda: os.mkfifo("fifo"))
 attempt("setxattr", lambda: os.setxattr("old", "user.x", b"x" * 2000))
 attempt("setxattrat", setxattrat)
 attempt("fallocate", fallocate)
+attempt("resvsp64", resvsp64)
 attempt("bind", bind)
 attempt("rename", lambda: os.rename("old", "renamed"))
 """
@@ -123,12 +131,12 @@ attempt("rename", lambda: os.rename("old", "renamed"))
 SCRIPT = "echo old > old; cat > create.py <<'EOF'\n" + CREATE + "EOF\n"
 REFUSED = (
     "read ok\ncreat EDQUOT\ntmpfile EDQUOT\nopenat2 ENOSYS\nmkdir EDQUOT\nsymlink EDQUOT\n"
-    "link EDQUOT\nmkfifo EDQUOT\nsetxattr EDQUOT\nsetxattrat EDQUOT\nfallocate EDQUOT\nbind EDQUOT\n"
-    "rename EDQUOT\n"
+    "link EDQUOT\nmkfifo EDQUOT\nsetxattr EDQUOT\nsetxattrat EDQUOT\nfallocate EDQUOT\n"
+    "resvsp64 ENOTSUP\nbind EDQUOT\nrename EDQUOT\n"
 )
 ALLOWED = (
     "read ok\ncreat ok\ntmpfile ok\nopenat2 ok\nmkdir ok\nsymlink ok\nlink ok\nmkfifo ok\n"
-    "setxattr ok\nsetxattrat ok\nfallocate ok\nbind ok\nrename ok\n"
+    "setxattr ok\nsetxattrat ok\nfallocate ok\nresvsp64 ENOTSUP\nbind ok\nrename ok\n"
 )
 
 
