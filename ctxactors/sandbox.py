@@ -36,8 +36,10 @@ sandboxed process, not the server. ``RLIMIT_NPROC`` needs care, measured here (k
   enforces even without cgroups (`Tenant.nproc`).
 
 A seccomp filter (`ctxactors.sandbox_seccomp`) denies the system calls a command never
-needs, the kernel keyrings first; ``/proc/keys`` and the other host-wide ``/proc`` files
-Docker hides are hidden too.
+needs, the kernel keyrings first, and the ``fallocate`` modes that take disk blocks past
+``RLIMIT_FSIZE``; a tenant at a disk budget runs under one that denies creating files too
+(`Tenant.delete_only`). ``/proc/keys`` and the other host-wide ``/proc`` files Docker hides
+are hidden too.
 
 Settings (`ctxactors.settings.SandboxSettings`, the runtime's ``settings.workspace.sandbox``;
 defaults from these variables, read when a runtime is made; a bad value fails loudly,
@@ -203,16 +205,19 @@ def _data_fd(data: bytes) -> int:
 
 
 @contextmanager
-def _sandbox_fds(workdir: str, uid: int, gid: int) -> Iterator[list[int]]:
+def _sandbox_fds(
+    workdir: str, uid: int, gid: int, delete_only: bool = False
+) -> Iterator[list[int]]:
     """The session directory (bound by descriptor: the directory this server made, whatever
     its path points to later), the generated passwd and group, and the seccomp program if
-    there is one; closed once bwrap has inherited them."""
+    there is one (`delete_only`: the one that denies creating files too); closed once bwrap
+    has inherited them."""
     fds: list[int] = []
     try:
         fds.append(os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         fds.append(_data_fd(f"sandbox:x:{uid}:{gid}:sandbox:{WORKDIR}:/bin/sh\n".encode()))
         fds.append(_data_fd(f"sandbox:x:{gid}:\n".encode()))
-        program = sandbox_seccomp.program()
+        program = sandbox_seccomp.program(delete_only)
         if isinstance(program, bytes):
             fds.append(_data_fd(program))
         yield fds
@@ -231,6 +236,7 @@ class Tenant(NamedTuple):
     join: tuple[str, ...] = ()
     nproc: int | None = None
     file_bytes: int | None = None  # the largest file its disk budget leaves (RLIMIT_FSIZE)
+    delete_only: bool = False  # at a disk budget: the seccomp filter denies creating files
 
 
 _SERVERS = Tenant()  # the server's own uid, no cgroup, no RLIMIT_NPROC outside
@@ -257,7 +263,7 @@ def start(
         )
     switch = settings.switch_user and tenant.ids is not None
     uid, gid = tenant.ids if switch and tenant.ids else (os.getuid(), os.getgid())
-    with _sandbox_fds(workdir, uid, gid) as fds:
+    with _sandbox_fds(workdir, uid, gid, tenant.delete_only) as fds:
         nproc = tenant.nproc if switch else None
         limits = limit_args(settings, nproc, tenant.file_bytes)
         argv = [*bwrap_args(settings, *fds), *limits, "/bin/sh", "-c", command]

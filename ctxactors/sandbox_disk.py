@@ -20,8 +20,13 @@ store and the system).
   walks their directories again (a pass every 50 ms to 1 s) and stops those that grew
   the principal past its budget; the overshoot is what they write between two passes.
 
-Once a principal is at a budget, its commands still start (deleting files with ``rm`` is a
-command, and must always work) but under an ``RLIMIT_FSIZE`` of 0: no file can grow; the
+Once a principal is at a budget, or past what the walk counts (more than `MAX_ENTRIES`
+entries, deeper than `MAX_DEPTH`, or a directory the server may not read), its commands
+still start (deleting files with ``rm`` is a command, and must always work) but
+delete-only: under an ``RLIMIT_FSIZE`` of 0 (no file can grow) and a seccomp filter that
+refuses creating files, directories, links, fifos and sockets, ``fallocate`` and extended
+attributes with ``EDQUOT`` (`ctxactors.sandbox_seccomp`; the limit alone doesn't stop
+them: a principal past the walk's bound made 95 MiB of directories in 2 s under it). The
 call's answer and the process's output say which budget is full and how to free it. The
 server-wide budget is measured in both modes (the images are sparse: what they hold on the
 host), when a command starts and, while commands run, by the same watch: past it, the
@@ -79,6 +84,12 @@ class Admission(NamedTuple):
 
     file_bytes: int
     full: str | None = None
+
+    @property
+    def delete_only(self) -> bool:
+        """May write no byte: then it may create nothing either (`ctxactors.sandbox_seccomp`:
+        ``RLIMIT_FSIZE`` 0 doesn't stop ``mkdir``, ``ln``, ``mkfifo``, ``fallocate``, ...)."""
+        return self.file_bytes == 0
 
 
 def remove(path: str) -> None:

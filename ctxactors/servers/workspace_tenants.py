@@ -48,7 +48,8 @@ class Tenants:
                 else f"every sandbox as the server's uid {os.getuid()} (not root, or no range)"
             ),
             "seccomp": (
-                f"{len(sandbox_seccomp.DENIED)} system calls denied"
+                f"{len(sandbox_seccomp.DENIED)} system calls denied, and fallocate past "
+                "RLIMIT_FSIZE; at a disk budget, creating files too (delete-only)"
                 if isinstance(program, bytes)
                 else f"none: {program}"
             ),
@@ -71,7 +72,9 @@ class Tenants:
         lease = self.budgets.enter(principal)
         budget = self.settings.budget
         nproc = budget.server_processes if principal is None else budget.principal_processes
-        tenant = sandboxes.Tenant(ids, tuple(lease.procs_files), nproc, admission.file_bytes)
+        tenant = sandboxes.Tenant(
+            ids, tuple(lease.procs_files), nproc, admission.file_bytes, admission.delete_only
+        )
         return tenant, lease, admission
 
     def close(self) -> list[str]:

@@ -119,12 +119,14 @@ def test_past_its_budget_a_principal_gets_enospc_and_another_writes(
         used = disks.images.usage("mallory").used  # type: ignore[union-attr]
         assert 16 * MIB <= used <= 16 * MIB + disks.images.budget // 32 + 2 * MIB  # type: ignore[union-attr]
         # Full: its next command (another session: the budget is the principal's) is told
-        # so, and can't write; the answer and the output say which budget and what to do.
+        # so, and can't write, nor create a file (delete-only); the answer and the output say
+        # which budget and what to do.
         answer = started(rt, "m2", "echo x > small; echo rc=$?", "mallory")
         used = disks.images.usage("mallory").used  # type: ignore[union-attr]  # m2's directory too
         assert answer["warning"] == FULL.format(used=used, limit=16 * MIB)
         note = f"[ctxactors: {answer['warning']}]\n"
-        assert run(rt, "m2", "cat small; ls", "mallory")["output"] == note + "small\n"  # empty
+        missing = "cat: small: No such file or directory\n"
+        assert run(rt, "m2", "cat small; ls", "mallory")["output"] == note + missing
         # Another principal writes as ever, on its own filesystem.
         assert write(rt, "a1", "12M", "f", "alice") == ("rc=0\n")
         # Deleting always works when full, and gives the budget back.
