@@ -44,17 +44,17 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args([*argv, "--no-progress"])
 
 
-def spent_every_budget(refused: dict[str, int], *, session_cap: bool = True) -> None:
-    """The hostile tenant was refused by each budget it went for, not ignored (its session's
-    content cap only where `session_cap`)."""
-    assert refused.get("CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES", 0) >= 1, refused
+def spent_every_budget(refused: dict[str, int], *, content_caps: bool = True) -> None:
+    """The hostile tenant was refused by each budget it went for, not ignored (its
+    content caps, the session's and the principal's, only where `content_caps`)."""
+    assert not content_caps or refused.get("CTXACTORS_CONTENT_MAX_PRINCIPAL_BYTES", 0), refused
     assert refused.get("CTXACTORS_MAX_TEXT_BYTES", 0) >= 1, refused
     assert refused.get("HTTP 413 body_too_large", 0) >= 1, refused
     assert refused.get("HTTP 429", 0) >= 1, refused  # its MCP sessions, over its cap of 4
     session_full = (
         "tool error: content store full: N of N bytes used, '…' needs N more; delete somethi…"
     )
-    assert not session_cap or refused.get(session_full, 0) >= 1, refused
+    assert not content_caps or refused.get(session_full, 0) >= 1, refused
     # The fork bomb and the sandboxes holding what they forked: the kernel, or the
     # principal's process budget when a sandbox would start past it.
     assert refused.get(FORK, 0) + refused.get("CTXACTORS_WORKSPACE_PRINCIPAL_PROCESSES", 0), refused
@@ -75,9 +75,10 @@ def test_a_hostile_tenant_beside_a_restarted_server_leaves_the_checked_tenants_e
     assert hostile["principal"] == "its own (a bearer token of its own)"
     assert hostile["cycles"] >= 1 and hostile["violations"] == []
     # A restart cuts its documents' adds short (index builds of its 256 KiB documents wait
-    # their turn at low priority), and each cut moves it to a new session, so whether one
-    # session fills before the principal's cap does is timing: the test below checks it.
-    spent_every_budget(hostile["refused"], session_cap=False)
+    # their turn at low priority), and each cut moves it to a new session, so whether a
+    # session, or the principal, fills before the run ends is timing on a loaded machine
+    # (seen: neither did): the tests without restarts check both caps.
+    spent_every_budget(hostile["refused"], content_caps=False)
     # Its forgeries ran, in its own sessions only (the checked states above say so).
     assert hostile["accepted"]["__sessionId forged in a body"] >= 1
     assert set(hostile["cut_off"]) <= {"ConnectError", "ReadError", "RemoteProtocolError"}
