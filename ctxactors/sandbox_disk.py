@@ -217,13 +217,14 @@ class DiskBudgets:
         self._walks: dict[str, threading.Lock] = {}
         self._all_walked = False
         self.server_bytes = self.budget.server_disk_bytes or self._three_quarters()
-        # The server's reserve: what the server-wide budget leaves free of the root's
-        # filesystem (a quarter of its free space by default). Free space below it is
-        # taken by what no count sees (open deleted files, ...): the disk watch's floor.
+        # The disk watch's floor: what the server-wide budget leaves free of the root's
+        # filesystem, at most a quarter (what its default leaves; a budget set lower must
+        # not make the store's or the system's growth stop commands). Free space below it
+        # is taken by what no count sees (open deleted files, ...).
         os.makedirs(self.root, mode=0o700, exist_ok=True)
         s = os.statvfs(self.root)
-        held = images.allocated() if images is not None else 0
-        self.reserve = max(s.f_bavail * s.f_frsize + held - self.server_bytes, 0)
+        had = s.f_bavail * s.f_frsize + (images.allocated() if images is not None else 0)
+        self.reserve = max(min(had - self.server_bytes, had // 4), 0)
         if images is not None:
             self.enforcement = (
                 f"kernel: an ext4 image per principal, loop-mounted under {images.areas} "
@@ -254,7 +255,10 @@ class DiskBudgets:
             settings.root, budget.principal_disk_bytes, preallocate=budget.disk_preallocate
         )
         disks = cls(settings, images)
-        images.reserve = disks.reserve  # which no image may be given
+        # The server's reserve: what the server-wide budget leaves of the root's filesystem
+        # (a quarter of its free space by default), which no image may be given.
+        s = os.statvfs(settings.root)
+        images.reserve = max(s.f_bavail * s.f_frsize + images.allocated() - disks.server_bytes, 0)
         return disks
 
     def describe(self) -> str:
@@ -430,7 +434,7 @@ class DiskBudgets:
         )
 
     def floor(self, free: int) -> str:
-        """Why commands that grew were stopped with the root's free space under `reserve`."""
+        """Why commands that grew were stopped, the root's free space under `reserve`."""
         return (
             f"the server's disk has {free:,} bytes free, under the {self.reserve:,} the "
             "server-wide budget keeps free (CTXACTORS_WORKSPACE_SERVER_DISK_BYTES); until "
