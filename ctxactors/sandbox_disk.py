@@ -14,7 +14,7 @@ store and the system).
   always for callers with no principal (one tenant under the server's budget only, whose
   directories stay in the root): the server walks the principal's directories (at its
   first command of this run, and after each command ends; a bounded walk: past
-  `MAX_ENTRIES` files the principal counts as over) and starts each command under an
+  `MAX_ENTRIES` names the principal counts as over) and starts each command under an
   ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. That caps one
   file, not what a command writes: while commands run, `ctxactors.sandbox_diskwatch`
   walks their directories again (a pass every 50 ms to 1 s) and stops those that grew
@@ -45,7 +45,7 @@ from ctxactors.settings import Cap, WorkspaceSettings
 if TYPE_CHECKING:
     Listing = os._ScandirIterator[str]  # what os.scandir returns: an iterator with close()
 
-MAX_ENTRIES = 200_000  # files and directories the measured walk visits per principal
+MAX_ENTRIES = 200_000  # names (files, directories, links) the measured walk visits per principal
 MAX_DEPTH = 256  # directories nested deeper count as past the bound (an open fd a level)
 _FULL = 64 << 10  # a kernel-held filesystem with less than this free counts as full
 

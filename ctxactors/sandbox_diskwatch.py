@@ -11,14 +11,19 @@ One thread per runtime, started with the first running command and gone once non
 
 - Measured principals (and callers with no principal, in either mode): the directories
   their running commands can write (their session's directory: the sandbox's only
-  writable disk path) are walked again, with `sandbox_disk.measure`'s bounded walk; the
-  rest of the principal's count is the last one. Past ``principal_disk_bytes`` (or past
-  `sandbox_disk.MAX_ENTRIES` entries), the principal's commands whose directory grew since
+  writable disk path) are walked again, with `sandbox_disk.measure`'s bounded walk, as
+  far as the principal's `PASS_ENTRIES` a pass go (see `DiskWatch._walk`); the rest of the
+  principal's count is the last one. The files their processes deleted but keep open
+  count too (`ctxactors.sandbox_held`). Past ``principal_disk_bytes`` (or past
+  `sandbox_disk.MAX_ENTRIES` entries), the principal's commands whose files grew since
   they started are stopped.
 - Server-wide, in both modes: the measured directories as above plus what the images hold
   on the host (a stat each). Past ``server_disk_bytes``, the commands that grew their
   files since they started are stopped (kernel-held principals: their filesystem's use, a
   ``statvfs``); the others keep running.
+- The floor: the root's filesystem's free space (a ``statvfs``) under what the server-wide
+  budget leaves free (`DiskBudgets.reserve`), taken by what no count sees: every command
+  that grew is stopped.
 
 Only commands that grew are stopped: deleting (``rm``) always works, even over a budget,
 and a principal's reads or another principal's commands are never in the way.
@@ -52,7 +57,7 @@ from ctxactors.sandbox_held import Processes, held
 _MIN_PAUSE = 0.05  # seconds between passes, at least
 _MAX_PAUSE = 1.0  # and at most: the overshoot's bound
 _COST_FACTOR = 10  # pause = this x the last pass's cost: the watch takes <= ~1/10 of a CPU
-PASS_ENTRIES = 20_000  # entries a pass walks per principal (on average: see `_walk`)
+PASS_ENTRIES = 10_000  # entries a pass walks per principal, on average (see `_walk`)
 
 
 @dataclass(eq=False)
@@ -87,6 +92,7 @@ class DiskWatch:
         self._when: dict[str, int] = {}
         self._credit: dict[str, int] = {}
         self._ended: set[str] = set()  # directories a command of which ended: walk again
+        self._processes: Processes | None = None  # the last read of /proc
 
     def add(
         self,
@@ -162,11 +168,13 @@ class DiskWatch:
                     self._lock.wait(pause)
 
     def _walk(self, watched: list[_Watched]) -> dict[str, dict[str, tuple[int, int]]]:
-        """Each measured area's watched directories, counted: walked again while the area
-        has entries left to walk in this pass (`PASS_ENTRIES`, oldest count first), else
-        their last count. A directory past the bound isn't walked again until a command
-        of it ends: it stays past, and one tenant's huge directories must not make every
-        pass slow (a 200,000-entry walk costs about a second)."""
+        """Each measured area's watched directories, counted: walked again, the oldest
+        count first, as far as the area's credit goes (`PASS_ENTRIES` more at each pass;
+        a directory costs what its last walk visited, and waits, with those after it,
+        until the credit covers it), else their last count: one tenant's huge directories
+        (a 200,000-entry walk costs about a second) make only its own counts older, not
+        every pass slow. A directory past the bound isn't walked again until a command of
+        it ends: it stays past."""
         with self._lock:
             ended, self._ended = self._ended, set()
         for directory in ended:
@@ -177,18 +185,21 @@ class DiskWatch:
                 found = areas.setdefault(cgroups.group_name(w.principal), {})
                 found[w.directory] = self._counts.get(w.directory, w.start)
         for name, found in areas.items():
-            credit = min(self._credit.get(name, 0), 0) + PASS_ENTRIES  # nothing saved up
+            credit = min(self._credit.get(name, 0) + PASS_ENTRIES, MAX_ENTRIES + PASS_ENTRIES)
             for directory in sorted(found, key=lambda d: self._when.get(d, -1)):
-                if credit <= 0:
-                    break
                 if directory in self._counts and found[directory][1] > MAX_ENTRIES:
                     continue
+                if min(found[directory][1], MAX_ENTRIES) > credit:
+                    break  # its turn: the next passes save up for it
                 found[directory] = _measure(directory, found[directory])
-                credit -= max(min(found[directory][1], MAX_ENTRIES), 1)
-                self.walked += min(found[directory][1], MAX_ENTRIES)
+                visited = min(found[directory][1], MAX_ENTRIES)
+                credit -= max(visited, 1)
+                self.walked += visited
                 self._counts[directory] = found[directory]
                 self._when[directory] = self.passes
             self._credit[name] = credit
+        for name in [n for n, c in self._credit.items() if n not in areas and c >= 0]:
+            del self._credit[name]  # its debt is kept: ending its commands doesn't clear it
         live = {w.directory for w in watched}
         for directory in [d for d in self._when if d not in live]:
             del self._when[directory]
@@ -202,7 +213,13 @@ class DiskWatch:
         measured = [w for w in watched if not w.kernel and w.pid is not None]
         if not measured:
             return {}
-        processes = Processes()
+        processes = self._processes
+        if (
+            processes is None
+            or time.monotonic() - processes.taken >= _MAX_PAUSE
+            or any(w.pid not in processes.pids for w in measured)
+        ):
+            processes = self._processes = Processes()
         found: dict[int, dict[tuple[int, int], int]] = {}
         for w in measured:
             assert w.pid is not None
