@@ -386,6 +386,9 @@ class DiskBudgets:
             ]:
                 if name not in self._walked:
                     self._walk(name, path)
+            with self._lock:  # stale counts (`forget`) of areas gone meanwhile
+                for name in [n for n in self._dirs if n not in self._walked]:
+                    del self._dirs[name]
         with self._lock:
             measured = sum(b for found in self._dirs.values() for b, _ in found.values())
         return measured + (self.images.allocated() if self.images is not None else 0)

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from ctxactors import cgroups
 from ctxactors.logs import get_logger
 from ctxactors.sandbox_disk import MAX_ENTRIES, DiskBudgets, measure
-from ctxactors.sandbox_held import Processes, held
+from ctxactors.sandbox_held import MAX_DESCRIPTORS, Processes, held
 
 _MIN_PAUSE = 0.05  # seconds between passes, at least
 _MAX_PAUSE = 1.0  # and at most: the overshoot's bound
@@ -209,7 +209,8 @@ class DiskWatch:
     def _held(self, watched: list[_Watched]) -> dict[int, dict[tuple[int, int], int]]:
         """id(watched) -> the open deleted files of its processes, on its directory's
         filesystem (measured commands only: a kernel-held principal's filesystem counts
-        them already); too many descriptors to look at: an entry ``(-1, -1)``."""
+        them already); past its principal's `MAX_DESCRIPTORS` in this pass: an entry
+        ``(-1, -1)`` (counted as past the bound)."""
         measured = [w for w in watched if not w.kernel and w.pid is not None]
         if not measured:
             return {}
@@ -221,14 +222,17 @@ class DiskWatch:
         ):
             processes = self._processes = Processes()
         found: dict[int, dict[tuple[int, int], int]] = {}
+        left: dict[str | None, int] = {}  # each principal's descriptors still to look at
         for w in measured:
             assert w.pid is not None
             try:
                 device = os.stat(w.directory).st_dev
             except OSError:
                 continue
-            files, short = held(processes.of(w.pid), device)
-            if short:
+            limit = left.get(w.principal, MAX_DESCRIPTORS)
+            files, looked = held(processes.of(w.pid), device, limit)
+            left[w.principal] = limit - looked
+            if looked > limit:
                 files[(-1, -1)] = 0
             found[id(w)] = files
         return found

@@ -24,7 +24,7 @@ import os
 import stat
 import time
 
-MAX_DESCRIPTORS = 65_536  # a command's descriptors looked at per pass; past them: too many
+MAX_DESCRIPTORS = 10_000  # a principal's descriptors looked at a pass; past them: too many
 
 
 class Processes:
@@ -64,10 +64,11 @@ class Processes:
         return found
 
 
-def held(pids: set[int], device: int) -> tuple[dict[tuple[int, int], int], bool]:
+def held(pids: set[int], device: int, limit: int) -> tuple[dict[tuple[int, int], int], int]:
     """The files on `device` with no name left that `pids` hold open: (device, inode) ->
-    bytes allocated; and whether there were more descriptors than `MAX_DESCRIPTORS` (then
-    the count is short)."""
+    bytes allocated; and how many descriptors it looked at, at most `limit` (past it, it
+    stops: ``limit + 1``, the count is short). A stat each: a pass looks at no more than
+    `MAX_DESCRIPTORS` of a principal's, however many its commands open."""
     found: dict[tuple[int, int], int] = {}
     looked = 0
     for pid in sorted(pids):
@@ -78,12 +79,12 @@ def held(pids: set[int], device: int) -> tuple[dict[tuple[int, int], int], bool]
             continue
         for fd in fds:
             looked += 1
-            if looked > MAX_DESCRIPTORS:
-                return found, True
+            if looked > limit:
+                return found, looked
             try:
                 st = os.stat(os.path.join(directory, fd))  # the open file itself
             except OSError:
                 continue
             if st.st_nlink == 0 and st.st_dev == device and stat.S_ISREG(st.st_mode):
                 found[(st.st_dev, st.st_ino)] = st.st_blocks * 512
-    return found, False
+    return found, looked

@@ -26,6 +26,7 @@ from workspace_support import WAIT, Leaks, call, start, wait_done
 from ctxactors import cgroups, sandbox_disk, sandbox_diskwatch
 from ctxactors.sandbox_disk import DiskBudgets, measure
 from ctxactors.sandbox_diskwatch import DiskWatch
+from ctxactors.sandbox_held import Processes, held
 from ctxactors.servers.workspace import _Process
 from ctxactors.settings import Settings
 from ctxactors.state import SQLiteStore
@@ -278,3 +279,34 @@ def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat", "rb") as f:
         line = f.read()
     return line[line.rfind(b")") + 2 :].split()[0].decode()
+
+
+def test_the_open_deleted_files_of_a_process_tree_each_once(tmp_path: Path) -> None:
+    """Read from ``/proc``: a child's deleted file, open twice, counts once; a file with a
+    name doesn't; past the limit the count says it is short."""
+    child = subprocess.Popen(
+        [
+            "/bin/sh",
+            "-c",
+            "exec 3>gone 4>kept; head -c 1M /dev/zero >&3; exec 5<gone; rm gone;"
+            " exec 6</proc/self/stat; echo ready; read line",
+        ],
+        cwd=tmp_path,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # pytest's capture: a deleted file of its own
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        device = os.stat(tmp_path).st_dev
+        pids = Processes().of(child.pid)
+        assert child.pid in pids and os.getpid() not in pids
+        found, looked = held(pids, device, 100)
+        ((key, blocks),) = found.items()
+        assert blocks == 1 << 20 and key[0] == device and looked <= 100
+        assert held(pids, device, 2)[1] == 3  # stopped at the limit: short
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()
