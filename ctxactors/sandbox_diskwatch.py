@@ -29,10 +29,13 @@ Only commands that grew are stopped: deleting (``rm``) always works, even over a
 and a principal's reads or another principal's commands are never in the way.
 
 The pause between passes is 10 times what the last pass cost, between 50 ms and 1 s: a
-pass of a few files costs well under a millisecond, so it runs 20 times a second; a walk
-of a directory at the bound (200,000 entries, about a second) runs at most about half the
-time. The overshoot is what the principal writes in one pause plus one pass (at most about
-2 s of its write speed); past its budget its next command starts with no file able to grow.
+pass of a few files costs well under a millisecond, so it runs 20 times a second. A
+principal's walks take `PASS_ENTRIES` a pass on average: a directory at the bound
+(200,000 entries, about a second) is walked once in 20 passes, in the pass that walks it
+(then the pause is 1 s). The overshoot is what the principal writes in one pause plus one
+pass (about 2 s of its write speed), more for a principal whose own directories hold more
+than `PASS_ENTRIES` (its turn comes less often); past its budget its next command starts
+with no file able to grow.
 The server-wide budget's default is 3/4 of the free space, so the quarter kept free
 absorbs that overshoot for the store and the system.
 
