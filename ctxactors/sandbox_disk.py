@@ -14,7 +14,7 @@ store and the system).
   always for callers with no principal (one tenant under the server's budget only, whose
   directories stay in the root): the server walks the principal's directories (at its
   first command of this run, and after each command ends; a bounded walk: past
-  `MAX_ENTRIES` files the principal counts as over) and starts each command under an
+  `MAX_ENTRIES` names the principal counts as over) and starts each command under an
   ``RLIMIT_FSIZE`` of what is left, so no one file passes the budget. That caps one
   file, not what a command writes: while commands run, `ctxactors.sandbox_diskwatch`
   walks their directories again (a pass every 50 ms to 1 s) and stops those that grew
@@ -41,14 +41,17 @@ import shutil
 import stat
 import subprocess
 import threading
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from ctxactors import cgroups, loop_images
 from ctxactors.errors import SandboxUnavailableError, ToolError
 from ctxactors.logs import get_logger
 from ctxactors.settings import Cap, WorkspaceSettings
 
-MAX_ENTRIES = 200_000  # files and directories the measured walk visits per principal
+if TYPE_CHECKING:
+    Listing = os._ScandirIterator[str]  # what os.scandir returns: an iterator with close()
+
+MAX_ENTRIES = 200_000  # names (files, directories, links) the measured walk visits per principal
 MAX_DEPTH = 256  # directories nested deeper count as past the bound (an open fd a level)
 _FULL = 64 << 10  # a kernel-held filesystem with less than this free counts as full
 
@@ -113,9 +116,11 @@ def remove(path: str) -> None:
 
 
 def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
-    """(bytes allocated, entries) under `path`, each inode once, never following a link,
-    visiting at most `MAX_ENTRIES` entries (then it stops: the count is past the bound);
-    `names`: only the top-level entries starting with it.
+    """(bytes allocated, entries) under `path`, its own directory's blocks too, each inode
+    once, never following a link, visiting at most `MAX_ENTRIES` names (every name counts,
+    a hard link's too; then it stops: the count is past the bound); `names`: only the
+    top-level entries starting with it (`path` is then a shared parent: its own blocks are
+    not counted).
 
     What can't be counted counts as past the bound too (entries ``MAX_ENTRIES + 1``): a
     directory nested deeper than `MAX_DEPTH`, or one the server may not list (its owner,
@@ -128,23 +133,32 @@ def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
         return 0, 0
     except PermissionError:  # the sandbox owns its directory, and may chmod it 0
         return 0, MAX_ENTRIES + 1
+    if names is None:
+        # A directory's own blocks grow with its names (300,000 long names: 100 MiB).
+        try:
+            total += os.fstat(top).st_blocks * 512
+        except BaseException:
+            os.close(top)
+            raise
     # Depth first with a stack, not recursion (os.fwalk recurses: a tree nested a few
-    # thousand deep, which a sandbox can make, ends it in RecursionError): one open
-    # directory and its names not visited yet per level, closed once popped.
+    # thousand deep, which a sandbox can make, ends it in RecursionError): per level, an
+    # open directory and its listing read lazily (os.scandir: a directory of millions of
+    # names is never read whole, only up to the bound), both closed once popped.
     listing = _listing(top)
     if listing is None:
-        return 0, MAX_ENTRIES + 1
-    if names is not None:
-        listing = [n for n in listing if n.startswith(names)]
-    frames: list[tuple[int, list[str]]] = [(top, listing)]
+        return total, MAX_ENTRIES + 1
+    frames: list[tuple[int, Listing]] = [(top, listing)]
     try:
         while frames:
             fd, pending = frames[-1]
-            if not pending:
+            entry = next(pending, None)
+            if entry is None:
                 frames.pop()
-                os.close(fd)
+                _close(fd, pending)
                 continue
-            name = pending.pop()
+            name = entry.name
+            if names is not None and len(frames) == 1 and not name.startswith(names):
+                continue
             entries += 1
             if entries > MAX_ENTRIES:
                 return total, entries
@@ -168,27 +182,33 @@ def measure(path: str, *, names: str | None = None) -> tuple[int, int]:
                     return total, MAX_ENTRIES + 1
                 frames.append((child, inside))
                 continue
-            if st.st_nlink > 1:  # a hard link: once
+            if st.st_nlink > 1:  # a hard link: its blocks once (its name counted above)
                 if (st.st_dev, st.st_ino) in seen:
                     continue
                 seen.add((st.st_dev, st.st_ino))
             total += st.st_blocks * 512
     finally:
-        for fd, _ in frames:
-            os.close(fd)
+        for fd, pending in frames:
+            _close(fd, pending)
     return total, entries
 
 
-def _listing(fd: int) -> list[str] | None:
-    """The names in the open directory `fd`, or None (and `fd` closed) if the server may
-    not list it; on any other error `fd` is closed and the error raised."""
+def _listing(fd: int) -> Listing | None:
+    """The open directory `fd`'s names, read as they are asked for, or None (and `fd`
+    closed) if the server may not list it; on any other error `fd` is closed and the
+    error raised. (`os.scandir` reads a duplicate of `fd`: two descriptors a level.)"""
     try:
-        return os.listdir(fd)
+        return os.scandir(fd)
     except BaseException as exc:
         os.close(fd)
         if isinstance(exc, PermissionError):
             return None
         raise
+
+
+def _close(fd: int, listing: Listing) -> None:
+    listing.close()
+    os.close(fd)
 
 
 class DiskBudgets:
@@ -212,6 +232,14 @@ class DiskBudgets:
         self._walks: dict[str, threading.Lock] = {}
         self._all_walked = False
         self.server_bytes = self.budget.server_disk_bytes or self._three_quarters()
+        # The disk watch's floor: what the server-wide budget leaves free of the root's
+        # filesystem, at most a quarter (what its default leaves; a budget set lower must
+        # not make the store's or the system's growth stop commands). Free space below it
+        # is taken by what no count sees (open deleted files, ...).
+        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        s = os.statvfs(self.root)
+        had = s.f_bavail * s.f_frsize + (images.allocated() if images is not None else 0)
+        self.reserve = max(min(had - self.server_bytes, had // 4), 0)
         if images is not None:
             self.enforcement = (
                 f"kernel: an ext4 image per principal, loop-mounted under {images.areas} "
@@ -350,10 +378,11 @@ class DiskBudgets:
 
     def forget(self, directory: str | None = None) -> None:
         """Files went another way: a session's `directory` was removed (its end), or with
-        None, any (a purge: every area is walked again before its next command)."""
+        None, any (a purge, a legacy move: every area is walked again before its next
+        command). The counts stay until then, stale: dropped, the server-wide total (and
+        the watch's) would lose every directory with no running command."""
         with self._lock:
             if directory is None:
-                self._dirs.clear()
                 self._walked.clear()
                 self._all_walked = False
                 return
@@ -372,6 +401,9 @@ class DiskBudgets:
             ]:
                 if name not in self._walked:
                     self._walk(name, path)
+            with self._lock:  # stale counts (`forget`) of areas gone meanwhile
+                for name in [n for n in self._dirs if n not in self._walked]:
+                    del self._dirs[name]
         with self._lock:
             measured = sum(b for found in self._dirs.values() for b, _ in found.values())
         return measured + (self.images.allocated() if self.images is not None else 0)
@@ -417,6 +449,14 @@ class DiskBudgets:
         return (
             cap.exceeded(f"{whose} workspace files take {used:,} bytes of disk")
             + "; until some are deleted (rm) or sessions ended, commands can't write files"
+        )
+
+    def floor(self, free: int) -> str:
+        """Why commands that grew were stopped, the root's free space under `reserve`."""
+        return (
+            f"the server's disk has {free:,} bytes free, under the {self.reserve:,} the "
+            "server-wide budget keeps free (CTXACTORS_WORKSPACE_SERVER_DISK_BYTES); until "
+            "some are deleted (rm) or sessions ended, commands can't write files"
         )
 
     def too_many(self) -> str:

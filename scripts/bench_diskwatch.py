@@ -14,11 +14,15 @@ non-root server has), in a temporary root:
 2. Cost: a command sleeping `--seconds` in a session directory holding `--files` files:
    the process's CPU time while it runs, watched and (the baseline) with the watch off,
    and the watch's passes a second.
+3. Spread: one principal's `--spread` sessions x files, a command sleeping in each: the
+   passes a second (another tenant's overshoot window is one pause and one pass), the
+   entries a pass walks and the CPU, with a pass's walk bounded per principal and (the
+   baseline) every directory walked at every pass.
 
 Pinned to one CPU (CPU-time figures; the machine is shared: say what else ran).
 
     python scripts/bench_diskwatch.py [--budget 16] [--sizes 64,1024] [--files 0,10000,100000]
-                                      [--seconds 3]
+                                      [--seconds 3] [--spread 8x50000]
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from ctxactors import Runtime
+from ctxactors import Runtime, sandbox_diskwatch
 from ctxactors.sandbox_disk import measure
 from ctxactors.sandbox_diskwatch import DiskWatch
 from ctxactors.servers.workspace import Workspace
@@ -143,19 +147,66 @@ def cost(files: int, seconds: float) -> None:
     )
 
 
+def spread(sessions: int, files: int, seconds: float) -> None:
+    """One principal's `sessions` directories of `files` files each, a command sleeping in
+    each: what a pass walks and costs, bounded (`PASS_ENTRIES` a pass per principal) and,
+    the baseline, every directory at every pass (as before the bound)."""
+    figures = {}
+    for bound in (10**12, sandbox_diskwatch.PASS_ENTRIES):
+        sandbox_diskwatch.PASS_ENTRIES = bound
+        with runtime(1 << 40) as rt:
+            names = [f"s{i}" for i in range(sessions)]
+            for name in names:
+                run(rt, name, "true")
+                path = Workspace._kept[rt].path(("bench", name))  # noqa: SLF001
+                for i in range(files):
+                    os.close(os.open(os.path.join(path, f"f{i}"), os.O_CREAT | os.O_WRONLY))
+            tenants = Workspace.tenants(rt)
+            assert tenants is not None
+            for name in names:  # counted, as a command that wrote them would have been
+                tenants.disks.measure("bench", Workspace._kept[rt].path(("bench", name)))  # noqa: SLF001
+            watch: DiskWatch = tenants.watch
+            passes, walked = watch.passes, watch.walked
+            cpu, began = time.process_time(), time.monotonic()
+            started = [
+                (name, call(rt, name, "execute_command", command=f"sleep {seconds}"))
+                for name in names
+            ]
+            for name, answer in started:
+                while call(rt, name, "poll_process", processId=answer["processId"])["status"] == (
+                    "running"
+                ):
+                    time.sleep(0.05)
+            wall = time.monotonic() - began
+            done = max(watch.passes - passes, 1)
+            figures[bound] = (time.process_time() - cpu, wall, done, watch.walked - walked)
+    sandbox_diskwatch.PASS_ENTRIES = bound
+    for bound, (cpu, wall, done, walked) in figures.items():
+        how = "every directory every pass" if bound == 10**12 else f"{bound:,} entries a pass"
+        print(
+            f"{sessions} x {files:,} files, {how:>26}: {done / wall:5.1f} passes/s, "
+            f"{1000 * wall / done:6.0f} ms between passes, {walked / done:9,.0f} entries/pass, "
+            f"CPU {1000 * cpu / wall:5.0f} ms/s"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=int, default=16, help="MiB")
     parser.add_argument("--sizes", default="64,1024", help="KiB, comma-separated")
     parser.add_argument("--files", default="0,10000,100000")
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--spread", default="8x50000", help="sessions x files (one principal)")
     args = parser.parse_args()
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    for kib in args.sizes.split(","):
+    for kib in filter(None, args.sizes.split(",")):
         overshoot(args.budget * MIB, int(kib))
-    for files in args.files.split(","):
+    for files in filter(None, args.files.split(",")):
         cost(int(files), args.seconds)
+    if args.spread:
+        sessions, files = args.spread.split("x")
+        spread(int(sessions), int(files), args.seconds)
 
 
 if __name__ == "__main__":

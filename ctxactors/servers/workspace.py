@@ -130,6 +130,11 @@ class _Process:
         try:
             self._drain()
             self._reap()
+            with self._lock:
+                if self.warning is not None and self.proc.returncode >= 0:
+                    # It exited on its own before the disk watch's kill came (a kill
+                    # reads as -9): not killed.
+                    self.warning = self.end_reason = None
         finally:
             _count_running(-1)
             if self.proc.stdout is not None:
@@ -209,7 +214,12 @@ class _Process:
         with self._lock:
             if self.done.is_set() or self.end_reason is not None:
                 return
+            # Exited already (its watcher not done yet): it ended on its own, not killed.
+            # poll() reaps it here if need be, so the kill below can't come first.
+            if self.proc.poll() is not None:
+                return
             self.warning = why  # `output` ends with it: after what is still drained
+            self.end_reason = "killed"
         self.kill("killed")
 
     def stop(self) -> None:
@@ -463,7 +473,8 @@ class Workspace(Server):
             self._active += 1
         try:
             if self._host is not None:  # watched until its watcher ends (`_finished`)
-                self._host.watch.add(process_id, ctx.principal, workdir, proc.stop_for_disk)
+                watch = self._host.watch
+                watch.add(process_id, ctx.principal, workdir, proc.stop_for_disk, popen.pid)
             proc.thread.start()
         except BaseException:  # no thread, no watcher: don't leave the child behind
             if self._host is not None:
