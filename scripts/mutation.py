@@ -130,6 +130,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "ctxactors/sandbox_disk.py",
             "ctxactors/loop_images.py",
             "ctxactors/sandbox_diskwatch.py",
+            "ctxactors/sandbox_held.py",
             "ctxactors/servers/workspace_legacy.py",
         ],
         _tests(
@@ -147,6 +148,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "workspace_loop_images",
             "workspace_legacy_dirs",
             "workspace_deep_trees",
+            "workspace_disk_watch_holes",
+            "workspace_delete_only",
+            "workspace_legacy_attack27",
         ),
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.
@@ -186,6 +190,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "principal_store_budget",
             "state_budget_history",
             "state_budget_recount",
+            "history_recount_elsewhere",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
