@@ -33,6 +33,7 @@ import fcntl
 import os
 import random
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -78,12 +79,15 @@ def _run(*argv: str) -> None:
 
 
 def _mount_image(image: str, point: str, options: str = _MOUNT_OPTIONS) -> None:
-    """Mount `image` at `point` on a free loop device, trying again a few times: processes
-    mounting at once can race for the same free device (one of them then reads another's
-    image, or a device still being released: "bad superblock on /dev/loopN")."""
+    """Mount `image` at `point` on a free loop device. Processes mounting at once race for
+    the same free device (one then reads another's image, or a device still being released:
+    "bad superblock on /dev/loopN", "probably corrupted filesystem on /dev/loopN"): our
+    servers on one host take turns (`_device_lock`: only the ``mount`` itself, quick, no
+    fsck or resize), and a race with other software is tried again a few times."""
     for attempt in range(_MOUNT_TRIES):
         try:
-            _run("mount", "-t", "ext4", "-o", f"loop,{options}", image, point)
+            with _locked(_device_lock()):
+                _run("mount", "-t", "ext4", "-o", f"loop,{options}", image, point)
             return
         except OSError:
             if attempt == _MOUNT_TRIES - 1 or os.path.ismount(point):
@@ -479,6 +483,20 @@ def _slack(budget: int) -> int:
 
 def _round(size: int) -> int:
     return -(-size // (1 << 20)) << 20  # whole MiB
+
+
+def _device_lock() -> str:
+    """The host-wide lock file around choosing a loop device: in a root-only directory of
+    /run (a lock in world-writable /tmp could be taken, or pre-made, by any local user)."""
+    path = "/run/ctxactors"
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError:
+        return os.path.join(tempfile.gettempdir(), "ctxactors-loop-devices.lock")
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise OSError(errno.EPERM, f"{path} is not a directory only this user may write")
+    return os.path.join(path, "loop-devices.lock")
 
 
 def _lock_file(path: str, how: int) -> int:
