@@ -30,7 +30,10 @@ them: a principal past the walk's bound made 95 MiB of directories in 2 s under 
 call's answer and the process's output say which budget is full and how to free it. The
 server-wide budget is measured in both modes (the images are sparse: what they hold on the
 host), when a command starts and, while commands run, by the same watch: past it, the
-commands whose files grew are stopped. Ending a session only deletes, which needs no space.
+commands whose files grew are stopped. So are files, counted as inodes: under a quarter of
+the root's free inodes at start (`DiskBudgets.inode_reserve`), measured commands start
+delete-only and the watch stops those that grew. Ending a session only deletes, which
+needs no space.
 """
 
 from __future__ import annotations
