@@ -30,7 +30,10 @@ them: a principal past the walk's bound made 95 MiB of directories in 2 s under 
 call's answer and the process's output say which budget is full and how to free it. The
 server-wide budget is measured in both modes (the images are sparse: what they hold on the
 host), when a command starts and, while commands run, by the same watch: past it, the
-commands whose files grew are stopped. Ending a session only deletes, which needs no space.
+commands whose files grew are stopped. So are files, counted as inodes: under a quarter of
+the root's free inodes at start (`DiskBudgets.inode_reserve`), measured commands start
+delete-only and the watch stops those that grew. Ending a session only deletes, which
+needs no space.
 """
 
 from __future__ import annotations
@@ -240,6 +243,12 @@ class DiskBudgets:
         s = os.statvfs(self.root)
         had = s.f_bavail * s.f_frsize + (images.allocated() if images is not None else 0)
         self.reserve = max(min(had - self.server_bytes, had // 4), 0)
+        # Its inode floor: a quarter of the root's free inodes. Measured areas count an
+        # empty file as a few bytes, so 200k of them per principal stay far under a byte
+        # budget, and a few dozen principals would use every inode of the host; below it,
+        # measured commands may create nothing (images hold their own inodes; a filesystem
+        # with no fixed count, f_files 0, never goes below 0).
+        self.inode_reserve = s.f_favail // 4
         if images is not None:
             self.enforcement = (
                 f"kernel: an ext4 image per principal, loop-mounted under {images.areas} "
@@ -425,6 +434,9 @@ class DiskBudgets:
         used, entries = self.measure(principal)
         if entries > MAX_ENTRIES:
             return Admission(0, self.too_many())
+        inodes = os.statvfs(self.root).f_favail
+        if inodes < self.inode_reserve:
+            return Admission(0, self.inode_floor(inodes))
         left = self._server_left()
         if principal is not None:
             left = min(left, self.budget.principal_disk_bytes - used)
@@ -457,6 +469,16 @@ class DiskBudgets:
             f"the server's disk has {free:,} bytes free, under the {self.reserve:,} the "
             "server-wide budget keeps free (CTXACTORS_WORKSPACE_SERVER_DISK_BYTES); until "
             "some are deleted (rm) or sessions ended, commands can't write files"
+        )
+
+    def inode_floor(self, free: int) -> str:
+        """Why measured commands may create nothing: the root's free inodes under
+        `inode_reserve`."""
+        return (
+            f"the server's disk has {free:,} inodes (files and directories) free, under the "
+            f"{self.inode_reserve:,} the server-wide budget keeps free (a quarter of those "
+            "free at its start); until some are deleted (rm) or sessions ended, commands "
+            "can't write files"
         )
 
     def too_many(self) -> str:

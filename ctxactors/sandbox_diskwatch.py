@@ -23,7 +23,9 @@ One thread per runtime, started with the first running command and gone once non
   ``statvfs``); the others keep running.
 - The floor: the root's filesystem's free space (a ``statvfs``) under what the server-wide
   budget leaves free (`DiskBudgets.reserve`), taken by what no count sees: every command
-  that grew is stopped.
+  that grew is stopped; so is every measured command that grew when the root's free
+  inodes are under `DiskBudgets.inode_reserve` (a flood of empty files, each counted as a
+  few bytes, by many principals).
 
 Only commands that grew are stopped: deleting (``rm``) always works, even over a budget,
 and a principal's reads or another principal's commands are never in the way.
@@ -288,6 +290,10 @@ class DiskWatch:
         if free < disks.reserve:
             for w in grew:
                 why.setdefault(id(w), disks.floor(free))
+        if s.f_favail < disks.inode_reserve:  # files made in measured areas: the root's
+            for w in grew:
+                if not w.kernel:
+                    why.setdefault(id(w), disks.inode_floor(s.f_favail))
         for w in watched:
             if id(w) in why:
                 w.stopped = True

@@ -155,6 +155,7 @@ class SessionDirs:
         name = os.path.basename(legacy)
         with legacy_dirs.moving(self.root, name):
             if not legacy_dirs.is_directory(legacy):  # moved by another server meanwhile
+                legacy_dirs.forget(self.root, name)  # which, there, left this one's file
                 return
             free = self._free(session[0])
             try:

@@ -27,9 +27,10 @@ killed server leaves no copier writing on. A directory larger than what the prin
 image has free is not moved (`TooBig`): its files stay in the root, unused, until the
 session ends or its retention does; so is one past the walk's bound (more than
 `MAX_ENTRIES` files, nested deeper than it counts: its size is unknown), refused before
-anything is copied. A refusal is remembered (`Refusals`) until the directory changes or
-the principal's disk has more free than it lacked: each call of that session doesn't
-measure and copy it again. (Renamed into a measured area, one larger than the
+anything is copied. A refusal is remembered (`Refusals`) until the directory changes, the
+principal's disk has more free than it lacked, or `RETRY` seconds pass: each call of that
+session doesn't measure and copy it again, and a copy that failed for a passing lack of
+room (another command's files, deleted since) is tried again. (Renamed into a measured area, one larger than the
 budget is moved all the same: the principal is then over its budget, and its commands
 can't write files until it deletes some, as for any principal over it.)
 
@@ -54,6 +55,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -66,6 +68,8 @@ _OLD_LOCK = ".ctxactors-migrate.lock"  # the previous version's purge: see `movi
 SESSION = re.compile(r"ws-[0-9a-f]{48}")  # a kept session directory's name (an HMAC)
 _LOCKS = ".ctxactors-move-locks"  # a lock file per directory being moved
 _TIMEOUT = 3600.0  # seconds a copy may take (the most a budget holds, on a slow disk)
+RETRY = 300.0  # seconds a refusal holds at most: after ENOSPC, free may come back only as it was
+_clock = time.monotonic  # (a test's to move)
 
 
 class TooBig(Exception):
@@ -83,11 +87,12 @@ class _Refusal(NamedTuple):
     stamp: tuple[int, int, int]  # the directory's (inode, mtime, ctime) when refused
     need: int  # free bytes the next try needs (`sys.maxsize`: none will do)
     error: TooBig
+    until: float  # `_clock()` after which it is tried again
 
 
 class Refusals:
-    """The root directories a move refused (`TooBig`), each until it changes or the
-    principal's disk has the room it lacked; one process's, guarded by each name's move
+    """The root directories a move refused (`TooBig`), each until it changes, the
+    principal's disk has the room it lacked, or `RETRY` seconds pass; one process's, guarded by each name's move
     lock (a name is only read or written under it)."""
 
     def __init__(self) -> None:
@@ -97,11 +102,13 @@ class Refusals:
         """Raise the last refusal of `legacy` if it still holds."""
         last = self._by_name.get(os.path.basename(legacy))
         room = sys.maxsize - 1 if free is None else free  # no budget of its own
-        if last is not None and room < last.need and last.stamp == _stamp(legacy):
+        if last is None or _clock() >= last.until:
+            return
+        if room < last.need and last.stamp == _stamp(legacy):
             raise last.error
 
     def refuse(self, legacy: str, error: TooBig, need: int, stamp: tuple[int, int, int]) -> TooBig:
-        self._by_name[os.path.basename(legacy)] = _Refusal(stamp, need, error)
+        self._by_name[os.path.basename(legacy)] = _Refusal(stamp, need, error, _clock() + RETRY)
         return error
 
     def drop(self, name: str) -> None:
@@ -287,6 +294,8 @@ def _remove_unmoved(root: str, name: str, path: str) -> None:
     with unmoved(root, name) as free:
         if free:
             _remove(path)
+            if not os.path.lexists(os.path.join(root, name)):  # nothing left to move
+                forget(root, name)
 
 
 class _NoSpace(Exception):
