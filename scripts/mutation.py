@@ -151,6 +151,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "workspace_disk_watch_holes",
             "workspace_delete_only",
             "workspace_legacy_attack27",
+            "workspace_inode_floor",
+            "workspace_legacy_retry",
         ),
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.
