@@ -145,7 +145,10 @@ def test_without_cgroups_the_uids_process_limit_holds_across_its_sandboxes(
         first = start(rt, "m1", command, principal="mallory")
         assert "started" in wait_output(rt, "m1", first, "started", principal="mallory")["output"]
         assert wait_until(lambda: len(pids_of(["sleep", marker])) == 60, WAIT)
-        assert len(uid_processes(uid)) == 63
+        # Settled: a shell may hold a 64th for a moment (a fork not yet reaped), within the limit.
+        assert wait_until(
+            lambda: len(uid_processes(uid)) == 63, WAIT, describe=lambda: uid_processes(uid)
+        )
         # Another session's sandbox of hers can't even be made; alice's can.
         assert run(rt, "m2", "echo never", "mallory") == (
             "bwrap: Creating new namespace failed: Resource temporarily unavailable\n"

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 from test_workspace_disk_budget import MIB, disk_runtime, disks_of, kernel, run
-from workspace_support import WAIT, Leaks, call, start, wait_done
+from workspace_support import WAIT, Leaks, call, start, unmount_under, wait_done
 
-from ctxactors import Runtime
+from ctxactors import Runtime, loop_images
 from ctxactors.cli.loadtest.refusals import command_refusal
 from ctxactors.sandbox_disk import MAX_DEPTH, MAX_ENTRIES, measure
 from ctxactors.servers.workspace import Workspace
@@ -152,6 +152,24 @@ def test_a_reader_over_the_budget_keeps_running(store: SQLiteStore, leaks: Leaks
         assert (done["status"], done["output"]) == ("exited", "done\n")
 
 
+@pytest.fixture
+def own_disk(workspace_root: str) -> Iterator[str]:
+    """The workspace root on a 128 MiB tmpfs of its own: the images' room is counted on the
+    root's free space, which other tests writing beside this one (xdist) would take."""
+    try:
+        loop_images.check(workspace_root)
+    except loop_images.Unavailable as exc:
+        pytest.skip(f"no loop-mounted images here: {exc}")
+    cmd = ["mount", "-t", "tmpfs", "-o", "size=128m,mode=0711", "tmpfs", workspace_root]
+    subprocess.run(cmd, check=True)
+    try:
+        yield workspace_root
+    finally:
+        unmount_under(workspace_root)
+        subprocess.run(["umount", "-l", workspace_root], check=True)
+
+
+@pytest.mark.usefixtures("own_disk")
 def test_kernel_the_server_wide_budget_stops_a_caller_with_no_principal_not_a_principal(
     store: SQLiteStore, leaks: Leaks
 ) -> None:
