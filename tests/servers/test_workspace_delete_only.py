@@ -12,7 +12,6 @@ import os
 
 import pytest
 from test_workspace_disk_budget import FULL, MIB, disk_runtime, disks_of, kernel, run
-from test_workspace_disk_budget import store as store  # the fixture: a SQLite store
 from workspace_support import Leaks, call, start, wait_done
 
 from ctxactors import Runtime, sandbox_seccomp

@@ -66,13 +66,6 @@ def mounted() -> list[str]:
         return [line.split()[4] for line in f]
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
-
-
 def disks_of(rt: Runtime) -> DiskBudgets:
     tenants = Workspace.tenants(rt)
     assert tenants is not None

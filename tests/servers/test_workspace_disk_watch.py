@@ -39,13 +39,6 @@ if TYPE_CHECKING:  # only: the module is new, and these tests must fail (not bre
 pytestmark = pytest.mark.usefixtures("workspace_root")
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
-
-
 OVERSHOOT = 10 * MIB  # 5 MiB/s at most (see the module docstring) for under 2 s
 TAIL = (
     "{whose} workspace files take (?P<used>[0-9,]+) bytes of disk: the limit is {limit:,} "

@@ -37,13 +37,6 @@ PRINCIPAL = "CTXACTORS_WORKSPACE_PRINCIPAL_DISK_BYTES"
 SERVER = "CTXACTORS_WORKSPACE_SERVER_DISK_BYTES"
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
-
-
 def test_files_deleted_but_held_open_count_against_the_budget(
     store: SQLiteStore, leaks: Leaks
 ) -> None:

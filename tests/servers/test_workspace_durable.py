@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,6 @@ S = "s1"
 
 
 pytestmark = pytest.mark.usefixtures("workspace_root")  # each test on a root of its own
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
 
 
 def run(rt: Runtime, command: str, session: str = S) -> dict[str, object]:

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from test_workspace_disk_budget import MIB, disk_runtime, run
@@ -50,13 +49,6 @@ FLOOR = (
     r"the {reserve:,} the server-wide budget keeps free \(a quarter of those free at its "
     r"start\); until some are deleted \(rm\) or sessions ended, commands can't write files"
 )
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

@@ -48,13 +48,6 @@ PAST_BOUND = "more than 200,000 files and directories, or nested more than 256 d
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
 def deep(tmp_path: Path) -> Iterator[Path]:
     """A directory for a tree too deep for pytest's own clean-up (``shutil.rmtree``, which
     recurses): removed here by ``rm``, whatever the test left."""

@@ -43,13 +43,6 @@ OLD_UID = 65534  # the single sandbox user of the version without areas ("nobody
 FILES = {"notes.txt": b"kept before the upgrade\n", "sub/deep.bin": bytes(range(256)) * 64}
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
-
-
 def budgets(**budget: Any) -> Settings:
     """The environment's settings with these disk budget fields."""
     settings = Settings.from_env()

@@ -13,18 +13,16 @@ saying why, where this process may not mount them (not root, no loop devices).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from structlog.testing import capture_logs
+from test_workspace_disk_budget import disk_runtime
 from workspace_support import WAIT, Leaks, start, unmount_under, wait_done
 
 from ctxactors import Runtime, cgroups, loop_images
@@ -200,13 +198,6 @@ def test_preallocated_images_take_their_blocks_for_good(
         assert images.close() == []
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[SQLiteStore]:
-    opened = SQLiteStore(tmp_path / "state.db", retention=3600)
-    yield opened
-    opened.close()
-
-
 def test_a_principal_with_no_room_is_told_so_and_the_others_are_served(
     small_root: str, store: SQLiteStore, leaks: Leaks
 ) -> None:
@@ -227,25 +218,6 @@ def test_a_principal_with_no_room_is_told_so_and_the_others_are_served(
         # The server-wide budget is 3/4 of the 96 MiB: a quarter is the reserve.
         assert 23 * MIB <= images.reserve <= 24 * MIB
         assert images.notes == []  # alice's and bob's fitted to the whole budget
-
-
-@contextlib.contextmanager
-def disk_runtime(leaks: Leaks, store: SQLiteStore, **budget: Any) -> Iterator[Runtime]:
-    """A workspace runtime on `store` with these budget settings, closed after, leaving
-    nothing (no process, no thread)."""
-    settings = Settings.from_env()
-    changed = msgspec.structs.replace(settings.workspace.budget, **budget)
-    workspace = msgspec.structs.replace(settings.workspace, budget=changed)
-    rt = Runtime(
-        servers=[Workspace],
-        store=store,
-        settings=msgspec.structs.replace(settings, workspace=workspace),
-    )
-    try:
-        yield rt
-    finally:
-        rt.close()
-        leaks.assert_none()
 
 
 def ctx(session: str, **args: Any) -> dict[str, Any]:
