@@ -222,6 +222,12 @@ def seccomp_problem(settings: SandboxSettings) -> str | None:
     return None
 
 
+def filters_delete_only(settings: SandboxSettings) -> bool:
+    """True when a delete-only command runs under its filter here (sandboxed, and the filter
+    built): then it can't take blocks, and the disk watch never stops it."""
+    return settings.enabled and isinstance(sandbox_seccomp.program(delete_only=True), bytes)
+
+
 @contextmanager
 def _sandbox_fds(
     settings: SandboxSettings, workdir: str, uid: int, gid: int, delete_only: bool = False
