@@ -170,8 +170,8 @@ _DENIED_FLAGS = (
     (os.O_RDWR, os.O_RDWR),
 )
 
-# Calls an older libseccomp may not know, by number: the same on x86-64, i386, aarch64 and
-# arm since Linux 5.1 (x32: with bit 30 set). Denied by a few BPF instructions before
+# Calls an older libseccomp may not know, by number: the same on every architecture but MIPS
+# (and alpha, ia64) since Linux 5.1 (x32: with bit 30 set). Denied by a few BPF instructions before
 # libseccomp's program when it can't name them.
 NUMBERS = {
     "io_uring_setup": 425,
@@ -230,7 +230,8 @@ def _build(seccomp: Any, delete_only: bool) -> bytes:
 
     def deny(errno_: int, name: str, *args: Any) -> None:
         if seccomp.resolve_syscall(seccomp.Arch.NATIVE, name) == -1:  # __NR_SCMP_ERROR
-            unified = native in (seccomp.Arch.X86_64, seccomp.Arch.AARCH64)
+            mips = ("MIPS", "MIPS64", "MIPS64N32", "MIPSEL", "MIPSEL64", "MIPSEL64N32")
+            unified = native not in {getattr(seccomp.Arch, a) for a in mips}  # MIPS: offsets
             if name not in NUMBERS or not unified or args:
                 raise UnknownCall(name)
             by_number.append((NUMBERS[name], errno_))
