@@ -17,8 +17,8 @@ Limits are set inside the sandbox with ``prlimit`` (util-linux) on the command's
 they are inherited by everything it starts and can't be raised (that needs
 ``CAP_SYS_RESOURCE`` on the host; the sandbox has no capabilities). Sums over a
 principal's sandboxes (processes, memory with the tmpfs pages, CPU) are cgroups', where
-the server may make them (`ctxactors.sandbox_limits`); ``choom`` gives sandboxed processes
-the highest ``oom_score_adj`` either way: if memory runs out, the OOM killer ends a
+the server may make them (`ctxactors.sandbox_limits`); ``choom``, run on ``bwrap`` outside,
+gives sandboxed processes the highest ``oom_score_adj`` either way: if memory runs out, the OOM killer ends a
 sandboxed process, not the server. ``RLIMIT_NPROC`` needs care, measured here (kernel 6.18):
 
 - the kernel counts it per (user namespace, real uid) since 5.14, so set *inside* the
@@ -48,6 +48,8 @@ naming it):
 - ``CTXACTORS_WORKSPACE_SANDBOX``: ``bwrap`` (default) or ``none`` (no sandbox, loud warnings);
 - ``CTXACTORS_WORKSPACE_BWRAP``: the bwrap program (default: ``bwrap`` on ``PATH``);
 - ``CTXACTORS_WORKSPACE_NETWORK``: ``1``/``true``/``on`` shares the host network (default off);
+- ``CTXACTORS_WORKSPACE_SECCOMP``: ``require`` (default: no sandbox starts when the seccomp
+  filter can't be built here, `SandboxUnavailableError`) or ``auto`` (then unfiltered);
 - ``CTXACTORS_WORKSPACE_ENV``: comma-separated names copied from the server's environment;
 - ``CTXACTORS_WORKSPACE_CPU_SECONDS`` (600), ``CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES``
   (address space per process, 4 GiB), ``CTXACTORS_WORKSPACE_MAX_FILE_BYTES`` (1 GiB),
@@ -173,9 +175,8 @@ def _proc_masks(root: str = "/") -> tuple[str, ...]:
 def limit_args(
     settings: SandboxSettings, nproc: int | None = None, file_bytes: int | None = None
 ) -> list[str]:
-    """prlimit inside the sandbox (soft = hard, so the command can't raise them back), and
-    choom: should memory run out anyway (many processes, each under its own address-space
-    limit), the kernel's OOM killer picks a sandboxed process before the server. `nproc`:
+    """prlimit inside the sandbox (soft = hard, so the command can't raise them back).
+    `nproc`:
     the tenant's own RLIMIT_NPROC outside, which the one inside can't exceed; `file_bytes`:
     what is left of its disk budget (`ctxactors.sandbox_disk`), if less than the setting."""
     processes = settings.processes if nproc is None else min(settings.processes, nproc)
@@ -187,11 +188,13 @@ def limit_args(
         f"--fsize={fsize}",
         f"--nproc={processes}",
         "--",
-        "/usr/bin/choom",
-        "-n",
-        "1000",
-        "--",
     ]
+
+
+# Run on bwrap, outside the sandbox: the score is inherited by everything inside, and no
+# command's filter has to let it write /proc (a delete-only one opens nothing for writing).
+# Raising one's own score needs no privilege.
+CHOOM = ("/usr/bin/choom", "-n", "1000", "--")
 
 
 def _data_fd(data: bytes) -> int:
@@ -204,20 +207,44 @@ def _data_fd(data: bytes) -> int:
     return read
 
 
+def seccomp_problem(settings: SandboxSettings) -> str | None:
+    """Why this server may not sandbox, as `settings` require the seccomp filter and it
+    can't be built here (one line, with the way out); None: it may."""
+    if settings.seccomp != "require":
+        return None
+    for delete_only in (False, True):
+        program = sandbox_seccomp.program(delete_only)
+        if isinstance(program, str):
+            return (
+                f"the workspace sandbox's seccomp filter can't be built: {program}; or set "
+                "CTXACTORS_WORKSPACE_SECCOMP=auto to run sandboxes without it"
+            )
+    return None
+
+
+def filters_delete_only(settings: SandboxSettings) -> bool:
+    """True when a delete-only command runs under its filter here (sandboxed, and the filter
+    built): then it can't take blocks, and the disk watch never stops it."""
+    return settings.enabled and isinstance(sandbox_seccomp.program(delete_only=True), bytes)
+
+
 @contextmanager
 def _sandbox_fds(
-    workdir: str, uid: int, gid: int, delete_only: bool = False
+    settings: SandboxSettings, workdir: str, uid: int, gid: int, delete_only: bool = False
 ) -> Iterator[list[int]]:
     """The session directory (bound by descriptor: the directory this server made, whatever
     its path points to later), the generated passwd and group, and the seccomp program if
-    there is one (`delete_only`: the one that denies creating files too); closed once bwrap
-    has inherited them."""
+    there is one (`delete_only`: the one that denies creating files too; none only where
+    `settings` allow it, else `SandboxUnavailableError`); closed once bwrap has inherited
+    them."""
+    program = sandbox_seccomp.program(delete_only)
+    if isinstance(program, str) and settings.seccomp == "require":
+        raise SandboxUnavailableError(seccomp_problem(settings) or program)
     fds: list[int] = []
     try:
         fds.append(os.open(workdir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
         fds.append(_data_fd(f"sandbox:x:{uid}:{gid}:sandbox:{WORKDIR}:/bin/sh\n".encode()))
         fds.append(_data_fd(f"sandbox:x:{gid}:\n".encode()))
-        program = sandbox_seccomp.program(delete_only)
         if isinstance(program, bytes):
             fds.append(_data_fd(program))
         yield fds
@@ -263,10 +290,10 @@ def start(
         )
     switch = settings.switch_user and tenant.ids is not None
     uid, gid = tenant.ids if switch and tenant.ids else (os.getuid(), os.getgid())
-    with _sandbox_fds(workdir, uid, gid, tenant.delete_only) as fds:
+    with _sandbox_fds(settings, workdir, uid, gid, tenant.delete_only) as fds:
         nproc = tenant.nproc if switch else None
         limits = limit_args(settings, nproc, tenant.file_bytes)
-        argv = [*bwrap_args(settings, *fds), *limits, "/bin/sh", "-c", command]
+        argv = [*CHOOM, *bwrap_args(settings, *fds), *limits, "/bin/sh", "-c", command]
         if nproc is not None:
             argv = [_PRLIMIT, f"--nproc={nproc}", "--", *argv]
         if switch and join:  # setpriv switches, after the join
@@ -380,6 +407,9 @@ def _probe(settings: SandboxSettings, root: str) -> str | None:
             f"the workspace sandbox needs bubblewrap, not found at {settings.bwrap!r} "
             f"(CTXACTORS_WORKSPACE_BWRAP): {INSTALL_HINT}"
         )
+    seccomp = seccomp_problem(settings)
+    if seccomp is not None:
+        return seccomp
     make_root(settings, root)
     workdir = tempfile.mkdtemp(prefix="probe-", dir=root)
     try:

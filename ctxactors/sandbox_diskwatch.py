@@ -27,8 +27,11 @@ One thread per runtime, started with the first running command and gone once non
   inodes are under `DiskBudgets.inode_reserve` (a flood of empty files, each counted as a
   few bytes, by many principals).
 
-Only commands that grew are stopped: deleting (``rm``) always works, even over a budget,
-and a principal's reads or another principal's commands are never in the way.
+Only commands that grew are stopped, and never one admitted delete-only (its filter creates
+nothing and opens nothing for writing, `ctxactors.sandbox_seccomp`): deleting (``rm``)
+always works, even over a budget or past the walk's bound (where deleting lets the partial
+walk reach files it never counted, which read as growth), and a principal's reads or
+another principal's commands are never in the way.
 
 The pause between passes is 10 times what the last pass cost, between 50 ms and 1 s: a
 pass of a few files costs well under a millisecond, so it runs 20 times a second. A
@@ -77,6 +80,7 @@ class _Watched:
     start: tuple[int, int]
     kernel: bool
     pid: int | None = None
+    delete_only: bool = False  # admitted delete-only: can't grow, never stopped
     stopped: bool = field(default=False)
 
 
@@ -106,14 +110,17 @@ class DiskWatch:
         directory: str,
         stop: Callable[[str], None],
         pid: int | None = None,
+        *,
+        delete_only: bool = False,
     ) -> None:
         """Watch a command from now until `remove(key)`; `stop(why)` kills it; `pid`: its
-        first process (its descendants' open deleted files count too)."""
+        first process (its descendants' open deleted files count too); `delete_only`: it
+        runs delete-only, so it is counted but never stopped."""
         kernel = self.disks.images is not None and principal is not None
         start = (
             (_filesystem_used(directory), 0) if kernel else self.disks.last(principal, directory)
         )
-        watched = _Watched(principal, directory, stop, start, kernel, pid)
+        watched = _Watched(principal, directory, stop, start, kernel, pid, delete_only)
         with self._lock:
             if self._closed:
                 return
@@ -267,8 +274,13 @@ class DiskWatch:
                 entries = MAX_ENTRIES + 1 if (-1, -1) in files else entries
                 totals[name] = (used + sum(files.values()), entries)
         measured += sum(sum(files.values()) for files in per_area.values())
-        # Only a command whose files grew is stopped: rm must work over a budget.
-        grew = [w for w in watched if now[id(w)][0] > w.start[0] or now[id(w)][1] > w.start[1]]
+        # Only a command whose files grew is stopped, never a delete-only one (what it
+        # deletes can let a partial walk reach files it never counted): rm must work.
+        grew = [
+            w
+            for w in watched
+            if not w.delete_only and (now[id(w)][0] > w.start[0] or now[id(w)][1] > w.start[1])
+        ]
         why: dict[int, str] = {}
         for w in grew:
             if w.kernel or w.principal is None:

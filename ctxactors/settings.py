@@ -222,6 +222,13 @@ def _mode(name: str, raw: str | None) -> str:
     return mode
 
 
+def _seccomp(name: str, raw: str | None) -> str:
+    mode = (raw or "require").strip().lower()
+    if mode not in ("require", "auto"):
+        raise ValueError(f"{name} must be require or auto, got {mode!r}")
+    return mode
+
+
 def _scheduler(name: str, raw: str | None) -> str:
     scheduler = (raw or "pool").lower()
     if scheduler not in ("pool", "thread"):
@@ -277,6 +284,11 @@ class SandboxSettings(Group, frozen=True):
     mode: Annotated[Literal["bwrap", "none"], var("CTXACTORS_WORKSPACE_SANDBOX", _mode)] = "bwrap"
     bwrap: Annotated[str, var("CTXACTORS_WORKSPACE_BWRAP", _bwrap)] = "/usr/bin/bwrap"
     network: Annotated[bool, var("CTXACTORS_WORKSPACE_NETWORK", _flag)] = False
+    # require: refuse to sandbox when the seccomp filter can't be built here (no pyseccomp
+    # or libseccomp); auto: run such sandboxes unfiltered (the startup log says so).
+    seccomp: Annotated[Literal["require", "auto"], var("CTXACTORS_WORKSPACE_SECCOMP", _seccomp)] = (
+        "require"
+    )
     # Names copied from the server's environment into every command's.
     env: Annotated[
         tuple[Annotated[str, msgspec.Meta(pattern=_ENV_NAME)], ...],

@@ -474,7 +474,15 @@ class Workspace(Server):
         try:
             if self._host is not None:  # watched until its watcher ends (`_finished`)
                 watch = self._host.watch
-                watch.add(process_id, ctx.principal, workdir, proc.stop_for_disk, popen.pid)
+                watch.add(
+                    process_id,
+                    ctx.principal,
+                    workdir,
+                    proc.stop_for_disk,
+                    popen.pid,
+                    # never stopped (rm must work), where its filter holds it
+                    delete_only=tenant.delete_only and sandboxes.filters_delete_only(self.sandbox),
+                )
             proc.thread.start()
         except BaseException:  # no thread, no watcher: don't leave the child behind
             if self._host is not None:

@@ -48,8 +48,9 @@ class Tenants:
                 else f"every sandbox as the server's uid {os.getuid()} (not root, or no range)"
             ),
             "seccomp": (
-                f"{len(sandbox_seccomp.DENIED)} system calls denied, and fallocate past "
-                "RLIMIT_FSIZE; at a disk budget, creating files too (delete-only)"
+                f"{len(sandbox_seccomp.DENIED)} system calls denied, and fallocate but to "
+                "free blocks; at a disk budget, creating files and opening them for writing "
+                "too (delete-only)"
                 if isinstance(program, bytes)
                 else f"none: {program}"
             ),

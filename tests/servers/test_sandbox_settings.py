@@ -21,6 +21,7 @@ VARIABLES = [
     "CTXACTORS_WORKSPACE_SANDBOX",
     "CTXACTORS_WORKSPACE_BWRAP",
     "CTXACTORS_WORKSPACE_NETWORK",
+    "CTXACTORS_WORKSPACE_SECCOMP",
     "CTXACTORS_WORKSPACE_ENV",
     "CTXACTORS_WORKSPACE_CPU_SECONDS",
     "CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES",
@@ -45,6 +46,7 @@ def test_defaults_when_nothing_is_set() -> None:
         mode="bwrap",
         bwrap=shutil.which("bwrap") or "/usr/bin/bwrap",
         network=False,
+        seccomp="require",
         env=(),
         cpu_seconds=600,
         memory_bytes=4 << 30,
@@ -62,6 +64,7 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
         "CTXACTORS_WORKSPACE_SANDBOX": "  NONE ",
         "CTXACTORS_WORKSPACE_BWRAP": "/opt/bwrap",
         "CTXACTORS_WORKSPACE_NETWORK": " On ",
+        "CTXACTORS_WORKSPACE_SECCOMP": " Auto ",
         "CTXACTORS_WORKSPACE_ENV": " A_1 , ,_b,",
         "CTXACTORS_WORKSPACE_CPU_SECONDS": "7",
         "CTXACTORS_WORKSPACE_MAX_MEMORY_BYTES": "8",
@@ -77,6 +80,7 @@ def test_every_variable_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
         mode="none",
         bwrap="/opt/bwrap",
         network=True,
+        seccomp="auto",
         env=("A_1", "_b"),
         cpu_seconds=7,
         memory_bytes=8,
@@ -142,6 +146,11 @@ def test_bad_values_are_reported_exactly(monkeypatch: pytest.MonkeyPatch) -> Non
             "CTXACTORS_WORKSPACE_ENV",
             "OK,1BAD,also-bad,FINE",
             "CTXACTORS_WORKSPACE_ENV: not environment variable names: 1BAD, also-bad",
+        ),
+        (
+            "CTXACTORS_WORKSPACE_SECCOMP",
+            "off",
+            "CTXACTORS_WORKSPACE_SECCOMP must be require or auto, got 'off'",
         ),
         (
             "CTXACTORS_WORKSPACE_SANDBOX_UID_FIRST",
@@ -216,11 +225,8 @@ def test_limit_args_exactly() -> None:
         "--fsize=5",
         "--nproc=6",
         "--",
-        "/usr/bin/choom",
-        "-n",
-        "1000",
-        "--",
     ]
+    assert sandbox.CHOOM == ("/usr/bin/choom", "-n", "1000", "--")  # run on bwrap, outside
 
 
 def fake_root(root: Path, merged: bool) -> str:
@@ -442,7 +448,7 @@ def test_this_hosts_system_directories_are_read_only_too() -> None:
 
 
 def test_the_generated_passwd_and_group(tmp_path: os.PathLike[str]) -> None:
-    with sandbox._sandbox_fds(str(tmp_path), 1234, 5678) as fds:
+    with sandbox._sandbox_fds(SandboxSettings(), str(tmp_path), 1234, 5678) as fds:
         workdir, passwd, group, seccomp = fds
         assert os.path.samefile(f"/proc/self/fd/{workdir}", str(tmp_path))
         assert os.read(passwd, 4096) == b"sandbox:x:1234:5678:sandbox:/workspace:/bin/sh\n"

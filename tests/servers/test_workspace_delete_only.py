@@ -23,8 +23,9 @@ pytestmark = pytest.mark.usefixtures("workspace_root")
 
 
 # Linux checks RLIMIT_FSIZE only when fallocate lengthens a file: --keep-size (-n) allocated
-# 300 MiB under a limit of 0, and --insert-range (-i) lengthens a file unchecked (mode 0 then
-# fills it). Mode 0 and --punch-hole (-p) still work.
+# 300 MiB under a limit of 0, --insert-range (-i) lengthens a file unchecked, and mode 0 or
+# --zero-range (-z) inside a sparse file's size allocate with no write, at metadata speed.
+# Only --punch-hole (-p) works; --posix (-x: glibc's posix_fallocate) falls back to writing.
 # The ioctls Linux serves as fallocate with KEEP_SIZE, for every filesystem (a cmd with
 # high bits set too: the kernel reads 32 bits): each asks for 50 MiB of "r".
 PREALLOCATE = r"""
@@ -45,8 +46,9 @@ FALLOCATE = (
     "touch k; fallocate -n -l 300M k; echo keep_size=$?; "
     "fallocate -z -n -l 300M k; echo zero_keep_size=$?; "
     "head -c 64K /dev/zero > i; fallocate -i -o 0 -l 100M i; echo insert=$?; "
-    "fallocate -l 256K z; echo plain=$?; fallocate -p -o 0 -l 64K i; echo punch=$?; "
-    "du -k k i z; stat -c '%n %s' k i z"
+    "truncate -s 1M s; fallocate -l 1M s; echo plain=$?; fallocate -z -l 1M s; echo zero=$?; "
+    "fallocate -x -l 256K z; echo posix=$?; fallocate -p -o 0 -l 64K i; echo punch=$?; "
+    "du -k k i z s; stat -c '%n %s' k i z s"
 )
 FALLOCATED = (
     "resvsp ENOTSUP\nresvsp64 ENOTSUP\nzero_range ENOTSUP\nresvsp64_32 ENOTSUP\n"
@@ -54,7 +56,9 @@ FALLOCATED = (
     "fallocate: fallocate failed: keep size mode is unsupported\nkeep_size=1\n"
     "fallocate: fallocate failed: keep size mode is unsupported\nzero_keep_size=1\n"
     "fallocate: fallocate failed: Operation not supported\ninsert=1\n"
-    "plain=0\npunch=0\n0\tk\n0\ti\n256\tz\nk 0\ni 65536\nz 262144\n"
+    "fallocate: fallocate failed: Operation not supported\nplain=1\n"
+    "fallocate: fallocate failed: Operation not supported\nzero=1\n"
+    "posix=0\npunch=0\n0\tk\n0\ti\n256\tz\n0\ts\nk 0\ni 65536\nz 262144\ns 1048576\n"
 )
 
 
@@ -112,6 +116,9 @@ def bind():
     with socket.socket(socket.AF_UNIX) as s:
         s.bind("sock")
 attempt("read", lambda: os.close(os.open("old", os.O_RDONLY)))
+attempt("write", lambda: os.close(os.open("old", os.O_WRONLY)))  # mmap(MAP_SHARED) needs it
+attempt("rdwr", lambda: os.close(os.open("old", os.O_RDWR)))
+attempt("ioctl_only", lambda: os.close(os.open("old", 3)))  # O_ACCMODE 3: for ioctls
 attempt("creat", lambda: os.close(os.open("new", os.O_RDONLY | os.O_CREAT)))
 attempt("tmpfile", lambda: os.close(os.open(".", os.O_TMPFILE | os.O_RDWR)))
 attempt("openat2", openat2)
@@ -129,13 +136,15 @@ attempt("rename", lambda: os.rename("old", "renamed"))
 # Written while the principal may: in delete-only even a here-document can't be made.
 SCRIPT = "echo old > old; cat > create.py <<'EOF'\n" + CREATE + "EOF\n"
 REFUSED = (
-    "read ok\ncreat EDQUOT\ntmpfile EDQUOT\nopenat2 ENOSYS\nmkdir EDQUOT\nsymlink EDQUOT\n"
-    "link EDQUOT\nmkfifo EDQUOT\nsetxattr EDQUOT\nsetxattrat EDQUOT\nfallocate EDQUOT\n"
-    "resvsp64 ENOTSUP\nbind EDQUOT\nrename EDQUOT\n"
+    "read ok\nwrite EDQUOT\nrdwr EDQUOT\nioctl_only EDQUOT\ncreat EDQUOT\ntmpfile EDQUOT\n"
+    "openat2 ENOSYS\nmkdir EDQUOT\nsymlink EDQUOT\nlink EDQUOT\nmkfifo EDQUOT\n"
+    "setxattr EDQUOT\nsetxattrat EDQUOT\nfallocate EDQUOT\nresvsp64 EDQUOT\nbind EDQUOT\n"
+    "rename EDQUOT\n"
 )
 ALLOWED = (
-    "read ok\ncreat ok\ntmpfile ok\nopenat2 ok\nmkdir ok\nsymlink ok\nlink ok\nmkfifo ok\n"
-    "setxattr ok\nsetxattrat ok\nfallocate ok\nresvsp64 ENOTSUP\nbind ok\nrename ok\n"
+    "read ok\nwrite ok\nrdwr ok\nioctl_only ok\ncreat ok\ntmpfile ok\nopenat2 ok\nmkdir ok\n"
+    "symlink ok\nlink ok\nmkfifo ok\nsetxattr ok\nsetxattrat ok\nfallocate ENOTSUP\n"
+    "resvsp64 ENOTSUP\nbind ok\nrename ok\n"
 )
 
 
