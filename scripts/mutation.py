@@ -153,6 +153,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "workspace_legacy_attack27",
             "workspace_inode_floor",
             "workspace_legacy_retry",
+            "workspace_seccomp_holes",
         ),
     ),
     # The key actors on the worker pool, async tools and the sandbox launcher.

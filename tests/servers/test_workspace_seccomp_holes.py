@@ -15,7 +15,6 @@ import textwrap
 
 import pytest
 from test_workspace_disk_budget import MIB, disk_runtime, disks_of, run
-from test_workspace_disk_budget import store as store  # the fixture: a SQLite store
 from workspace_support import Leaks, call, start, wait_done
 
 from ctxactors import sandbox_seccomp
