@@ -413,6 +413,11 @@ def _probe(settings: SandboxSettings, root: str) -> str | None:
     make_root(settings, root)
     workdir = tempfile.mkdtemp(prefix="probe-", dir=root)
     try:
+        # Exec'd directly first: choom, which starts the sandboxes, would hand a file that
+        # isn't a program to /bin/sh (execvp), hiding the system's words for what is wrong.
+        subprocess.run(
+            [settings.bwrap, "--version"], capture_output=True, timeout=_PROBE_TIMEOUT, check=False
+        )
         prepare_directory(settings, workdir, probe_ids(settings))
         proc = start(settings, workdir, "exit 0", Tenant(probe_ids(settings)))
         try:
