@@ -95,6 +95,24 @@ def _mount_image(image: str, point: str, options: str = _MOUNT_OPTIONS) -> None:
             time.sleep(0.05 * (attempt + 1) + random.random() * 0.05)
 
 
+def _unmount_image(image: str, point: str) -> subprocess.CompletedProcess[bytes]:
+    """Unmount `point` and wait (a few seconds at most) until no loop device holds `image`,
+    under the same host-wide lock as `_mount_image`: a device still being released when
+    another mount takes it reads as no filesystem ("VFS: Can't find ext4 filesystem")."""
+    with _locked(_device_lock()):
+        done = subprocess.run(["umount", point], capture_output=True, timeout=_TIMEOUT)
+        if done.returncode == 0:
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline:
+                held = subprocess.run(
+                    ["losetup", "-j", image], capture_output=True, timeout=_TIMEOUT
+                )
+                if held.returncode != 0 or not held.stdout.strip():
+                    break
+                time.sleep(0.01)
+        return done
+
+
 def check(root: str) -> None:
     """Raise `Unavailable` unless this process may make and mount an image under `root`:
     it makes, mounts and removes a small one (once per root and process)."""
@@ -125,7 +143,8 @@ def _probe(root: str) -> str | None:
         _make(image, _MIN_IMAGE)
         os.mkdir(point)
         _mount_image(image, point)
-        _run("umount", point)
+        if _unmount_image(image, point).returncode != 0:
+            raise OSError(f"umount {point} failed")
     except (OSError, subprocess.SubprocessError) as exc:
         return f"can't mount an ext4 image: {exc}"
     finally:
@@ -411,7 +430,9 @@ class LoopImages:
             try:
                 if target > size:  # the room first, while still mounted (may be NoRoom)
                     self._claim(image, target)
-                _run("umount", point)
+                done = _unmount_image(image, point)
+                if done.returncode != 0:
+                    raise OSError(f"umount: {done.stderr.decode(errors='replace').strip()}")
                 _run("e2fsck", "-f", "-p", image)
                 _run("resize2fs", image, f"{target // 1024}K")
                 if target < size:
@@ -436,7 +457,7 @@ class LoopImages:
                 return False  # another server on this root still uses it
             try:
                 if os.path.ismount(point):
-                    done = subprocess.run(["umount", point], capture_output=True)
+                    done = _unmount_image(self._paths(group)[0], point)
                     if done.returncode != 0:  # busy: detached once nothing holds it
                         subprocess.run(["umount", "-l", point], capture_output=True)
                 return os.path.ismount(point)
