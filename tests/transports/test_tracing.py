@@ -318,11 +318,15 @@ def test_mcp_call_continues_the_traceparent_in_meta(traced_server: str) -> None:
     ours = lambda: [  # noqa: E731
         s for s in _received("execute_tool create_goal") if s.trace_id == trace_id.to_bytes(16)
     ]
-    assert wait_until(ours, 20)
+    sdks = lambda: [  # noqa: E731
+        s for s in _received("tools/call create_goal") if s.trace_id == trace_id.to_bytes(16)
+    ]
+    # The SDK's span ends after ours, so it may come in a later export: wait for both.
+    assert wait_until(lambda: ours() and sdks(), 20)
     (span,) = ours()
     # The MCP SDK's server span for tools/call is the child of the client's traceparent,
     # and ours is the child of that one.
-    (sdk_span,) = [s for s in _received("tools/call create_goal") if s.trace_id == span.trace_id]
+    (sdk_span,) = sdks()
     assert sdk_span.parent_span_id == PARENT_ID.to_bytes(8)
     assert span.parent_span_id == sdk_span.span_id
     attributes = {a.key: a.value.string_value for a in span.attributes}
