@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -256,22 +257,19 @@ def test_a_directory_the_server_may_not_read_counts_as_past_the_bound(tmp_path: 
         (hidden / "f").write_bytes(b"x" * 65536)
         subprocess.run(["chown", "-R", "65534:65534", str(base / "top")], check=True)
         hidden.chmod(0o100)
-        # A forked child, not a new interpreter: the checkout's venv may sit in a directory
-        # that uid can't enter (a fresh clone under a 0700 mktemp -d).
-        reader, writer_fd = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                os.setgroups([])
-                os.setgid(65534)
-                os.setuid(65534)
-                os.write(writer_fd, repr(measure(str(base / "top"))).encode())
-            finally:
-                os._exit(0)
-        os.close(writer_fd)
-        with os.fdopen(reader, "rb") as read:
-            said = read.read().decode()
-        assert os.waitpid(pid, 0)[1] == 0
+        # Started as root (the checkout's venv may sit in a directory that uid can't enter:
+        # a fresh clone under a 0700 mktemp -d), it drops to the tree's owner once imported.
+        walk = (
+            "import os; from ctxactors.sandbox_disk import measure; os.setgroups([]); "
+            f"os.setgid(65534); os.setuid(65534); print(measure({str(base / 'top')!r}))"
+        )
+        said = subprocess.run(
+            [sys.executable, "-c", walk],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        ).stdout.strip()
         blocks = (os.stat(base / "top").st_blocks + os.stat(hidden).st_blocks) * 512
         assert said == f"({blocks}, {MAX_ENTRIES + 1})"
     finally:
