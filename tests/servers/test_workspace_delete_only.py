@@ -62,6 +62,19 @@ FALLOCATED = (
 )
 
 
+def chain_past_the_bound(rt: Runtime, principal: str, session: str) -> tuple[str, str]:
+    """A chain of directories deeper than the walk goes, in the session's directory and
+    owned by the principal's uid, as a command of its own would have made it: (the session's
+    directory, the chain's path under it)."""
+    top = Workspace._kept[rt].path((principal, session))  # noqa: SLF001
+    uid, gid = Workspace.tenants(rt).ids(principal)  # type: ignore[union-attr]
+    deep = "/".join(["n"] * (MAX_DEPTH + 44))
+    os.makedirs(os.path.join(top, deep))
+    for level in range(1, MAX_DEPTH + 45):
+        os.chown(os.path.join(top, *["n"] * level), uid, gid)
+    return top, deep
+
+
 def test_no_sandbox_may_fallocate_blocks_past_its_file_limit(
     store: SQLiteStore, leaks: Leaks
 ) -> None:
@@ -170,12 +183,7 @@ def test_a_principal_past_the_walks_bound_creates_nothing_until_it_deletes(
         assert run(rt, "m1", SCRIPT + "echo made", "mallory")["output"] == "made\n"
         # The chain is made here, owned by the sandbox's uid as if it had: a command making
         # it may be stopped part way by the watch, once it passes the bound.
-        top = Workspace._kept[rt].path(("mallory", "m1"))  # noqa: SLF001
-        uid, gid = Workspace.tenants(rt).ids("mallory")  # type: ignore[union-attr]
-        deep = "/".join(["n"] * (MAX_DEPTH + 44))
-        os.makedirs(os.path.join(top, deep))
-        for level in range(1, MAX_DEPTH + 45):
-            os.chown(os.path.join(top, *["n"] * level), uid, gid)
+        _, deep = chain_past_the_bound(rt, "mallory", "m1")
         # Counted after its next command ends (the watch may stop that one: past the bound).
         wait_done(rt, "m1", start(rt, "m1", "true", principal="mallory"), principal="mallory")
         assert disks.measure("mallory")[1] == MAX_ENTRIES + 1

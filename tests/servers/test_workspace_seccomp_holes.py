@@ -14,11 +14,12 @@ import sys
 import textwrap
 
 import pytest
+from test_workspace_delete_only import chain_past_the_bound
 from test_workspace_disk_budget import MIB, disk_runtime, disks_of, run
 from workspace_support import Leaks, call, start, wait_done
 
 from ctxactors import sandbox_seccomp
-from ctxactors.sandbox_disk import MAX_DEPTH, MAX_ENTRIES
+from ctxactors.sandbox_disk import MAX_ENTRIES
 from ctxactors.servers.workspace import Workspace
 from ctxactors.state import SQLiteStore
 
@@ -84,16 +85,12 @@ def test_delete_only_opens_nothing_for_writing(store: SQLiteStore, leaks: Leaks)
         assert run(rt, "m1", "cat > m.py <<'EOF'\n" + MMAP + "EOF\n", "mallory")["output"] == ""
         # Past the walk's bound, as an earlier command could have made it (made here: the
         # watch may stop a command making it part way), with a sparse file at the bottom.
-        top = Workspace._kept[rt].path(("mallory", "m1"))  # noqa: SLF001
-        uid, gid = Workspace.tenants(rt).ids("mallory")  # type: ignore[union-attr]
-        deep = "/".join(["n"] * (MAX_DEPTH + 44))
-        os.makedirs(os.path.join(top, deep))
-        for level in range(1, MAX_DEPTH + 45):
-            os.chown(os.path.join(top, *["n"] * level), uid, gid)
+        top, deep = chain_past_the_bound(rt, "mallory", "m1")
         hole = os.path.join(top, deep, "hole")
         with open(hole, "wb") as f:
             f.truncate(32 * MIB)
-        os.chown(hole, uid, gid)
+        owner = os.stat(os.path.join(top, deep))  # the principal's uid, as the chain's
+        os.chown(hole, owner.st_uid, owner.st_gid)
         wait_done(rt, "m1", start(rt, "m1", "true", principal="mallory"), principal="mallory")
         assert disks.measure("mallory")[1] == MAX_ENTRIES + 1
         command = f"python3 m.py {deep}/hole; cat /proc/self/oom_score_adj; cat m.py | wc -l"
