@@ -18,8 +18,9 @@ killer ends a process *of that group*), and CPU time by weight against the other
 
 CPU without cgroups is already shared per sandbox, not per process: each sandbox is a
 session of its own (``--new-session``), and the kernel's autogroup weighs a session as one
-task. The cpu weight makes that per principal, and caps every sandbox together at
-``server_cpu_weight`` against the server's own threads.
+task. The cpu weight makes that per principal; every sandbox together runs on the CPU time
+the server's own threads leave (``cpu.idle`` on the server-wide group), or, where the kernel
+lacks it or ``server_cpu_idle`` is off, at ``server_cpu_weight`` against those threads.
 
 cgroup v2 forbids processes in a group whose controllers are enabled for its children, so
 when ``<home>`` is the server's own group (systemd's ``Delegate=yes`` hands a service its
@@ -60,6 +61,9 @@ class Limits:
     processes: int | None = None
     memory_bytes: int | None = None
     cpu_weight: int | None = None  # cgroup v2 units, 1..10000 (100: a fair share)
+    # The group runs only on CPU time its siblings leave (``cpu.idle``): for the server-wide
+    # group, so that a waking server thread preempts the sandboxes at once.
+    cpu_idle: bool = False
 
 
 class Unavailable(Exception):
@@ -85,10 +89,17 @@ class Tree:
         self.name = f"ctxactors-{os.getpid()}-{next(_counter)}"
         self._groups: set[str] = set()
         self._limits = Limits()  # the server-wide group's, once open
+        # Whether ``cpu.idle`` holds for the server-wide group (None: not asked for).
+        self.cpu_idle: bool | None = None
 
     def describe(self) -> str:
         where = sorted({os.path.join(h, self.name) for h in self._homes.values()})
-        return f"cgroup {self.version} ({', '.join(self.controllers)}) at {', '.join(where)}"
+        text = f"cgroup {self.version} ({', '.join(self.controllers)}) at {', '.join(where)}"
+        if self.cpu_idle:
+            text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
+        elif self.cpu_idle is False:
+            text += "; no cpu.idle in this kernel (before 5.15): sandboxes by cpu weight"
+        return text
 
     def _dirs(self, group: str | None) -> dict[str, str]:
         """Each controller's directory of `group` (None: the server-wide group)."""
@@ -126,6 +137,8 @@ class Tree:
                 if controller == "memory":  # swap is memory too: tmpfs pages may go there
                     swap = "memory.memsw.limit_in_bytes" if self.version == "v1" else None
                     _write_if_there(os.path.join(path, swap or "memory.swap.max"), value, "0")
+            if controller == "cpu" and group is None and limits.cpu_idle:
+                self.cpu_idle = _set_idle(os.path.join(path, "cpu.idle"))
 
     def directories(self, group: str | None = None) -> list[str]:
         """The directories of `group` (None: the server-wide group), one per hierarchy."""
@@ -194,6 +207,18 @@ def _limit(version: str, controller: str, limits: Limits) -> str | None:
     weight = 100 if limits.cpu_weight is None else limits.cpu_weight
     # v1 shares: 1024 is the default as 100 is v2's (at least 2, the kernel's floor).
     return str(max(2, weight * 1024 // 100)) if version == "v1" else str(weight)
+
+
+def _set_idle(path: str) -> bool:
+    """``cpu.idle`` on: a group of SCHED_IDLE weight whose entity any waking sibling
+    preempts. Weight alone can't give that: on a 2-CPU host a server waking for each request
+    beside 32 busy loops waited out their slices (a victim's p99 3.3x at weight 100, still
+    3.3x at weight 10; 1.1x with the group idle: `scripts/bench_tenants.py --attacks cpu`).
+    False where the kernel has no such file (before 5.15)."""
+    if not os.path.exists(path):
+        return False
+    _write(path, "1")
+    return True
 
 
 def _write(path: str, value: str) -> None:

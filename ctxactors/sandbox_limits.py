@@ -80,6 +80,7 @@ class SandboxBudgets:
                     settings.server_processes,
                     settings.server_memory_bytes or _three_quarters(tree),
                     settings.server_cpu_weight,
+                    settings.server_cpu_idle,
                 )
             )
         except (cgroups.Unavailable, OSError) as exc:

@@ -249,6 +249,11 @@ def _flag(name: str, raw: str | None) -> bool:
     raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {text!r}")
 
 
+def _flag_on(name: str, raw: str | None) -> bool:
+    """A flag that is on when its variable is unset."""
+    return True if raw is None else _flag(name, raw)
+
+
 def _names(name: str, raw: str | None) -> tuple[str, ...]:
     names = tuple(n.strip() for n in (raw or "").split(",") if n.strip())
     bad = [n for n in names if not re.match(_ENV_NAME, n)]
@@ -373,8 +378,11 @@ class BudgetSettings(Group, frozen=True):
     server_memory_bytes: Annotated[Count | None, var("CTXACTORS_WORKSPACE_SERVER_MEMORY_BYTES")] = (
         None
     )
-    # Every sandbox together, against the server's own threads.
+    # Every sandbox together, against the server's own threads (when not idle, below).
     server_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_SERVER_CPU_WEIGHT")] = 100
+    # Sandboxes run on the CPU time the server's own threads leave (cgroup ``cpu.idle``):
+    # the server's threads serve every tenant, so one tenant's loops never delay them.
+    server_cpu_idle: Annotated[bool, var("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", _flag_on)] = True
     server_running: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_RUNNING")] = 512
     # Workspace files on disk (`ctxactors.sandbox_disk`). auto: an ext4 image per principal
     # when the server may loop-mount one, else measured; require: refuse to start without

@@ -528,7 +528,7 @@ def group_dirs(budgets: dict[str, Any], principal: str) -> dict[str, str]:
     enforcement = str(budgets.get("enforcement", ""))
     if not enforcement.startswith("kernel: cgroup"):
         return {}
-    paths = enforcement.split(" at ", 1)[1].split(", ")
+    paths = enforcement.split(" at ", 1)[1].split("; ", 1)[0].split(", ")  # then notes
     group = cgroups.group_name(principal)
     if "cgroup v2" in enforcement:
         return dict.fromkeys(cgroups.CONTROLLERS, os.path.join(paths[0], group))

@@ -94,5 +94,34 @@ def test_v1_groups_are_the_kernels_and_are_removed_on_close() -> None:
             "cpu.shares": "2048",
         }
     assert tree.processes("p-x") == 0
+    assert tree.cpu_idle is None  # not asked for
     assert tree.close(5.0) == []
     assert [d for d in made + tree.directories() if os.path.exists(d)] == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes cgroup v1 groups")
+def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
+    try:
+        tree = cgroups.find()
+    except cgroups.Unavailable as exc:
+        pytest.skip(f"no cgroups here: {exc}")
+    if "cpu" not in tree.controllers:
+        pytest.skip("no cpu controller here")
+    tree.open(Limits(processes=100, cpu_weight=100, cpu_idle=True))
+    try:
+        cpu = next(d for d in tree.directories() if os.path.exists(os.path.join(d, "cpu.shares")))
+        if not os.path.exists(os.path.join(cpu, "cpu.idle")):
+            assert tree.cpu_idle is False
+            assert "no cpu.idle in this kernel" in tree.describe()
+            return
+        tree.make("p-x", Limits(cpu_weight=50))
+        principal = next(d for d in tree.directories("p-x") if d.startswith(cpu + "/"))
+        # The server-wide group is idle against the server's threads; inside it, principals
+        # still share by weight (an idle group's children are not idle).
+        assert Path(cpu, "cpu.idle").read_text().strip() == "1"
+        assert Path(principal, "cpu.idle").read_text().strip() == "0"
+        assert Path(principal, "cpu.shares").read_text().strip() == "512"
+        assert tree.cpu_idle is True
+        assert "sandboxes run on the CPU time the server's threads leave" in tree.describe()
+    finally:
+        assert tree.close(5.0) == []

@@ -15,7 +15,7 @@ import pytest
 
 from ctxactors import sandbox, sandbox_seccomp
 from ctxactors.sandbox import bwrap_args, clean_env, limit_args
-from ctxactors.settings import FIRST_UID, SandboxSettings
+from ctxactors.settings import FIRST_UID, BudgetSettings, SandboxSettings
 
 VARIABLES = [
     "CTXACTORS_WORKSPACE_SANDBOX",
@@ -115,6 +115,19 @@ def test_a_blank_mode_is_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_network_words(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
     monkeypatch.setenv("CTXACTORS_WORKSPACE_NETWORK", raw)
     assert SandboxSettings.from_env().network is expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"), [(None, True), ("", True), ("on", True), ("0", False), (" Off ", False)]
+)
+def test_the_sandboxes_are_cpu_idle_unless_turned_off(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: bool
+) -> None:
+    if raw is not None:
+        monkeypatch.setenv("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", raw)
+    else:
+        monkeypatch.delenv("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", raising=False)
+    assert BudgetSettings.from_env().server_cpu_idle is expected
 
 
 @pytest.mark.parametrize(
