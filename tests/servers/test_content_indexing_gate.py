@@ -89,9 +89,9 @@ def test_the_gate_lets_per_principal_builds_in_at_once_and_refuses_a_bound_under
         IndexGate(0)
 
 
-def where_and_how_nice() -> tuple[int, int]:
+def where_and_how_nice() -> tuple[int, int, int]:
     tid = threading.get_native_id()
-    return tid, os.getpriority(os.PRIO_PROCESS, tid)
+    return tid, os.getpriority(os.PRIO_PROCESS, tid), os.sched_getscheduler(tid)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a nice value per thread: Linux")
@@ -101,8 +101,10 @@ def test_a_large_build_runs_on_a_thread_of_lower_priority_and_a_small_one_where_
     gate = IndexGate(1)
     mine = where_and_how_nice()
     assert gate.build("p", BACKGROUND_BYTES - 1, where_and_how_nice) == mine
-    tid, nice = gate.build("p", BACKGROUND_BYTES, where_and_how_nice)
+    tid, nice, policy = gate.build("p", BACKGROUND_BYTES, where_and_how_nice)
     assert tid != mine[0] and nice == min(mine[1] + NICE, 19)
+    # Any other thread of the server that wakes preempts it at once.
+    assert (mine[2], policy) == (os.SCHED_OTHER, os.SCHED_IDLE)
     assert gate.build(None, BACKGROUND_BYTES, where_and_how_nice)[1] == nice  # not gated, still low
     with pytest.raises(ZeroDivisionError):  # the build's own failure reaches its caller
         gate.build("p", BACKGROUND_BYTES, lambda: 1 // 0)
