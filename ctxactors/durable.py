@@ -68,6 +68,13 @@ _SLOT = "_ctxactors_durable"
 _BARRIER: StateKey = ("",)  # never a server's name: deleting it is a no-op write
 _encode = msgspec.msgpack.Encoder().encode
 _decoders: dict[type[Server], msgspec.msgpack.Decoder[Any]] = {}
+# Decoders are built one at a time. msgspec (0.22, with the GIL) caches a struct type's
+# decoding info on the class before it has filled in its fields' types, and filling them
+# in runs Python code (annotations are evaluated), where the GIL may pass to another
+# thread: one that builds a decoder for the same type then gets the half-built info, and
+# its first decode crashes the process (SIGSEGV in msgspec's mpack_decode). A shard hit
+# it when several sessions moved in at once, each loading its state on its own worker.
+_decoders_lock = threading.Lock()
 
 
 def is_durable(server: type[Server]) -> bool:
@@ -120,7 +127,10 @@ def encode_state(server: Server) -> bytes:
 def decode_state(server: type[Server], data: bytes) -> Any:
     decoder = _decoders.get(server)
     if decoder is None:
-        decoder = _decoders[server] = msgspec.msgpack.Decoder(state_type(server))
+        with _decoders_lock:
+            decoder = _decoders.get(server)
+            if decoder is None:
+                decoder = _decoders[server] = msgspec.msgpack.Decoder(state_type(server))
     return decoder.decode(data)
 
 
