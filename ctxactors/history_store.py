@@ -51,6 +51,7 @@ from typing import Any
 
 import msgspec
 
+from ctxactors._decoding import build_now
 from ctxactors.durable import Durability
 from ctxactors.logs import lazy_logger
 from ctxactors.state import SessionRef, StoreError, Write, answering
@@ -93,6 +94,7 @@ _encode = msgspec.msgpack.Encoder().encode
 # length): read as each record's own bytes (`Raw`), so a reloaded record is not encoded
 # again on the next write.
 _decode_history = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+build_now(Stored, StoredCall)  # each worker loading a history converts records to them
 _decode_any = msgspec.msgpack.Decoder(list[Any]).decode
 
 # Written compressed behind this tag (zlib, fastest level), which no msgpack array starts

@@ -51,6 +51,7 @@ from typing import Annotated, Any, cast
 
 import msgspec
 
+from ctxactors._decoding import build_now
 from ctxactors.bounds import AnswerBudget
 from ctxactors.context import SessionKey, ToolContext
 from ctxactors.history_store import HistorySaver, Stored, StoredCall, wall_to_clock
@@ -80,6 +81,9 @@ class OperationRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     metadata: dict[str, Any]
     assistant_id: str | None = None
     thread_id: str | None = None
+
+
+build_now(OperationRecord)  # workers convert stored operations to it
 
 
 class RecentContext(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -105,3 +105,45 @@ def test_two_threads_building_a_state_decoder_at_once_both_decode() -> None:
         "Outer(items=[Inner(value=7)]) Outer(items=[Inner(value=7)])\n",
         "",
     )
+
+
+SPY = r"""
+import sys
+
+import msgspec
+
+from ctxactors import history_store
+from ctxactors.servers import history
+from ctxactors.transports.http import shapes
+
+built = []
+
+
+def spy(frame, event, arg):
+    # msgspec reads a struct's annotations (a Python function) only while it builds the
+    # struct's decoding info.
+    if event == "call" and frame.f_code.co_name == "get_class_annotations":
+        built.append(frame.f_locals["obj"].__name__)
+
+
+sys.setprofile(spy)
+kinds = [history_store.Stored, history_store.StoredCall, history.OperationRecord]
+for kind in [*kinds, shapes.QueryRequest]:
+    try:
+        msgspec.convert({}, kind)
+    except msgspec.ValidationError:
+        pass
+sys.setprofile(None)
+print(built)
+"""
+
+
+def test_the_types_worker_threads_decode_are_built_when_their_module_is_imported() -> None:
+    # Each worker loading a session's history converts its records: were the first of them
+    # to build a type's info while another decodes it, the process could die as above.
+    root = str(Path(ctxactors.__file__).parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(
+        [sys.executable, "-c", SPY], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")

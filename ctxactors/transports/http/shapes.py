@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import msgspec
 from starlette.responses import Response
 
+from ctxactors._decoding import build_now
 from ctxactors.context import MAX_ID
 from ctxactors.servers.history import OperationRecord
 
@@ -60,6 +61,9 @@ class SessionEnded(msgspec.Struct, frozen=True):
 class QueryRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     query: Annotated[str, msgspec.Meta(min_length=1, max_length=100_000)]
     session_id: Id | None = None
+
+
+build_now(QueryRequest)
 
 
 class QueryResponse(msgspec.Struct, frozen=True):
