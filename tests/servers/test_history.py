@@ -179,7 +179,15 @@ def test_every_runtime_records_without_being_asked_to() -> None:
         assert [op["metadata"]["deselected"] for op in recent(rt, "s1")] == [["a2", "a3"]]
 
 
-def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Runtime) -> None:
+def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads() -> None:
+    # Room for every poll: a loaded machine polls many times before the command ends, and
+    # 50 records (the default) then no longer reach back to add_content.
+    settings = Settings(history=HistorySettings(max_operations=100_000))
+    with Runtime(servers=SERVERS, settings=settings) as rt:
+        calls_record_ids_and_outcomes(rt)
+
+
+def calls_record_ids_and_outcomes(rt: Runtime) -> None:
     added = rt.call("add_content", ctx_args("s1", filename="notes.md", content="x" * 10_000))
     content_id = added.structured["id"]
     rt.call("delete_content", ctx_args("s1", id=content_id))
@@ -192,7 +200,9 @@ def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Ru
 
     polled = wait_until(finished)
     assert polled.structured["output"] == "hello\n"
-    ops = {op["tool"]: op for op in reversed(recent(rt, "s1", limit=50))}  # newest wins
+    # Each tool's newest record (an answer of every poll might not fit its byte budget).
+    tools = ("add_content", "delete_content", "execute_command", "poll_process")
+    ops = {tool: recent(rt, "s1", tool_filter=tool)[0] for tool in tools}
     assert ops["add_content"]["metadata"] == {"created_content": content_id, "filename": "notes.md"}
     assert ops["add_content"]["arguments"]["content"].endswith("(10000 chars)")
     assert ops["delete_content"]["metadata"] == {
