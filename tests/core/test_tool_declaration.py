@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -743,24 +742,30 @@ def test_a_sync_tool_that_raises_is_logged_with_its_whole_context(tmp_path: Path
 
 def test_a_blocking_tool_holds_none_of_the_workers() -> None:
     """With one worker, a tool declared blocking waits on a gate another key's call opens:
-    run on that worker instead, it would keep the opening call from ever running."""
-    gate = threading.Event()
+    run on that worker instead, it would keep the opening call from running until the gate
+    gave up. Called from an event loop, so both calls go to the workers (a plain sync
+    call to an idle key runs on its caller's thread)."""
+    entered, gate = threading.Event(), threading.Event()
 
     class Gated(Server):
         name = "gated"
 
         @tool(blocking=True)
         def wait(self, ctx: ToolContext) -> dict[str, Any]:
-            return {"opened": gate.wait(60)}
+            entered.set()
+            return {"opened": gate.wait(20)}
 
         @tool
         def open(self, ctx: ToolContext) -> dict[str, Any]:
             gate.set()
             return {"opened": True}
 
+    async def both(rt: Runtime) -> list[Any]:
+        waiting = asyncio.ensure_future(rt.acall("wait", ctx_args("s1")))
+        assert await asyncio.to_thread(entered.wait, 20)  # it runs: now open the gate
+        # Generous: a loaded machine's scheduling, not the behaviour, sets this bound.
+        opened = await rt.acall("open", ctx_args("s2"), timeout=15)
+        return [opened.structured, (await waiting).structured]
+
     with Runtime([Gated], settings=Settings(actors=ActorSettings(workers=1))) as rt:
-        with ThreadPoolExecutor(1) as pool:
-            waiting = pool.submit(rt.call, "wait", ctx_args("s1"))
-            # Generous: a loaded machine's scheduling, not the behaviour, sets this bound.
-            assert rt.call("open", ctx_args("s2"), timeout=30).structured == {"opened": True}
-            assert waiting.result(60).structured == {"opened": True}
+        assert asyncio.run(both(rt)) == [{"opened": True}, {"opened": True}]
