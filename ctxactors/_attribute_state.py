@@ -174,13 +174,15 @@ def _name(kind: Any) -> str:
 
 def _declared_types(server: type[Server]) -> dict[str, Any]:
     """The annotations of the server's instance attributes: class-level ones and those on
-    ``self`` in each ``__init__``, evaluated in their module; one that can't be evaluated (a
+    ``self`` in each ``__init__`` (of the server's classes and its mixins), evaluated in their module; one that can't be evaluated (a
     name local to a function) is left out, and its value's type is used instead."""
     from ctxactors.tools import Server
 
     found: dict[str, Any] = {}
     for klass in reversed(server.__mro__):
-        if not issubclass(klass, Server) or klass is Server:
+        # A plain mixin's annotations count too (`Server` and `object` have none of the
+        # instance's): skipping them restored a mixin's `list[Note]` as dicts.
+        if klass in Server.__mro__:
             continue
         written: dict[str, Any] = dict(klass.__dict__.get("__annotations__", {}))
         init = klass.__dict__.get("__init__")

@@ -6,23 +6,32 @@ runs while each test runs; that is what lets mutation testing reach it.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+from pathlib import Path
 from typing import Annotated, Any
 
 import msgspec
 import pytest
 
 from ctxactors import (
+    CallTimeoutError,
     DuplicateToolError,
     InvalidArgumentsError,
     Runtime,
     Scope,
     Server,
     ServerDefinitionError,
+    Settings,
     ToolContext,
+    ToolError,
     tool,
 )
 from ctxactors.errors import UnknownToolError
+from ctxactors.logs import configure_logging, flush_logs
 from ctxactors.results import ToolResult
+from ctxactors.settings import ActorSettings
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.tools import collect_tools, input_schema, pick, refuse_context_fields
 
@@ -543,3 +552,220 @@ def test_a_server_without_a_state_type_says_it_is_not_durable() -> None:
     with pytest.raises(NotImplementedError) as caught:
         server.restore(None)
     assert str(caught.value) == "Kit is not durable"
+
+
+def test_an_async_generator_tool_is_refused_saying_what_to_write() -> None:
+    with pytest.raises(ServerDefinitionError) as caught:
+
+        class Streams(Server):
+            @tool
+            async def chunks(self, ctx: ToolContext) -> Any:
+                yield {}
+
+    assert str(caught.value) == (
+        "tool 'chunks' of Streams is an async generator: a tool returns one result; make it "
+        "an `async def` that returns it"
+    )
+
+
+def test_a_context_parameter_that_is_not_second_and_positional_is_refused() -> None:
+    with pytest.raises(ServerDefinitionError) as caught:
+
+        class KeywordOnly(Server):
+            @tool
+            def f(self, *, ctx: ToolContext, text: str) -> dict[str, Any]:
+                return {}
+
+    assert str(caught.value) == (
+        "tool 'f' of KeywordOnly: its second parameter must be the call context, "
+        "`ctx: ToolContext`; write `def f(self, ctx: ToolContext, *, text: str)`"
+    )
+    with pytest.raises(ServerDefinitionError) as caught:
+
+        class Mistyped(Server):
+            @tool
+            def f(self, ctx: int) -> dict[str, Any]:
+                return {}
+
+    assert str(caught.value) == (
+        "tool 'f' of Mistyped: its second parameter must be the call context, "
+        "`ctx: ToolContext`; write `def f(self, ctx: ToolContext)`"
+    )
+    with pytest.raises(ServerDefinitionError) as caught:
+
+        class Unannotated(Server):
+            @tool
+            def f(self, text, count: int = 1):  # type: ignore[no-untyped-def]
+                return {}
+
+    assert str(caught.value) == (
+        "tool 'f' of Unannotated: its second parameter must be the call context, "
+        "`ctx: ToolContext`; write `def f(self, ctx: ToolContext, text, count: int = 1)`"
+    )
+
+
+def debug_lines(log: Path) -> list[dict[str, Any]]:
+    """The log's tool lines, without what changes from run to run (times, tracebacks but
+    their last line)."""
+    flush_logs()
+    lines = []
+    for text in log.read_text().splitlines():
+        line = json.loads(text)
+        if line["event"] in ("tool_call", "tool_raised"):
+            line.pop("timestamp")
+            line.pop("duration_ms", None)
+            if "exception" in line:
+                line["exception"] = line["exception"].splitlines()[-1]
+            lines.append(line)
+    return lines
+
+
+def test_async_tools_answer_fail_and_are_cancelled_like_sync_ones(tmp_path: Path) -> None:
+    """On the worker pool an async tool's coroutine is started, parked and its value made
+    into a result later: each outcome as a sync tool's, and a raise logged at debug."""
+
+    class Waits(Server):
+        name = "waits"
+
+        def __init__(self) -> None:
+            self.n = 0
+
+        @tool
+        async def count(self, ctx: ToolContext, by: int) -> dict[str, Any]:
+            await asyncio.sleep(0)
+            self.n += by
+            return {"n": self.n, "thread": ctx.thread_id}
+
+        @tool
+        async def say(self, ctx: ToolContext, text: str) -> str:
+            return text + "\ud800"  # a lone surrogate: no JSON encoder can write it
+
+        @tool
+        async def odd(self, ctx: ToolContext) -> dict[str, Any]:
+            return {"x": object()}
+
+        @tool
+        async def fail(self, ctx: ToolContext) -> dict[str, Any]:
+            raise ValueError("bad \ud800")
+
+        @tool
+        async def refuse(self, ctx: ToolContext) -> dict[str, Any]:
+            raise ToolError("not now")
+
+        @tool
+        async def hang(self, ctx: ToolContext) -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+    log = tmp_path / "debug.log"
+    configure_logging(file=str(log), level="debug", force=True)
+    args = {"session": "s1", "assistant": "a1", "thread": "t1"}
+    with Runtime([Waits]) as rt:
+
+        def call(tool: str, **more: Any) -> ToolResult:
+            return rt.call(tool, ctx_args(**args, **more), principal="p1", timeout=30)
+
+        assert call("count", by=2).structured == {"n": 2, "thread": "t1"}
+        assert call("say", text="hi").text == (
+            "tool 'say' returned a bad result: the result cannot be encoded as JSON ('utf-8' "
+            "codec can't encode character '\\ud800' in position 2: surrogates not allowed)"
+        )
+        assert call("odd").text == "TypeError: Encoding objects of type object is unsupported"
+        assert call("fail").text == "ValueError: bad \\ud800"
+        assert call("refuse").text == "not now"
+        with pytest.raises(CallTimeoutError):
+            rt.call("hang", ctx_args(**args), principal="p1", timeout=0.2)
+        assert call("count", by=1).structured == {"n": 3, "thread": "t1"}  # after the unwind
+    ctx = {"principal": "p1", "session_id": "s1", "assistant_id": "a1", "thread_id": "t1"}
+    call_line = {"logger": "ctxactors", **ctx, "event": "tool_call", "level": "info"}
+    assert debug_lines(log) == [
+        {**call_line, "tool": "count", "outcome": "ok"},
+        {
+            **call_line,
+            "tool": "say",
+            "outcome": "error",
+            "error": "tool 'say' returned a bad result: the result cannot be encoded as JSON "
+            "('utf-8' codec can't encode character '\\ud800' in position 2: surrogates not "
+            "allowed)",
+        },
+        # The encoder's refusal is the result's, not the handler's: nothing to trace.
+        {
+            **call_line,
+            "tool": "odd",
+            "outcome": "error",
+            "error": "TypeError: Encoding objects of type object is unsupported",
+        },
+        {
+            "logger": "ctxactors.tools",
+            "tool": "fail",
+            **ctx,
+            "event": "tool_raised",
+            "level": "debug",
+            "exception": "ValueError: bad \ud800",
+        },
+        {**call_line, "tool": "fail", "outcome": "error", "error": "ValueError: bad \\ud800"},
+        {**call_line, "tool": "refuse", "outcome": "error", "error": "not now"},  # no trace
+        {
+            **call_line,
+            "tool": "hang",
+            "outcome": "error",
+            "error": "the tool was cancelled: its caller's deadline passed",
+        },
+        {**call_line, "tool": "count", "outcome": "ok"},
+    ]
+
+
+def test_a_sync_tool_that_raises_is_logged_with_its_whole_context(tmp_path: Path) -> None:
+    class Breaks(Server):
+        name = "breaks"
+
+        @tool
+        def divide(self, ctx: ToolContext, by: int) -> dict[str, Any]:
+            return {"half": 1 // by}
+
+    log = tmp_path / "debug.log"
+    configure_logging(file=str(log), level="debug", force=True)
+    with Runtime([Breaks]) as rt:
+        assert rt.call("divide", ctx_args("s1", "a1", "t1", by=0), principal="p1").is_error
+    assert debug_lines(log)[0] == {
+        "logger": "ctxactors.tools",
+        "tool": "divide",
+        "principal": "p1",
+        "session_id": "s1",
+        "assistant_id": "a1",
+        "thread_id": "t1",
+        "event": "tool_raised",
+        "level": "debug",
+        "exception": "ZeroDivisionError: integer division or modulo by zero",
+    }
+
+
+def test_a_blocking_tool_holds_none_of_the_workers() -> None:
+    """With one worker, a tool declared blocking waits on a gate another key's call opens:
+    run on that worker instead, it would keep the opening call from running until the gate
+    gave up. Called from an event loop, so both calls go to the workers (a plain sync
+    call to an idle key runs on its caller's thread)."""
+    entered, gate = threading.Event(), threading.Event()
+
+    class Gated(Server):
+        name = "gated"
+
+        @tool(blocking=True)
+        def wait(self, ctx: ToolContext) -> dict[str, Any]:
+            entered.set()
+            return {"opened": gate.wait(20)}
+
+        @tool
+        def open(self, ctx: ToolContext) -> dict[str, Any]:
+            gate.set()
+            return {"opened": True}
+
+    async def both(rt: Runtime) -> list[Any]:
+        waiting = asyncio.ensure_future(rt.acall("wait", ctx_args("s1")))
+        assert await asyncio.to_thread(entered.wait, 20)  # it runs: now open the gate
+        # Generous: a loaded machine's scheduling, not the behaviour, sets this bound.
+        opened = await rt.acall("open", ctx_args("s2"), timeout=15)
+        return [opened.structured, (await waiting).structured]
+
+    with Runtime([Gated], settings=Settings(actors=ActorSettings(workers=1))) as rt:
+        assert asyncio.run(both(rt)) == [{"opened": True}, {"opened": True}]
