@@ -185,14 +185,9 @@ def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Ru
     rt.call("delete_content", ctx_args("s1", id=content_id))
     started = rt.call("execute_command", ctx_args("s1", command="echo hello; exit 3"))
     pid = started.structured["processId"]
-
-    def finished() -> ToolResult | None:
-        polled = rt.call("poll_process", ctx_args("s1", processId=pid))
-        return None if polled.structured["status"] == "running" else polled
-
-    polled = wait_until(finished)
-    assert polled.structured["output"] == "hello\n"
-    ops = {op["tool"]: op for op in reversed(recent(rt, "s1", limit=50))}  # newest wins
+    # Read before polling: each poll is recorded too, and on a loaded machine enough of
+    # them would push these out of the history's newest 50.
+    ops = {op["tool"]: op for op in recent(rt, "s1", limit=50)}
     assert ops["add_content"]["metadata"] == {"created_content": content_id, "filename": "notes.md"}
     assert ops["add_content"]["arguments"]["content"].endswith("(10000 chars)")
     assert ops["delete_content"]["metadata"] == {
@@ -200,7 +195,14 @@ def test_content_and_workspace_calls_record_ids_and_outcomes_not_payloads(rt: Ru
         "filename": "notes.md",
     }
     assert ops["execute_command"]["metadata"] == {"process_id": pid, "status": "running"}
-    assert ops["poll_process"]["metadata"] == {
+
+    def finished() -> ToolResult | None:
+        polled = rt.call("poll_process", ctx_args("s1", processId=pid))
+        return None if polled.structured["status"] == "running" else polled
+
+    polled = wait_until(finished)
+    assert polled.structured["output"] == "hello\n"
+    assert recent(rt, "s1", limit=1)[0]["metadata"] == {
         "process_id": pid,
         "status": "exited",
         "exit_code": 3,
