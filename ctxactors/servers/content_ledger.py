@@ -87,12 +87,14 @@ class ContentLedger:
 
     def drop(self, session: SessionRef) -> None:
         principal, session_id = session
+        if principal is None:
+            return  # never counted (not `""`: that name may be a principal's own)
         with self._lock:
             self._used.pop(session, None)
-            sessions = self._bytes.get(principal or "", {})
+            sessions = self._bytes.get(principal, {})
             sessions.pop(session_id, None)
             if not sessions:
-                self._bytes.pop(principal or "", None)
+                self._bytes.pop(principal, None)
 
     # -- SessionListener ---------------------------------------------------------------------
 
