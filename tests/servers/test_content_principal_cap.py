@@ -93,3 +93,14 @@ def test_with_a_store_a_session_counts_while_in_use_and_until_its_retention_ends
         rt.reap()
         assert store.part_bytes("alice", ("content",)) == {}
         assert add(rt, "alice", "s2", 500) == "c1"
+
+
+def test_with_a_store_ending_sessions_that_never_held_content_ends_them() -> None:
+    with Runtime(servers=[Content], settings=capped(1000), store=MemoryStore()) as rt:
+        for principal, session in (("bob", "b1"), ("alice", "s1"), ("alice", "s2")):
+            read = rt.call("read_content", context_args(session, id="c9"), principal=principal)
+            assert read.is_error  # the session's actor is up, and it holds no content
+        assert rt.end_session("b1", principal="bob") == 1  # bob never added content
+        assert add(rt, "alice", "s1", 600) == "c1"
+        assert rt.end_session("s2", principal="alice") == 1  # alice has, in s1 only
+        assert add(rt, "alice", "s3", 401) == refused(600, 401)
