@@ -119,6 +119,9 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "history",
             "server_details",
             "durable",  # snapshot/restore and the stored history's merge
+            # The history read back from a store (merged, each record as stored, another
+            # assistant's and thread's after a reload): `SessionHistory`'s store half.
+            "history_store",
         ),
     ),
     # Apart: its tests run real bubblewrap sandboxes and are the slowest by far.

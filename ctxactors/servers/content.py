@@ -102,7 +102,9 @@ class Content(Server):
     def attach(cls, runtime: Any) -> None:
         cls._gates[runtime] = IndexGate(runtime.settings.content.max_principal_indexing)
         durability = getattr(runtime, "durability", None)
-        ledger = cls._ledgers[runtime] = ContentLedger(getattr(durability, "store", None))
+        ledger = cls._ledgers[runtime] = ContentLedger(
+            getattr(durability, "store", None), clock=runtime.clock
+        )
         if durability is not None:  # stored content counts until its session goes
             durability.listen(ledger)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 from ctxactors.state import SessionRef, StateKey, StateStore, StoreUnavailableError
 
@@ -27,8 +28,15 @@ from ctxactors.state import SessionRef, StateKey, StateStore, StoreUnavailableEr
 class ContentLedger:
     """Principal -> session -> content bytes, for one runtime; thread-safe."""
 
-    def __init__(self, store: StateStore | None = None, key: StateKey = ("content",)) -> None:
+    def __init__(
+        self,
+        store: StateStore | None = None,
+        key: StateKey = ("content",),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._lock = threading.Lock()
+        # The runtime's clock: the one its durability ages sessions by (`purge`).
+        self._clock = clock
         self._bytes: dict[str, dict[str, int]] = {}
         self._used: dict[SessionRef, float] = {}  # with a store: for the purge
         # A store that can count what it holds (every built-in one), and the content's key.
@@ -61,7 +69,7 @@ class ContentLedger:
             with self._lock:
                 self._counted.discard(principal)  # asked again on its next addition
             return
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             sessions = self._bytes.setdefault(principal, {})
             for session_id, size in stored.items():
@@ -75,21 +83,23 @@ class ContentLedger:
             return
         with self._lock:
             self._bytes.setdefault(principal, {})[session_id] = size
-            self._used[session] = time.monotonic()
+            self._used[session] = self._clock()
 
     def drop(self, session: SessionRef) -> None:
         principal, session_id = session
+        if principal is None:
+            return  # never counted (not `""`: that name may be a principal's own)
         with self._lock:
             self._used.pop(session, None)
-            sessions = self._bytes.get(principal or "", {})
+            sessions = self._bytes.get(principal, {})
             sessions.pop(session_id, None)
             if not sessions:
-                self._bytes.pop(principal or "", None)
+                self._bytes.pop(principal, None)
 
     # -- SessionListener ---------------------------------------------------------------------
 
     def touched(self, sessions: list[SessionRef]) -> None:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
             for session in sessions:
                 if session in self._used:
@@ -99,7 +109,7 @@ class ContentLedger:
         self.drop(session)
 
     def purge(self, retention: float) -> None:
-        cutoff = time.monotonic() - retention
+        cutoff = self._clock() - retention
         with self._lock:
             old = [s for s, used in self._used.items() if used <= cutoff]
         for session in old:

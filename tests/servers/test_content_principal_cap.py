@@ -8,7 +8,7 @@ from ctxactors import Runtime
 from ctxactors.servers.content import Content
 from ctxactors.settings import Settings
 from ctxactors.state import MemoryStore
-from ctxactors.testing import context_args
+from ctxactors.testing import ManualClock, context_args
 
 
 def capped(total: int) -> Settings:
@@ -59,3 +59,48 @@ def test_with_a_store_a_passivated_session_counts_until_it_is_ended() -> None:
         assert not rt.has_session("s1", principal="alice")
         assert rt.end_session("s1", principal="alice") == 0
         assert add(rt, "alice", "s2", 500) == "c1"
+
+
+def test_ending_one_session_gives_back_its_bytes_and_only_its_bytes() -> None:
+    with Runtime(servers=[Content], settings=capped(1000)) as rt:
+        assert add(rt, "alice", "s1", 600) == "c1"
+        assert add(rt, "alice", "s2", 300) == "c1"
+        assert rt.end_session("s1", principal="alice") == 1
+        assert add(rt, "alice", "s3", 701) == refused(300, 701)  # s2 still counts
+        assert add(rt, "alice", "s3", 700) == "c1"  # s1 no longer does
+
+
+def test_with_a_store_a_session_counts_while_in_use_and_until_its_retention_ends() -> None:
+    # The ledger ages sessions on the runtime's clock, as the store's retention does.
+    clock = ManualClock()
+    store = MemoryStore(retention=100, clock=clock)
+    settings = capped(1000)
+    with Runtime(
+        servers=[Content], settings=settings, store=store, clock=clock, ttl=10_000, max_actors=1
+    ) as rt:
+        assert add(rt, "alice", "s1", 600) == "c1"
+        clock.advance(100)
+        rt.reap()  # s1 has a live actor: in use, so its retention starts again
+        assert rt.has_session("s1", principal="alice")
+        assert sorted(store.part_bytes("alice", ("content",))) == ["s1"]
+        assert add(rt, "alice", "s2", 500) == refused(600, 500)  # s1 left memory now
+        assert not rt.has_session("s1", principal="alice")
+        clock.advance(99)
+        rt.reap()
+        assert sorted(store.part_bytes("alice", ("content",))) == ["s1"]
+        assert add(rt, "alice", "s2", 500) == refused(600, 500)
+        clock.advance(1)  # s1's retention ends: the store forgets it, and so does the cap
+        rt.reap()
+        assert store.part_bytes("alice", ("content",)) == {}
+        assert add(rt, "alice", "s2", 500) == "c1"
+
+
+def test_with_a_store_ending_sessions_that_never_held_content_ends_them() -> None:
+    with Runtime(servers=[Content], settings=capped(1000), store=MemoryStore()) as rt:
+        for principal, session in (("bob", "b1"), ("alice", "s1"), ("alice", "s2")):
+            read = rt.call("read_content", context_args(session, id="c9"), principal=principal)
+            assert read.is_error  # the session's actor is up, and it holds no content
+        assert rt.end_session("b1", principal="bob") == 1  # bob never added content
+        assert add(rt, "alice", "s1", 600) == "c1"
+        assert rt.end_session("s2", principal="alice") == 1  # alice has, in s1 only
+        assert add(rt, "alice", "s3", 401) == refused(600, 401)

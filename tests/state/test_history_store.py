@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,14 @@ from ctxactors.errors import ToolError
 from ctxactors.history_store import KEY, HistorySaver, Stored, StoredCall, unpack
 from ctxactors.servers import Planning
 from ctxactors.servers.history import OperationRecord, SessionHistory, runtime_config
-from ctxactors.state import MemoryStore, SQLiteStore, StateStore, StoreUnavailableError, Write
+from ctxactors.state import (
+    MemoryStore,
+    Outcome,
+    SQLiteStore,
+    StateStore,
+    StoreUnavailableError,
+    Write,
+)
 from ctxactors.testing import context_args as ctx_args
 from ctxactors.testing import wait_until
 
@@ -447,7 +455,16 @@ def test_stored_records_a_history_never_wrote_are_skipped_and_the_rest_read(
             ("note", {}),
         ]
     skipped = [e for e in logs if e["event"] == "history_record_unreadable"]
-    assert len(skipped) == 4
+    assert [(e["logger"], e["log_level"]) for e in skipped] == [
+        ("ctxactors.history", "warning")
+    ] * 4
+    # Each says why, for whoever reads the log (the last two: the record's time).
+    errors = [e["error"] for e in skipped]
+    assert "no such scope" in errors[0] and "tool" in errors[1]
+    assert errors[2:] == [
+        "a record's time is out of range: 1e+300",
+        "a record's time is out of range: nan",
+    ]
     store.close()
 
 
@@ -551,3 +568,54 @@ def test_a_stored_wall_time_is_as_long_ago_on_the_runtimes_clock() -> None:
 
     ago = wall_to_clock(time.time() - 30.0, 1000.0)
     assert 969.0 < ago <= 970.0  # 30 s before the clock's now (less the microseconds since)
+
+
+def test_records_read_back_after_a_restart_are_written_as_read_not_encoded_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    store = SQLiteStore(tmp_path / "state.db")
+    with Runtime(servers=[Planning], store=store) as rt:
+        for n in range(3):
+            call(rt, "create_goal", goal=f"goal {n}")
+    before = store.load(SESSION, KEY)
+    assert before is not None
+    encoded = count_encodings(monkeypatch)
+    with Runtime(servers=[Planning], store=store) as rt:  # a restart
+        assert rt.durability is not None
+        call(rt, "create_goal", goal="goal 3")
+        rt.durability.flush()
+    after = store.load(SESSION, KEY)
+    assert after is not None
+    assert len(encoded) == 1  # only the new record
+    assert [raw for _, raw in unpack(after.data)] == [
+        *(raw for _, raw in unpack(before.data)),
+        *encoded,
+    ]
+    store.close()
+
+
+class Refusing(MemoryStore):
+    """A memory store whose writes fail while `down` is set (reads still work)."""
+
+    down = False
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        if self.down:
+            raise StoreUnavailableError("the disk is full")
+        return super().write(writes)
+
+
+def test_a_history_write_that_failed_is_merged_and_written_again_once_each() -> None:
+    store = Refusing()
+    with Runtime(servers=[Notes], store=store) as rt:
+        assert rt.durability is not None
+        call(rt, "note", text="a")
+        rt.durability.flush()
+        store.down = True
+        call(rt, "note", text="b")
+        rt.durability.flush()  # refused: the history re-reads [a] and keeps b after it
+        assert [s[2] for s in stored(store)] == [{"text": "a"}]
+        store.down = False
+        rt.durability.flush()
+        assert [s[2] for s in stored(store)] == [{"text": "a"}, {"text": "b"}]
+        assert [args for _, args, _, _ in recent(rt)] == [{"text": "b"}, {"text": "a"}]

@@ -356,6 +356,54 @@ def test_a_recent_error_says_whose_call_failed_and_when(measured: Any) -> None:
     assert [e.principal for e in call_metrics.recent_errors()] == ["bob", "alice"]
 
 
+def test_each_family_an_operator_reads_says_what_it_counts(measured: Any) -> None:
+    """What ``/metrics`` says of a runtime, line for line, but for the durations (their
+    buckets and sums are timing): each family's help and type, and its value."""
+    rt, registry, _ = measured
+    assert not rt.call("create_goal", ctx_args("s1", goal="g")).is_error
+    assert rt.call("read_content", ctx_args("s1", id="nope")).is_error
+    assert rt.end_session("s1") == 2
+    scraped = generate_latest(registry).decode().splitlines()
+    duration = "ctxactors_tool_call_duration_seconds"
+    assert [line for line in scraped if "_bucket{" not in line and "_sum{" not in line] == [
+        "# HELP ctxactors_actors Key actors alive now.",
+        "# TYPE ctxactors_actors gauge",
+        "ctxactors_actors 0.0",
+        "# HELP ctxactors_sessions Sessions with a live actor now.",
+        "# TYPE ctxactors_sessions gauge",
+        "ctxactors_sessions 0.0",
+        "# HELP ctxactors_calls_in_flight Calls sent to an actor, not yet done.",
+        "# TYPE ctxactors_calls_in_flight gauge",
+        "ctxactors_calls_in_flight 0.0",
+        "# HELP ctxactors_actors_spawned_total Key actors started.",
+        "# TYPE ctxactors_actors_spawned_total counter",
+        "ctxactors_actors_spawned_total 2.0",
+        "# HELP ctxactors_actors_reaped_total Key actors stopped after their idle TTL.",
+        "# TYPE ctxactors_actors_reaped_total counter",
+        "ctxactors_actors_reaped_total 0.0",
+        "# HELP ctxactors_actors_evicted_total Key actors passivated by the max_actors caps.",
+        "# TYPE ctxactors_actors_evicted_total counter",
+        "ctxactors_actors_evicted_total 0.0",
+        "# HELP ctxactors_actors_ended_total Key actors stopped by end_session.",
+        "# TYPE ctxactors_actors_ended_total counter",
+        "ctxactors_actors_ended_total 2.0",
+        f"# HELP {duration} Tool call latency, from hand-off to the actor to the result (store "
+        "save included).",
+        f"# TYPE {duration} histogram",
+        f'{duration}_count{{outcome="ok",tool="create_goal"}} 1.0',
+        f'{duration}_count{{outcome="error",tool="read_content"}} 1.0',
+        "# HELP ctxactors_tool_calls_total Tool calls that reached a server, by outcome.",
+        "# TYPE ctxactors_tool_calls_total counter",
+        'ctxactors_tool_calls_total{outcome="ok",tool="create_goal"} 1.0',
+        'ctxactors_tool_calls_total{outcome="error",tool="read_content"} 1.0',
+        "# HELP ctxactors_sandbox_processes Sandboxed commands running now (every session's).",
+        "# TYPE ctxactors_sandbox_processes gauge",
+        "ctxactors_sandbox_processes 0.0",
+    ]
+    # The last bucket (+Inf) counts every call of its series.
+    assert value(registry, f"{duration}_bucket", tool="create_goal", outcome="ok", le="+Inf") == 1
+
+
 def test_a_runtime_without_store_has_no_store_metrics(measured: Any) -> None:
     _, registry, _ = measured
     assert value(registry, "ctxactors_store_saves_total") is None
