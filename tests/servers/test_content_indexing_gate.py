@@ -104,7 +104,7 @@ def test_a_large_build_runs_on_a_thread_of_lower_priority_and_a_small_one_where_
     tid, nice, policy = gate.build("p", BACKGROUND_BYTES, where_and_how_nice)
     assert tid != mine[0] and nice == min(mine[1] + NICE, 19)
     # Any other thread of the server that wakes preempts it at once.
-    assert (mine[2], policy) == (os.SCHED_OTHER, os.SCHED_IDLE)
+    assert policy == os.SCHED_IDLE
     assert gate.build(None, BACKGROUND_BYTES, where_and_how_nice)[1] == nice  # not gated, still low
     with pytest.raises(ZeroDivisionError):  # the build's own failure reaches its caller
         gate.build("p", BACKGROUND_BYTES, lambda: 1 // 0)
