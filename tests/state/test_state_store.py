@@ -743,6 +743,7 @@ def test_a_principals_byte_counts_cover_its_own_sessions_only(store: StateStore)
             Write(("alic", "s1"), DOCS, b"x", 0, (("c1", b"not hers"),)),
             Write(("alice2", "s1"), DOCS, b"x", 0, (("c1", b"not hers"),)),
             Write(("al*ce", "s1"), DOCS, b"x", 0, (("c1", b"not hers"),)),
+            Write(("alice+", "s1"), DOCS, b"x", 0, (("c1", b"not hers at all"),)),
             Write((None, "s1"), DOCS, b"x", 0, (("c1", b"nobody's"),)),
         ]
     )
@@ -816,14 +817,20 @@ def test_a_redis_failure_tells_its_kind_and_logs_its_detail_once_a_second(
     with capture_logs() as logs:
         for advance in (0, 0.5, 0.25, 0.25, 0.5, 0.5, 1.0):  # exact in binary
             clock.advance(advance)
-            with pytest.raises(StoreUnavailableError) as refused:
-                down.touch([S1])
-            assert str(refused.value) == "Redis store unavailable: no connection to Redis"
+            for failing in (
+                lambda: down.touch([S1]),
+                lambda: down.part_bytes("alice", DOCS),
+                lambda: down.principal_bytes("alice"),
+            ):
+                with pytest.raises(StoreUnavailableError) as refused:
+                    failing()
+                assert str(refused.value) == "Redis store unavailable: no connection to Redis"
     down.close()
     store.close()
     lines = [line for line in logs if line["event"] == "redis_unavailable"]
-    # Logged at 0 s, 1.0 s (two not logged between) and 2.0 s (one), 3.0 s (none).
-    assert [line["not_logged"] for line in lines] == [0, 2, 1, 0]
+    # Logged at 0 s, 1.0 s (eight not logged between: three failures a step), 2.0 s (five)
+    # and 3.0 s (two: the two after the 2.0 s one).
+    assert [line["not_logged"] for line in lines] == [0, 8, 5, 2]
     assert all(f"127.0.0.1:{guarded.port}" in line["error"] for line in lines)
     assert all("right-pw" not in line["error"] for line in lines)
 
