@@ -832,6 +832,7 @@ def test_a_redis_failure_tells_its_kind_and_logs_its_detail_once_a_second(
     # and 3.0 s (two: the two after the 2.0 s one).
     assert [line["not_logged"] for line in lines] == [0, 8, 5, 2]
     assert all(f"127.0.0.1:{guarded.port}" in line["error"] for line in lines)
+    assert {(line["logger"], line["store"]) for line in lines} == {("ctxactors.store", "redis")}
     assert all("right-pw" not in line["error"] for line in lines)
 
 
