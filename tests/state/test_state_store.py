@@ -819,6 +819,7 @@ def test_a_redis_failure_tells_its_kind_and_logs_its_detail_once_a_second(
             clock.advance(advance)
             for failing in (
                 lambda: down.touch([S1]),
+                lambda: down.write([Write(S1, PLAN, b"a", 0)]),
                 lambda: down.part_bytes("alice", DOCS),
                 lambda: down.principal_bytes("alice"),
             ):
@@ -828,9 +829,9 @@ def test_a_redis_failure_tells_its_kind_and_logs_its_detail_once_a_second(
     down.close()
     store.close()
     lines = [line for line in logs if line["event"] == "redis_unavailable"]
-    # Logged at 0 s, 1.0 s (eight not logged between: three failures a step), 2.0 s (five)
-    # and 3.0 s (two: the two after the 2.0 s one).
-    assert [line["not_logged"] for line in lines] == [0, 8, 5, 2]
+    # Logged at 0 s, 1.0 s (eleven not logged between: four failures a step), 2.0 s (seven)
+    # and 3.0 s (three: the three after the 2.0 s one).
+    assert [line["not_logged"] for line in lines] == [0, 11, 7, 3]
     assert all(f"127.0.0.1:{guarded.port}" in line["error"] for line in lines)
     assert {(line["logger"], line["store"]) for line in lines} == {("ctxactors.store", "redis")}
     assert all("right-pw" not in line["error"] for line in lines)
