@@ -862,3 +862,15 @@ def test_only_the_kind_of_a_redis_error_is_told() -> None:
         (redis_lib.DataError("Invalid input of type: 'dict'"), "DataError"),
     ]:
         assert error_kind(exc) == told, exc
+
+
+def test_sqlite_takes_full_or_normal_synchronous_in_any_case_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    for i, synchronous in enumerate(["FULL", "full", "NORMAL", "normal"]):
+        store = SQLiteStore(tmp_path / f"{i}.db", synchronous=synchronous)
+        assert store.write([Write(S1, PLAN, b"a", 0)]) == [1]
+        assert store.load(S1, PLAN) == Record(1, b"a", {})
+        store.close()
+    with pytest.raises(ValueError, match="^synchronous must be NORMAL or FULL, got 'OFF'$"):
+        SQLiteStore(tmp_path / "off.db", synchronous="OFF")
