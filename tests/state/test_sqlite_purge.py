@@ -191,3 +191,21 @@ def test_a_session_used_while_the_purge_runs_is_not_deleted(
 def test_purge_batch_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="^purge_batch must be at least 1, got 0$"):
         SQLiteStore(tmp_path / "state.db", purge_batch=0)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_purge_in_key_order_works_with_any_batch_size(
+    tmp_path: Path, clock: ManualClock, batch: int
+) -> None:
+    """Enough expired sessions for the key-order way (`PURGE_SCAN` batches' worth and one
+    more), with batches of one and of a size `PURGE_SCAN` is no multiple of."""
+    store = SQLiteStore(tmp_path / "state.db", retention=RETENTION, clock=clock, purge_batch=batch)
+    expired = batch * PURGE_SCAN + 1
+    save_sessions(store, clock, range(expired))
+    live = [f"s{i:02d}+" for i in range(0, expired, 7)]  # between them in key order
+    save_sessions(store, clock, live)
+    clock.advance(RETENTION - 1 - len(live))  # the last expired exactly at its retention
+    assert store.purge() == expired
+    kept = {sid(name) for name in live}
+    assert stored_sessions(store.path) == {"sessions": kept, "state": kept, "parts": kept}
+    store.close()

@@ -728,3 +728,149 @@ def test_a_write_expecting_no_key_that_finds_one_is_stale_and_keeps_it(
         assert isinstance(outcome, StaleStateError)
         assert (outcome.key, outcome.expected, outcome.current) == (PLAN, 0, 1)
     assert store.load(S1, PLAN) == Record(1, b"theirs")
+
+
+def test_a_principals_byte_counts_cover_its_own_sessions_only(store: StateStore) -> None:
+    """What the content ledger and the state budget recount from after a restart: each of
+    the principal's sessions with its bytes, never another principal's (a similar name, a
+    glob character, no principal at all)."""
+    store.write(
+        [
+            Write(("alice", "s1"), DOCS, b"docs", 0, (("c1", b"one"), ("c2", b"two!!"))),
+            Write(("alice", "s1"), PLAN, b"plan!", 0),
+            Write(("alice", "s2"), DOCS, b"d", 0, (("c1", b"0123456789"),)),
+            Write(("alice", "s3"), DOCS, b"no parts", 0),
+            Write(("alic", "s1"), DOCS, b"x", 0, (("c1", b"not hers"),)),
+            Write(("alice2", "s1"), DOCS, b"x", 0, (("c1", b"not hers"),)),
+            Write(("al*ce", "s1"), DOCS, b"x", 0, (("c1", b"not hers"),)),
+            Write(("alice+", "s1"), DOCS, b"x", 0, (("c1", b"not hers at all"),)),
+            Write((None, "s1"), DOCS, b"x", 0, (("c1", b"nobody's"),)),
+        ]
+    )
+    assert store.part_bytes("alice", DOCS) == {"s1": 8, "s2": 10}
+    assert store.part_bytes("alice", PLAN) == {}
+    assert store.part_bytes("al*ce", DOCS) == {"s1": 8}
+    assert store.part_bytes("bob", DOCS) == {}
+    assert store.principal_bytes("alice") == {"s1": 4 + 5, "s2": 1, "s3": 8}
+    assert store.principal_bytes("al*ce") == {"s1": 1}
+    assert store.principal_bytes("bob") == {}
+    # A part deleted, a session ended: counted no more.
+    assert store.write([Write(("alice", "s1"), DOCS, b"docs", 1, (("c2", None),))]) == [2]
+    assert store.delete_session(("alice", "s2")) == 1
+    assert store.part_bytes("alice", DOCS) == {"s1": 3}
+    assert store.principal_bytes("alice") == {"s1": 4 + 5, "s3": 8}
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_byte_counts_skip_expired_sessions_and_refresh_no_retention(
+    kind: str, tmp_path: Path
+) -> None:
+    clock = ManualClock(1_000_000.0)
+    store = timed(kind, tmp_path, clock)
+    old, live = ("alice", "old"), ("alice", "live")
+    store.write([Write(old, DOCS, b"old", 0, (("c1", b"1"),))])
+    clock.advance(30)
+    store.write([Write(live, DOCS, b"live!", 0, (("c1", b"22"),))])
+    clock.advance(29.5)  # old was used 59.5 s ago: still in its minute
+    assert store.part_bytes("alice", DOCS) == {"old": 1, "live": 2}
+    assert store.principal_bytes("alice") == {"old": 3, "live": 5}
+    clock.advance(0.5)  # exactly its retention: gone, though it was just counted
+    assert store.part_bytes("alice", DOCS) == {"live": 2}
+    assert store.principal_bytes("alice") == {"live": 5}
+    clock.advance(30)  # counting live did not start its retention again either
+    assert store.part_bytes("alice", DOCS) == {}
+    assert store.principal_bytes("alice") == {}
+    assert store.load(old, DOCS) is None and store.load(live, DOCS) is None
+    store.close()
+
+
+def test_a_redis_failure_tells_its_kind_and_logs_its_detail_once_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tenants read the error (in a tool's result): its kind, never Redis's address; the
+    operator's log has redis-py's own words, at most once a second, with the count of the
+    failures not logged since."""
+    import redis as redis_lib
+    from structlog.testing import capture_logs
+
+    from ctxactors.state import _redis
+
+    guarded = RedisServer(tmp_path, password="right-pw")
+    guarded.start()
+    try:
+        wrong = RedisStore(guarded.url.replace("right-pw", "wrong-pw"), timeout=2)
+        with pytest.raises(StoreUnavailableError) as refused:
+            wrong.load(S1, PLAN)
+        assert str(refused.value) == "Redis store unavailable: Redis refused the credentials"
+        wrong.close()
+        store = RedisStore(guarded.url, prefix="kinds", timeout=2)
+        # A session's hash that is not a hash (written by something else): Redis's code.
+        redis_lib.Redis.from_url(guarded.url).set('kinds:[null,"s1"]', "not a hash")
+        with pytest.raises(StoreUnavailableError) as refused:
+            store.load(S1, PLAN)
+        assert str(refused.value) == "Redis store unavailable: Redis answered WRONGTYPE"
+    finally:
+        guarded.stop(kill=True)
+    clock = ManualClock(5000.0)
+    monkeypatch.setattr(_redis, "time", type("Clock", (), {"monotonic": staticmethod(clock)}))
+    down = RedisStore(guarded.url, timeout=2)
+    with capture_logs() as logs:
+        for advance in (0, 0.5, 0.25, 0.25, 0.5, 0.5, 1.0):  # exact in binary
+            clock.advance(advance)
+            for failing in (
+                lambda: down.touch([S1]),
+                lambda: down.write([Write(S1, PLAN, b"a", 0)]),
+                lambda: down.part_bytes("alice", DOCS),
+                lambda: down.principal_bytes("alice"),
+            ):
+                with pytest.raises(StoreUnavailableError) as refused:
+                    failing()
+                assert str(refused.value) == "Redis store unavailable: no connection to Redis"
+    down.close()
+    store.close()
+    lines = [line for line in logs if line["event"] == "redis_unavailable"]
+    # Logged at 0 s, 1.0 s (eleven not logged between: four failures a step), 2.0 s (seven)
+    # and 3.0 s (three: the three after the 2.0 s one).
+    assert [line["not_logged"] for line in lines] == [0, 11, 7, 3]
+    assert all(f"127.0.0.1:{guarded.port}" in line["error"] for line in lines)
+    assert {(line["logger"], line["store"]) for line in lines} == {("ctxactors.store", "redis")}
+    assert all("right-pw" not in line["error"] for line in lines)
+
+
+def test_only_the_kind_of_a_redis_error_is_told() -> None:
+    import redis as redis_lib
+
+    from ctxactors.state._redis import error_kind
+
+    for exc, told in [
+        (
+            redis_lib.TimeoutError("Timeout reading from 10.0.0.7:6379"),
+            "Redis did not answer in time",
+        ),
+        (
+            redis_lib.AuthenticationError("invalid password for 10.0.0.7"),
+            "Redis refused the credentials",
+        ),
+        (
+            redis_lib.ConnectionError("Error 111 connecting to 10.0.0.7:6379"),
+            "no connection to Redis",
+        ),
+        (redis_lib.ResponseError("NOPERM this user has no permissions"), "Redis answered NOPERM"),
+        (redis_lib.ResponseError("OOM command not allowed"), "Redis answered OOM"),
+        (redis_lib.ResponseError("Error running script at 10.0.0.7"), "Redis answered an error"),
+        (redis_lib.ResponseError(""), "Redis answered an error"),
+        (redis_lib.DataError("Invalid input of type: 'dict'"), "DataError"),
+    ]:
+        assert error_kind(exc) == told, exc
+
+
+def test_sqlite_takes_full_or_normal_synchronous_in_any_case_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    for i, synchronous in enumerate(["FULL", "full", "NORMAL", "normal"]):
+        store = SQLiteStore(tmp_path / f"{i}.db", synchronous=synchronous)
+        assert store.write([Write(S1, PLAN, b"a", 0)]) == [1]
+        assert store.load(S1, PLAN) == Record(1, b"a", {})
+        store.close()
+    with pytest.raises(ValueError, match="^synchronous must be NORMAL or FULL, got 'OFF'$"):
+        SQLiteStore(tmp_path / "off.db", synchronous="OFF")
