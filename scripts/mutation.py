@@ -194,6 +194,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "state_budget_history",
             "state_budget_recount",
             "history_recount_elsewhere",
+            "wal_checkpoints",
+            "delete_reserve",
+            "group_commit",
+            "memory_store",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
