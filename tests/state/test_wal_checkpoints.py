@@ -34,8 +34,13 @@ def rows_in_database_file(path: Path, tmp: Path) -> int:
         db.close()
 
 
-def checkpoint_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "ctxactors-checkpoint"]
+def checkpoint_threads(others: set[threading.Thread]) -> set[threading.Thread]:
+    """The checkpoint threads alive now but for `others` (other tests' stores' own)."""
+    return {t for t in threading.enumerate() if t.name == "ctxactors-checkpoint"} - others
+
+
+def running_now() -> set[threading.Thread]:
+    return checkpoint_threads(set())
 
 
 def test_committed_rows_reach_the_database_file_and_close_ends_the_thread(
@@ -44,9 +49,11 @@ def test_committed_rows_reach_the_database_file_and_close_ends_the_thread(
     path = tmp_path / "state.db"
     writer = wal_database(path)
     assert rows_in_database_file(path, tmp_path) == 0  # all of it in the WAL so far
+    others = running_now()
     checkpointer = Checkpointer(path, interval=0.01)
     try:
-        assert checkpoint_threads() != [] and all(t.daemon for t in checkpoint_threads())
+        ours = checkpoint_threads(others)
+        assert len(ours) == 1 and all(t.daemon for t in ours)
         wait_until(lambda: checkpointer.checkpoints >= 2)
         assert rows_in_database_file(path, tmp_path) == 50
         # Every pass is counted once: no pass runs between two reads a whole pass apart.
@@ -56,7 +63,7 @@ def test_committed_rows_reach_the_database_file_and_close_ends_the_thread(
         assert checkpointer.checkpoints >= before + 1
     finally:
         checkpointer.close()
-    assert checkpoint_threads() == []
+    assert checkpoint_threads(others) == set()
     writer.close()
 
 
@@ -65,10 +72,11 @@ def test_close_before_the_first_pass_checkpoints_nothing_and_returns_at_once(
 ) -> None:
     path = tmp_path / "state.db"
     writer = wal_database(path)
+    others = running_now()
     checkpointer = Checkpointer(path, interval=3600)  # close must not wait an interval out
     checkpointer.close()
     assert checkpointer.checkpoints == 0
-    assert checkpoint_threads() == []
+    assert checkpoint_threads(others) == set()
     assert rows_in_database_file(path, tmp_path) == 0
     writer.close()
 
@@ -80,14 +88,15 @@ def test_a_pass_refused_by_a_locked_database_is_tried_again(tmp_path: Path) -> N
     # has written: each pass fails ("database is locked") until it closes.
     writer.execute("PRAGMA locking_mode=EXCLUSIVE")
     writer.execute("INSERT INTO t VALUES ('held')")
+    others = running_now()
     checkpointer = Checkpointer(path, interval=0.01)
     try:
         # Let a few passes fail: the checkpointer's connection waits 1 s for the lock each.
-        wait_until(lambda: checkpoint_threads() != [])
+        wait_until(lambda: checkpoint_threads(others) != set())
         assert checkpointer.checkpoints == 0
         writer.close()  # the lock given up: the next pass succeeds
         wait_until(lambda: checkpointer.checkpoints >= 1)
         assert rows_in_database_file(path, tmp_path) == 51
     finally:
         checkpointer.close()
-    assert checkpoint_threads() == []
+    assert checkpoint_threads(others) == set()
