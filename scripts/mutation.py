@@ -198,6 +198,8 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "delete_reserve",
             "group_commit",
             "memory_store",
+            "state_budget_ledger",
+            "turn_lock",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.

@@ -1,0 +1,76 @@
+"""The state budget's ledger beside its saves: what another process wrote (`adjust`)
+moves the count of its own session only, what is charged and not yet answered is reported
+in flight, and a refusal is worded whatever a purge did meanwhile.
+
+On a `MemoryStore` (the ledger reads it once per principal): the store's own counting is
+tested in test_principal_store_budget."""
+
+from __future__ import annotations
+
+from ctxactors.settings import Cap
+from ctxactors.state import MemoryStore, Write
+from ctxactors.state_budget import StateBudget
+
+SETTING = "CTXACTORS_STATE_MAX_PRINCIPAL_BYTES"
+KEY = ("blobs",)
+
+
+def budget_over(store: MemoryStore, cap: int = 1000) -> StateBudget:
+    return StateBudget(store, Cap(SETTING, cap))
+
+
+def test_another_writers_bytes_move_only_their_own_sessions_count() -> None:
+    store = MemoryStore()
+    store.write([Write(("alice", "s1"), KEY, b"x" * 100, 0), Write(("alice", "s2"), KEY, b"y", 0)])
+    budget = budget_over(store)
+    # Not counted here yet: nothing to correct, and no store query (the first charge reads).
+    budget.adjust(("alice", "s1"), 50)
+    assert budget.held("alice") is None
+    assert budget.charge(("alice", "s1"), 10) is True
+    assert budget.held("alice") == 111
+    budget.adjust(("alice", "s1"), 40)  # another process grew s1's state
+    budget.adjust(("alice", "s3"), 7)  # and stored a session this process never saw
+    budget.adjust(("alice", "s2"), 0)
+    budget.adjust((None, "s1"), 500)  # no principal: not counted
+    assert budget.held("alice") == 158
+    # Each session's own share: ending one frees exactly what it holds.
+    budget.deleted(("alice", "s3"))
+    assert budget.held("alice") == 151
+    budget.deleted(("alice", "s1"))
+    assert budget.held("alice") == 1
+    budget.adjust(("alice", "s2"), -1)
+    assert budget.held("alice") == 0
+
+
+def test_what_is_charged_counts_in_flight_until_the_store_answers() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.in_flight("alice") == 0
+    assert budget.charge(("alice", "s1"), 300) is True
+    assert budget.charge(("alice", "s1"), 200) is True
+    assert budget.charge(("alice", "s2"), 100) is True
+    assert budget.charge(("bob", "s1"), 50) is True
+    assert budget.in_flight("alice") == 600
+    budget.landed(("alice", "s1"), 300, kept=True)
+    assert budget.in_flight("alice") == 300
+    budget.landed(("alice", "s2"), 100, kept=False)  # refused: given back
+    assert budget.in_flight("alice") == 200
+    assert budget.held("alice") == 500
+    budget.landed(("alice", "s1"), 200, kept=True)
+    assert (budget.in_flight("alice"), budget.in_flight("bob")) == (0, 50)
+    assert budget.held("alice") == 500
+
+
+def test_a_refusal_is_worded_after_a_purge_forgot_the_count() -> None:
+    budget = budget_over(MemoryStore(), cap=1000)
+    assert budget.charge(("alice", "s1"), 900) is True
+    assert budget.charge(("alice", "s1"), 200) is False
+    assert budget.refused("alice", 200) == (
+        f"this principal's stored state would grow to 1,100 bytes: the limit is 1,000 ({SETTING})"
+    )
+    budget.forget()  # the retention purge, between the refusal and its message
+    assert budget.refused("alice", 200) == (
+        f"this principal's stored state would grow to 200 bytes: the limit is 1,000 ({SETTING})"
+    )
+    assert budget.refused(None, 5) == (
+        f"this principal's stored state would grow to 5 bytes: the limit is 1,000 ({SETTING})"
+    )
