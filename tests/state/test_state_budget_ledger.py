@@ -7,9 +7,12 @@ tested in test_principal_store_budget."""
 
 from __future__ import annotations
 
+import threading
+
 from ctxactors.settings import Cap
 from ctxactors.state import MemoryStore, Write
-from ctxactors.state_budget import StateBudget
+from ctxactors.state_budget import RECOUNTERS, StateBudget
+from ctxactors.testing import wait_until
 
 SETTING = "CTXACTORS_STATE_MAX_PRINCIPAL_BYTES"
 KEY = ("blobs",)
@@ -74,3 +77,60 @@ def test_a_refusal_is_worded_after_a_purge_forgot_the_count() -> None:
     assert budget.refused(None, 5) == (
         f"this principal's stored state would grow to 5 bytes: the limit is 1,000 ({SETTING})"
     )
+
+
+def test_ending_a_session_frees_its_bytes_and_drops_its_saves_in_flight_only() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.charge(("alice", "s1"), 100) is True
+    assert budget.charge(("alice", "s2"), 30) is True
+    budget.deleted(("alice", "never-stored"))  # ended with nothing stored: frees nothing
+    assert (budget.held("alice"), budget.in_flight("alice")) == (130, 130)
+    budget.deleted(("alice", "s1"))  # ended behind its save still on its way
+    assert (budget.held("alice"), budget.in_flight("alice")) == (30, 30)
+    # That save's answer comes after the end: it no longer counts, taken or not.
+    budget.landed(("alice", "s1"), 100, kept=False)
+    assert (budget.held("alice"), budget.in_flight("alice")) == (30, 30)
+    budget.landed(("alice", "s2"), 30, kept=True)
+    assert (budget.held("alice"), budget.in_flight("alice")) == (30, 0)
+    budget.deleted(("alice", "s2"))
+    budget.deleted((None, "s2"))
+    assert (budget.held("alice"), budget.in_flight("alice")) == (0, 0)
+
+
+class HeldCounts(MemoryStore):
+    """A memory store whose `principal_bytes` waits for `gate`, noting who is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.counting: list[str] = []
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        self.counting.append(principal)
+        assert self.gate.wait(30)
+        return super().principal_bytes(principal)
+
+
+def recount_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "ctxactors-recount"}
+
+
+def test_at_most_two_recounts_run_at_once_and_the_rest_wait_their_turn() -> None:
+    """A history flusher's writes for many principals not counted yet: their store
+    queries run on at most `RECOUNTERS` threads, not one each."""
+    store = HeldCounts()
+    budget = budget_over(store)
+    before = recount_threads()
+    principals = [f"p{i}" for i in range(5)]
+    for p in principals:
+        assert budget.charge_counted((p, "s"), 10) is None  # not counted yet: later
+    assert budget.charge_counted(("p0", "s"), 10) is None  # asked again: still once
+    assert RECOUNTERS == 2
+    wait_until(lambda: len(store.counting) == 2)
+    assert len(recount_threads() - before) == 2
+    store.gate.set()
+    wait_until(lambda: all(budget.held(p) == 0 for p in principals))
+    assert sorted(store.counting) == principals  # each counted once
+    wait_until(lambda: recount_threads() - before == set())  # gone once none is wanted
+    assert budget.charge_counted(("p3", "s"), 10) is True
+    assert budget.held("p3") == 10
