@@ -126,3 +126,14 @@ def test_a_link_in_the_reserves_place_is_not_followed(tmp_path: Path) -> None:
     assert not path.is_symlink()  # the link is removed: the next hold makes the real file
     assert reserve.hold() is True and path.stat().st_size == SIZE
     assert victim.read_bytes() == b"precious"
+
+
+def test_a_reserve_whose_directory_is_gone_is_not_held_and_raises_nothing(
+    tmp_path: Path,
+) -> None:
+    """The data directory removed under a running store: each save's try to hold the
+    reserve again says no (and the next one tries again), it never fails the save."""
+    reserve = Reserve(tmp_path / "gone" / "state.db-reserve", SIZE)
+    assert reserve.hold() is False and reserve.held is False
+    (tmp_path / "gone").mkdir()
+    assert reserve.hold() is True and reserve.path.stat().st_size == SIZE
