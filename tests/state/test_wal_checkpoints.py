@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from ctxactors.state._checkpoint import Checkpointer
@@ -100,3 +101,21 @@ def test_a_pass_refused_by_a_locked_database_is_tried_again(tmp_path: Path) -> N
     finally:
         checkpointer.close()
     assert checkpoint_threads(others) == set()
+
+
+def test_by_default_a_pass_runs_every_half_second(tmp_path: Path) -> None:
+    """The store's WAL bound counts on it: the writer's backstop is sized for what
+    commits in about half a second (see `ctxactors.state._sqlite`)."""
+    path = tmp_path / "state.db"
+    writer = wal_database(path)
+    started = time.monotonic()
+    checkpointer = Checkpointer(path)
+    try:
+        wait_until(lambda: checkpointer.checkpoints >= 6, timeout=60)
+        took = time.monotonic() - started
+    finally:
+        checkpointer.close()
+    writer.close()
+    # Six passes take 3 s at the least; the bound is three times that, for a loaded
+    # machine (an interval of 1.5 s could not make it in less).
+    assert 3 <= took < 9, took
