@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from ctxactors.settings import Cap
 from ctxactors.state import MemoryStore, Write
 from ctxactors.state_budget import RECOUNTERS, StateBudget
@@ -128,9 +130,37 @@ def test_at_most_two_recounts_run_at_once_and_the_rest_wait_their_turn() -> None
     assert RECOUNTERS == 2
     wait_until(lambda: len(store.counting) == 2)
     assert len(recount_threads() - before) == 2
+    # Daemons: a recount stuck in a slow store keeps no process from exiting.
+    assert all(t.daemon for t in recount_threads() - before)
     store.gate.set()
     wait_until(lambda: all(budget.held(p) == 0 for p in principals))
     assert sorted(store.counting) == principals  # each counted once
     wait_until(lambda: recount_threads() - before == set())  # gone once none is wanted
     assert budget.charge_counted(("p3", "s"), 10) is True
     assert budget.held("p3") == 10
+
+
+def test_a_recount_thread_the_os_refused_is_started_again_on_the_next_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The OS refuses a thread once (out of threads, a pids limit): the write that wanted
+    it fails, and the next write of that principal starts its recount after all."""
+    store = HeldCounts()
+    budget = budget_over(store)
+    start = threading.Thread.start
+    refused: list[str] = []
+
+    def refuse_once(thread: threading.Thread) -> None:
+        if thread.name == "ctxactors-recount" and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_once)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        budget.charge_counted(("alice", "s"), 10)
+    assert budget.charge_counted(("alice", "s"), 10) is None  # counted on a thread now
+    wait_until(lambda: store.counting == ["alice"])
+    store.gate.set()
+    wait_until(lambda: budget.held("alice") == 0)
+    assert budget.charge_counted(("alice", "s"), 10) is True
