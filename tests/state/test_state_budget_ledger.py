@@ -147,6 +147,7 @@ def test_a_recount_thread_the_os_refused_is_started_again_on_the_next_write(
     it fails, and the next write of that principal starts its recount after all."""
     store = HeldCounts()
     budget = budget_over(store)
+    before = recount_threads()
     start = threading.Thread.start
     refused: list[str] = []
 
@@ -164,3 +165,12 @@ def test_a_recount_thread_the_os_refused_is_started_again_on_the_next_write(
     store.gate.set()
     wait_until(lambda: budget.held("alice") == 0)
     assert budget.charge_counted(("alice", "s"), 10) is True
+    # The refused thread is not counted as running: two recounts run at once again.
+    store.gate = threading.Event()
+    wait_until(lambda: recount_threads() - before == set())
+    for p in ("bob", "carol", "dave"):
+        assert budget.charge_counted((p, "s"), 1) is None
+    wait_until(lambda: sorted(store.counting) == ["alice", "bob", "carol"])
+    assert len(recount_threads() - before) == 2
+    store.gate.set()
+    wait_until(lambda: all(budget.held(p) == 0 for p in ("bob", "carol", "dave")))
