@@ -128,11 +128,13 @@ def test_at_most_two_recounts_run_at_once_and_the_rest_wait_their_turn() -> None
         assert budget.charge_counted((p, "s"), 10) is None  # not counted yet: later
     assert budget.charge_counted(("p0", "s"), 10) is None  # asked again: still once
     assert RECOUNTERS == 2
-    wait_until(lambda: len(store.counting) == 2)
-    assert len(recount_threads() - before) == 2
-    # Daemons: a recount stuck in a slow store keeps no process from exiting.
-    assert all(t.daemon for t in recount_threads() - before)
-    store.gate.set()
+    try:
+        wait_until(lambda: len(store.counting) == 2)
+        assert len(recount_threads() - before) == 2
+        # Daemons: a recount stuck in a slow store keeps no process from exiting.
+        assert all(t.daemon for t in recount_threads() - before)
+    finally:
+        store.gate.set()
     wait_until(lambda: all(budget.held(p) == 0 for p in principals))
     assert sorted(store.counting) == principals  # each counted once
     wait_until(lambda: recount_threads() - before == set())  # gone once none is wanted
