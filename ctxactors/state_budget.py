@@ -229,8 +229,11 @@ class StateBudget:
                 target=self._recount_wanted, name="ctxactors-recount", daemon=True
             ).start()
         except BaseException:
+            # Wanted by no thread: left in `_wanted`, the next ask would return at once
+            # and the principal would wait for another principal's recount thread.
             with self._lock:
                 self._recounters -= 1
+                self._wanted.pop(principal, None)
             raise
 
     def _recount_wanted(self) -> None:

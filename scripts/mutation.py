@@ -197,6 +197,12 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "state_budget_history",
             "state_budget_recount",
             "history_recount_elsewhere",
+            "wal_checkpoints",
+            "delete_reserve",
+            "group_commit",
+            "memory_store",
+            "state_budget_ledger",
+            "turn_lock",
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.

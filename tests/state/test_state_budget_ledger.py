@@ -1,0 +1,178 @@
+"""The state budget's ledger beside its saves: what another process wrote (`adjust`)
+moves the count of its own session only, what is charged and not yet answered is reported
+in flight, and a refusal is worded whatever a purge did meanwhile.
+
+On a `MemoryStore` (the ledger reads it once per principal): the store's own counting is
+tested in test_principal_store_budget."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from ctxactors.settings import Cap
+from ctxactors.state import MemoryStore, Write
+from ctxactors.state_budget import RECOUNTERS, StateBudget
+from ctxactors.testing import wait_until
+
+SETTING = "CTXACTORS_STATE_MAX_PRINCIPAL_BYTES"
+KEY = ("blobs",)
+
+
+def budget_over(store: MemoryStore, cap: int = 1000) -> StateBudget:
+    return StateBudget(store, Cap(SETTING, cap))
+
+
+def test_another_writers_bytes_move_only_their_own_sessions_count() -> None:
+    store = MemoryStore()
+    store.write([Write(("alice", "s1"), KEY, b"x" * 100, 0), Write(("alice", "s2"), KEY, b"y", 0)])
+    budget = budget_over(store)
+    # Not counted here yet: nothing to correct, and no store query (the first charge reads).
+    budget.adjust(("alice", "s1"), 50)
+    assert budget.held("alice") is None
+    assert budget.charge(("alice", "s1"), 10) is True
+    assert budget.held("alice") == 111
+    budget.adjust(("alice", "s1"), 40)  # another process grew s1's state
+    budget.adjust(("alice", "s3"), 7)  # and stored a session this process never saw
+    budget.adjust(("alice", "s2"), 0)
+    budget.adjust((None, "s1"), 500)  # no principal: not counted
+    assert budget.held("alice") == 158
+    # Each session's own share: ending one frees exactly what it holds.
+    budget.deleted(("alice", "s3"))
+    assert budget.held("alice") == 151
+    budget.deleted(("alice", "s1"))
+    assert budget.held("alice") == 1
+    budget.adjust(("alice", "s2"), -1)
+    assert budget.held("alice") == 0
+
+
+def test_what_is_charged_counts_in_flight_until_the_store_answers() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.in_flight("alice") == 0
+    assert budget.charge(("alice", "s1"), 300) is True
+    assert budget.charge(("alice", "s1"), 200) is True
+    assert budget.charge(("alice", "s2"), 100) is True
+    assert budget.charge(("bob", "s1"), 50) is True
+    assert budget.in_flight("alice") == 600
+    budget.landed(("alice", "s1"), 300, kept=True)
+    assert budget.in_flight("alice") == 300
+    budget.landed(("alice", "s2"), 100, kept=False)  # refused: given back
+    assert budget.in_flight("alice") == 200
+    assert budget.held("alice") == 500
+    budget.landed(("alice", "s1"), 200, kept=True)
+    assert (budget.in_flight("alice"), budget.in_flight("bob")) == (0, 50)
+    assert budget.held("alice") == 500
+
+
+def test_a_refusal_is_worded_after_a_purge_forgot_the_count() -> None:
+    budget = budget_over(MemoryStore(), cap=1000)
+    assert budget.charge(("alice", "s1"), 900) is True
+    assert budget.charge(("alice", "s1"), 200) is False
+    assert budget.refused("alice", 200) == (
+        f"this principal's stored state would grow to 1,100 bytes: the limit is 1,000 ({SETTING})"
+    )
+    budget.forget()  # the retention purge, between the refusal and its message
+    assert budget.refused("alice", 200) == (
+        f"this principal's stored state would grow to 200 bytes: the limit is 1,000 ({SETTING})"
+    )
+    assert budget.refused(None, 5) == (
+        f"this principal's stored state would grow to 5 bytes: the limit is 1,000 ({SETTING})"
+    )
+
+
+def test_ending_a_session_frees_its_bytes_and_drops_its_saves_in_flight_only() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.charge(("alice", "s1"), 100) is True
+    assert budget.charge(("alice", "s2"), 30) is True
+    budget.deleted(("alice", "never-stored"))  # ended with nothing stored: frees nothing
+    assert (budget.held("alice"), budget.in_flight("alice")) == (130, 130)
+    budget.deleted(("alice", "s1"))  # ended behind its save still on its way
+    assert (budget.held("alice"), budget.in_flight("alice")) == (30, 30)
+    # That save's answer comes after the end: it no longer counts, taken or not.
+    budget.landed(("alice", "s1"), 100, kept=False)
+    assert (budget.held("alice"), budget.in_flight("alice")) == (30, 30)
+    budget.landed(("alice", "s2"), 30, kept=True)
+    assert (budget.held("alice"), budget.in_flight("alice")) == (30, 0)
+    budget.deleted(("alice", "s2"))
+    budget.deleted((None, "s2"))
+    assert (budget.held("alice"), budget.in_flight("alice")) == (0, 0)
+
+
+class HeldCounts(MemoryStore):
+    """A memory store whose `principal_bytes` waits for `gate`, noting who is counted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.counting: list[str] = []
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        self.counting.append(principal)
+        assert self.gate.wait(30)
+        return super().principal_bytes(principal)
+
+
+def recount_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "ctxactors-recount"}
+
+
+def test_at_most_two_recounts_run_at_once_and_the_rest_wait_their_turn() -> None:
+    """A history flusher's writes for many principals not counted yet: their store
+    queries run on at most `RECOUNTERS` threads, not one each."""
+    store = HeldCounts()
+    budget = budget_over(store)
+    before = recount_threads()
+    principals = [f"p{i}" for i in range(5)]
+    for p in principals:
+        assert budget.charge_counted((p, "s"), 10) is None  # not counted yet: later
+    assert budget.charge_counted(("p0", "s"), 10) is None  # asked again: still once
+    assert RECOUNTERS == 2
+    try:
+        wait_until(lambda: len(store.counting) == 2)
+        assert len(recount_threads() - before) == 2
+        # Daemons: a recount stuck in a slow store keeps no process from exiting.
+        assert all(t.daemon for t in recount_threads() - before)
+    finally:
+        store.gate.set()
+    wait_until(lambda: all(budget.held(p) == 0 for p in principals))
+    assert sorted(store.counting) == principals  # each counted once
+    wait_until(lambda: recount_threads() - before == set())  # gone once none is wanted
+    assert budget.charge_counted(("p3", "s"), 10) is True
+    assert budget.held("p3") == 10
+
+
+def test_a_recount_thread_the_os_refused_is_started_again_on_the_next_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The OS refuses a thread once (out of threads, a pids limit): the write that wanted
+    it fails, and the next write of that principal starts its recount after all."""
+    store = HeldCounts()
+    budget = budget_over(store)
+    before = recount_threads()
+    start = threading.Thread.start
+    refused: list[str] = []
+
+    def refuse_once(thread: threading.Thread) -> None:
+        if thread.name == "ctxactors-recount" and not refused:
+            refused.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_once)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        budget.charge_counted(("alice", "s"), 10)
+    assert budget.charge_counted(("alice", "s"), 10) is None  # counted on a thread now
+    wait_until(lambda: store.counting == ["alice"])
+    store.gate.set()
+    wait_until(lambda: budget.held("alice") == 0)
+    assert budget.charge_counted(("alice", "s"), 10) is True
+    # The refused thread is not counted as running: two recounts run at once again.
+    store.gate = threading.Event()
+    wait_until(lambda: recount_threads() - before == set())
+    for p in ("bob", "carol", "dave"):
+        assert budget.charge_counted((p, "s"), 1) is None
+    wait_until(lambda: sorted(store.counting) == ["alice", "bob", "carol"])
+    assert len(recount_threads() - before) == 2
+    store.gate.set()
+    wait_until(lambda: all(budget.held(p) == 0 for p in ("bob", "carol", "dave")))
