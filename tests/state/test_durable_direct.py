@@ -1,7 +1,9 @@
 """`Durability` driven in-process, one promise at a time: a save the actor went on without
 is settled before the key's next call (written, refused in time, or still being written),
-its caller always answered; the retention purge's period and count; the peek at a
-session's history sees what was written behind its last call."""
+its caller always answered; a principal's budget gets back what its refused saves were
+charged, and a save whose principal can't be counted is refused; the retention purge's
+period and count; the peek at a session's history sees what was written behind its last
+call."""
 
 from __future__ import annotations
 
@@ -20,8 +22,15 @@ from ctxactors.history_store import StoredCall, unpack
 from ctxactors.results import ToolResult
 from ctxactors.servers import Planning
 from ctxactors.servers.planning import Goal, PlanningState
-from ctxactors.settings import HistorySettings, Settings
-from ctxactors.state import MemoryStore, Outcome, SessionRef, StateKey, StoreUnavailableError, Write
+from ctxactors.settings import Cap, HistorySettings, Settings
+from ctxactors.state import (
+    MemoryStore,
+    Outcome,
+    SessionRef,
+    StateKey,
+    StoreUnavailableError,
+    Write,
+)
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
@@ -56,7 +65,11 @@ def state(*goals: str) -> PlanningState:
 
 
 def stored(store: MemoryStore) -> list[str] | None:
-    record = store.load(SESSION, PLAN)
+    return stored_of(store, SESSION)
+
+
+def stored_of(store: MemoryStore, session: SessionRef) -> list[str] | None:
+    record = store.load(session, PLAN)
     if record is None:
         return None
     return [g.goal for g in msgspec.msgpack.decode(record.data, type=PlanningState).goals]
@@ -254,6 +267,111 @@ def test_a_failing_callback_is_logged_and_the_key_goes_on() -> None:
             assert stored(keyed.store) == ["kept", "second"]
         finally:
             keyed.close()
+
+
+ALICE: SessionRef = ("alice", S)
+
+
+class DownStore(GatedStore):
+    """A gated memory store that fails the writes of the sessions in `down`, and the reads
+    of principals' counts while `counts_down`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down: set[SessionRef] = set()
+        self.counts_down = False
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        self.entered.append([w.key for w in writes])
+        assert self.permits.acquire(timeout=30)
+        if any(w.session in self.down for w in writes):
+            raise StoreUnavailableError("down for a moment")
+        return MemoryStore.write(self, writes)
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        if self.counts_down:
+            raise StoreUnavailableError("down for a moment")
+        return super().principal_bytes(principal)
+
+
+def size(*goals: str) -> int:
+    return len(msgspec.msgpack.encode(state(*goals)))
+
+
+UNAVAILABLE = (
+    "the state store is unavailable (down for a moment); nothing was changed, retry the call later"
+)
+
+
+def test_a_save_refused_behind_its_actor_gives_its_principal_its_bytes_back() -> None:
+    store = DownStore()
+    # Room for exactly one more goal of this size: kept only if the refused one's charge
+    # was given back.
+    cap = size("kept", "lost")
+    durability = Durability(store, flush_delay=600, max_principal_bytes=Cap("CAP", cap))
+    server = Planning()
+    key = Planning.scope.key("planning", ToolContext(S, A, None, "alice"))
+    answers: list[ToolResult] = []
+    busy: threading.Thread | None = None
+    try:
+        assert durability.load(server, key) is None
+        server.restore(state("kept"))
+        store.let_one()
+        assert durability.save(server, key, ToolResult.ok("kept")) is not None
+        budget = durability.budget
+        assert (budget.held("alice"), budget.in_flight("alice")) == (size("kept"), 0)
+        busy = threading.Thread(target=durability.commit.save, args=(Write(OTHER, PLAN, b"", 0),))
+        busy.start()
+        wait_until(lambda: len(store.entered) == 2, 30, interval=0.001)  # the store is busy
+        server.restore(state("kept", "lost"))
+        assert durability.save(server, key, ToolResult.ok("lost"), answers.append) is None
+        assert (budget.held("alice"), budget.in_flight("alice")) == (cap, cap - size("kept"))
+        store.down.add(ALICE)
+        store.let_one()
+        store.let_one()  # the save behind: refused by the store
+        wait_until(lambda: len(answers) == 1, 30, interval=0.001)
+        assert answers[0].text == UNAVAILABLE
+        assert (budget.held("alice"), budget.in_flight("alice")) == (size("kept"), 0)
+        # The next call runs on the state as saved, and has the room the refused one had.
+        store.down.clear()
+        assert durability.load(server, key) is None
+        assert [g.goal for g in server.snapshot().goals] == ["kept"]
+        server.restore(state("kept", "gain"))
+        store.let_one()
+        taken = durability.save(server, key, ToolResult.ok("gain"))
+        assert taken is not None and not taken.is_error, taken
+        assert stored_of(store, ALICE) == ["kept", "gain"]
+        assert (budget.held("alice"), budget.in_flight("alice")) == (cap, 0)
+    finally:
+        for _ in range(4):
+            store.let_one()
+        if busy is not None:
+            busy.join(30)
+        durability.close()
+
+
+def test_a_save_whose_principal_cant_be_counted_is_refused_and_changes_nothing() -> None:
+    store = DownStore()
+    durability = Durability(store, flush_delay=600, max_principal_bytes=Cap("CAP", 10_000))
+    server = Planning()
+    key = Planning.scope.key("planning", ToolContext(S, A, None, "alice"))
+    try:
+        assert durability.load(server, key) is None
+        store.counts_down = True  # the principal's first save here must read its count
+        server.restore(state("lost"))
+        refused = durability.save(server, key, ToolResult.ok("lost"))
+        assert refused is not None and refused.text == UNAVAILABLE
+        assert server.snapshot().goals == []  # rolled back
+        assert stored_of(store, ALICE) is None and store.entered == []
+        assert durability.budget.held("alice") is None
+        store.counts_down = False  # the store is back: the call, retried, is saved
+        server.restore(state("kept"))
+        store.let_one()
+        assert durability.save(server, key, ToolResult.ok("kept")) is not None
+        assert stored_of(store, ALICE) == ["kept"]
+        assert durability.budget.held("alice") == size("kept")
+    finally:
+        durability.close()
 
 
 class Told:
