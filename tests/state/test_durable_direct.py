@@ -440,6 +440,57 @@ def test_a_used_session_is_touched_once_per_touch_period_across_purges() -> None
         durability.close()
 
 
+class TouchDown(MemoryStore):
+    """A memory store whose touches fail while `down`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.down = False
+
+    def touch(self, sessions: Any) -> None:
+        if self.down:
+            raise StoreUnavailableError("down for a moment")
+        super().touch(sessions)
+
+
+def test_a_touch_the_store_refused_is_logged_and_sent_again_on_the_next_use() -> None:
+    clock = ManualClock(1000.0)
+    store = TouchDown(retention=100, clock=clock)  # a touch at most once a second
+    durability = Durability(store, clock=clock, flush_delay=600)
+    told = Told()
+    durability.listen(told)
+    failed = {
+        "logger": LOGGER,
+        "event": "touch_failed",
+        "error": "down for a moment",
+        "log_level": "warning",
+    }
+    try:
+        with capture_logs() as logs:
+            store.down = True
+            durability.used(SESSION)
+            durability.flush()
+            assert [e for e in logs if e["log_level"] != "debug"] == [failed]
+            store.down = False
+            durability.used(SESSION)  # at once: the touch that failed is sent again
+            durability.flush()
+            assert told.touches == [[SESSION], [SESSION]]
+            # A purge pass during an outage, sending the touch of a session used a period
+            # ago (no longer remembered as touched): the pass still ends, and says why.
+            store.down = True
+            durability.used(OTHER)
+            clock.advance(1)
+            assert durability.purge(every=0) == 0
+            assert told.touches == [[SESSION], [SESSION], [OTHER]]
+            assert [e for e in logs if e["log_level"] != "debug"] == [failed, failed]
+            store.down = False
+            durability.used(OTHER)
+            durability.flush()
+            assert told.touches == [[SESSION], [SESSION], [OTHER], [OTHER]]
+    finally:
+        durability.close()
+
+
 def test_the_peek_at_a_sessions_history_sees_its_last_call(tmp_path: Any) -> None:
     store = MemoryStore()
     # The history is written behind the calls, here not before 10 minutes.
