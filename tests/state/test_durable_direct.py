@@ -1,9 +1,10 @@
 """`Durability` driven in-process, one promise at a time: a save the actor went on without
 is settled before the key's next call (written, refused in time, or still being written),
-its caller always answered; a principal's budget gets back what its refused saves were
-charged, and a save whose principal can't be counted is refused; the retention purge's
-period and count; the peek at a session's history sees what was written behind its last
-call."""
+its caller always answered; a server type new to the process gets its stored state as its
+type; a principal's budget gets back what its refused saves were charged, and a save whose
+principal can't be counted is refused; a touch the store refused is sent again; the
+retention purge's period and count; the peek at a session's history sees what was written
+behind its last call."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from ctxactors import Runtime, ToolContext
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.durable import Durability
 from ctxactors.history_store import KEY as HISTORY_KEY
 from ctxactors.history_store import StoredCall, unpack
@@ -267,6 +268,44 @@ def test_a_failing_callback_is_logged_and_the_key_goes_on() -> None:
             assert stored(keyed.store) == ["kept", "second"]
         finally:
             keyed.close()
+
+
+def test_a_server_type_new_to_the_process_gets_its_stored_state_as_its_state_type() -> None:
+    # Made here, so no load in this process has decoded its state before.
+    class Meeting(msgspec.Struct):
+        title: str
+        notes: list[str]
+
+    class Minutes(Server):
+        name = "minutes"
+        scope = Scope.SESSION
+        State = Meeting
+
+        def __init__(self) -> None:
+            self.meeting = Meeting("", [])
+
+        def snapshot(self) -> Meeting:
+            return self.meeting
+
+        def restore(self, state: Meeting) -> None:
+            self.meeting = state
+
+        @tool
+        def note(self, ctx: ToolContext, text: str) -> None:
+            """Add a note."""
+            self.meeting.notes.append(text)
+
+    store = MemoryStore()
+    kept = Meeting("plan", ["one"])
+    assert store.write([Write(SESSION, ("minutes",), msgspec.msgpack.encode(kept), 0)]) == [1]
+    durability = Durability(store, flush_delay=600)
+    try:
+        for _ in range(2):  # the type's first load, and one after it
+            server = Minutes()
+            assert durability.load(server, Minutes.scope.key("minutes", ToolContext(S))) is None
+            assert type(server.meeting) is Meeting and server.meeting == kept
+    finally:
+        durability.close()
 
 
 ALICE: SessionRef = ("alice", S)
