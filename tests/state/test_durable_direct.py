@@ -2,9 +2,9 @@
 is settled before the key's next call (written, refused in time, or still being written),
 its caller always answered; a server type new to the process gets its stored state as its
 type; a principal's budget gets back what its refused saves were charged, and a save whose
-principal can't be counted is refused; a touch the store refused is sent again; the
-retention purge's period and count; the peek at a session's history sees what was written
-behind its last call."""
+principal can't be counted is refused; a stale save says so and is logged; a touch the
+store refused is sent again; the retention purge's period and count; the peek at a
+session's history sees what was written behind its last call."""
 
 from __future__ import annotations
 
@@ -306,6 +306,35 @@ def test_a_server_type_new_to_the_process_gets_its_stored_state_as_its_state_typ
             assert type(server.meeting) is Meeting and server.meeting == kept
     finally:
         durability.close()
+
+
+def test_a_save_another_process_got_ahead_of_is_refused_says_so_and_is_logged(
+    keyed: Keyed,
+) -> None:
+    # Another process's save of the key, on top of the revision this one loaded.
+    keyed.store.let_one()
+    assert keyed.store.write([Write(SESSION, PLAN, msgspec.msgpack.encode(state("rival")), 1)])
+    keyed.server.restore(state("kept", "mine"))
+    keyed.store.let_one()
+    with capture_logs() as logs:
+        refused = keyed.durability.save(keyed.server, keyed.key, ToolResult.ok("mine"))
+    assert refused is not None and refused.text == (
+        "not saved: state ['planning', 'a1', None] changed under this writer: it loaded "
+        "revision 1, the store holds 2; reload before saving. Another process changed this "
+        "state; it is reloaded from the store, so check it and retry the call"
+    )
+    assert [e for e in logs if e["log_level"] != "debug"] == [
+        {
+            "logger": LOGGER,
+            "event": "stale_state",
+            "session": [None, S],
+            "key": ["planning", A, None],
+            "error": "state ['planning', 'a1', None] changed under this writer: it loaded "
+            "revision 1, the store holds 2; reload before saving",
+            "log_level": "warning",
+        }
+    ]
+    assert keyed.goals() == ["rival"] and stored(keyed.store) == ["rival"]  # reloaded
 
 
 ALICE: SessionRef = ("alice", S)
