@@ -1,6 +1,9 @@
 """`Durability` driven in-process, one promise at a time: a save the actor went on without
 is settled before the key's next call (written, refused in time, or still being written),
-its caller always answered; the retention purge's period and count; the peek at a
+its caller always answered; a server type new to the process gets its stored state as its
+type; a principal's budget gets back what its refused saves were charged, and a save whose
+principal can't be counted is refused; a stale save says so and is logged; a touch the
+store refused is sent again; the retention purge's period and count; the peek at a
 session's history sees what was written behind its last call."""
 
 from __future__ import annotations
@@ -13,15 +16,22 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
-from ctxactors import Runtime, ToolContext
+from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.durable import Durability
 from ctxactors.history_store import KEY as HISTORY_KEY
 from ctxactors.history_store import StoredCall, unpack
 from ctxactors.results import ToolResult
 from ctxactors.servers import Planning
 from ctxactors.servers.planning import Goal, PlanningState
-from ctxactors.settings import HistorySettings, Settings
-from ctxactors.state import MemoryStore, Outcome, SessionRef, StateKey, StoreUnavailableError, Write
+from ctxactors.settings import Cap, HistorySettings, Settings
+from ctxactors.state import (
+    MemoryStore,
+    Outcome,
+    SessionRef,
+    StateKey,
+    StoreUnavailableError,
+    Write,
+)
 from ctxactors.testing import ManualClock, wait_until
 from ctxactors.testing import context_args as ctx_args
 
@@ -56,7 +66,11 @@ def state(*goals: str) -> PlanningState:
 
 
 def stored(store: MemoryStore) -> list[str] | None:
-    record = store.load(SESSION, PLAN)
+    return stored_of(store, SESSION)
+
+
+def stored_of(store: MemoryStore, session: SessionRef) -> list[str] | None:
+    record = store.load(session, PLAN)
     if record is None:
         return None
     return [g.goal for g in msgspec.msgpack.decode(record.data, type=PlanningState).goals]
@@ -256,6 +270,178 @@ def test_a_failing_callback_is_logged_and_the_key_goes_on() -> None:
             keyed.close()
 
 
+def test_a_server_type_new_to_the_process_gets_its_stored_state_as_its_state_type() -> None:
+    # Made here, so no load in this process has decoded its state before.
+    class Meeting(msgspec.Struct):
+        title: str
+        notes: list[str]
+
+    class Minutes(Server):
+        name = "minutes"
+        scope = Scope.SESSION
+        State = Meeting
+
+        def __init__(self) -> None:
+            self.meeting = Meeting("", [])
+
+        def snapshot(self) -> Meeting:
+            return self.meeting
+
+        def restore(self, state: Meeting) -> None:
+            self.meeting = state
+
+        @tool
+        def note(self, ctx: ToolContext, text: str) -> None:
+            """Add a note."""
+            self.meeting.notes.append(text)
+
+    store = MemoryStore()
+    kept = Meeting("plan", ["one"])
+    assert store.write([Write(SESSION, ("minutes",), msgspec.msgpack.encode(kept), 0)]) == [1]
+    durability = Durability(store, flush_delay=600)
+    try:
+        for _ in range(2):  # the type's first load, and one after it
+            server = Minutes()
+            assert durability.load(server, Minutes.scope.key("minutes", ToolContext(S))) is None
+            assert type(server.meeting) is Meeting and server.meeting == kept
+    finally:
+        durability.close()
+
+
+def test_a_save_another_process_got_ahead_of_is_refused_says_so_and_is_logged(
+    keyed: Keyed,
+) -> None:
+    # Another process's save of the key, on top of the revision this one loaded.
+    keyed.store.let_one()
+    assert keyed.store.write([Write(SESSION, PLAN, msgspec.msgpack.encode(state("rival")), 1)])
+    keyed.server.restore(state("kept", "mine"))
+    keyed.store.let_one()
+    with capture_logs() as logs:
+        refused = keyed.durability.save(keyed.server, keyed.key, ToolResult.ok("mine"))
+    assert refused is not None and refused.text == (
+        "not saved: state ['planning', 'a1', None] changed under this writer: it loaded "
+        "revision 1, the store holds 2; reload before saving. Another process changed this "
+        "state; it is reloaded from the store, so check it and retry the call"
+    )
+    assert [e for e in logs if e["log_level"] != "debug"] == [
+        {
+            "logger": LOGGER,
+            "event": "stale_state",
+            "session": [None, S],
+            "key": ["planning", A, None],
+            "error": "state ['planning', 'a1', None] changed under this writer: it loaded "
+            "revision 1, the store holds 2; reload before saving",
+            "log_level": "warning",
+        }
+    ]
+    assert keyed.goals() == ["rival"] and stored(keyed.store) == ["rival"]  # reloaded
+
+
+ALICE: SessionRef = ("alice", S)
+
+
+class DownStore(GatedStore):
+    """A gated memory store that fails the writes of the sessions in `down`, and the reads
+    of principals' counts while `counts_down`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down: set[SessionRef] = set()
+        self.counts_down = False
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        self.entered.append([w.key for w in writes])
+        assert self.permits.acquire(timeout=30)
+        if any(w.session in self.down for w in writes):
+            raise StoreUnavailableError("down for a moment")
+        return MemoryStore.write(self, writes)
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        if self.counts_down:
+            raise StoreUnavailableError("down for a moment")
+        return super().principal_bytes(principal)
+
+
+def size(*goals: str) -> int:
+    return len(msgspec.msgpack.encode(state(*goals)))
+
+
+UNAVAILABLE = (
+    "the state store is unavailable (down for a moment); nothing was changed, retry the call later"
+)
+
+
+def test_a_save_refused_behind_its_actor_gives_its_principal_its_bytes_back() -> None:
+    store = DownStore()
+    # Room for exactly one more goal of this size: kept only if the refused one's charge
+    # was given back.
+    cap = size("kept", "lost")
+    durability = Durability(store, flush_delay=600, max_principal_bytes=Cap("CAP", cap))
+    server = Planning()
+    key = Planning.scope.key("planning", ToolContext(S, A, None, "alice"))
+    answers: list[ToolResult] = []
+    busy: threading.Thread | None = None
+    try:
+        assert durability.load(server, key) is None
+        server.restore(state("kept"))
+        store.let_one()
+        assert durability.save(server, key, ToolResult.ok("kept")) is not None
+        budget = durability.budget
+        assert (budget.held("alice"), budget.in_flight("alice")) == (size("kept"), 0)
+        busy = threading.Thread(target=durability.commit.save, args=(Write(OTHER, PLAN, b"", 0),))
+        busy.start()
+        wait_until(lambda: len(store.entered) == 2, 30, interval=0.001)  # the store is busy
+        server.restore(state("kept", "lost"))
+        assert durability.save(server, key, ToolResult.ok("lost"), answers.append) is None
+        assert (budget.held("alice"), budget.in_flight("alice")) == (cap, cap - size("kept"))
+        store.down.add(ALICE)
+        store.let_one()
+        store.let_one()  # the save behind: refused by the store
+        wait_until(lambda: len(answers) == 1, 30, interval=0.001)
+        assert answers[0].text == UNAVAILABLE
+        assert (budget.held("alice"), budget.in_flight("alice")) == (size("kept"), 0)
+        # The next call runs on the state as saved, and has the room the refused one had.
+        store.down.clear()
+        assert durability.load(server, key) is None
+        assert [g.goal for g in server.snapshot().goals] == ["kept"]
+        server.restore(state("kept", "gain"))
+        store.let_one()
+        taken = durability.save(server, key, ToolResult.ok("gain"))
+        assert taken is not None and not taken.is_error, taken
+        assert stored_of(store, ALICE) == ["kept", "gain"]
+        assert (budget.held("alice"), budget.in_flight("alice")) == (cap, 0)
+    finally:
+        for _ in range(4):
+            store.let_one()
+        if busy is not None:
+            busy.join(30)
+        durability.close()
+
+
+def test_a_save_whose_principal_cant_be_counted_is_refused_and_changes_nothing() -> None:
+    store = DownStore()
+    durability = Durability(store, flush_delay=600, max_principal_bytes=Cap("CAP", 10_000))
+    server = Planning()
+    key = Planning.scope.key("planning", ToolContext(S, A, None, "alice"))
+    try:
+        assert durability.load(server, key) is None
+        store.counts_down = True  # the principal's first save here must read its count
+        server.restore(state("lost"))
+        refused = durability.save(server, key, ToolResult.ok("lost"))
+        assert refused is not None and refused.text == UNAVAILABLE
+        assert server.snapshot().goals == []  # rolled back
+        assert stored_of(store, ALICE) is None and store.entered == []
+        assert durability.budget.held("alice") is None
+        store.counts_down = False  # the store is back: the call, retried, is saved
+        server.restore(state("kept"))
+        store.let_one()
+        assert durability.save(server, key, ToolResult.ok("kept")) is not None
+        assert stored_of(store, ALICE) == ["kept"]
+        assert durability.budget.held("alice") == size("kept")
+    finally:
+        durability.close()
+
+
 class Told:
     """A session listener recording what it is told."""
 
@@ -318,6 +504,57 @@ def test_a_used_session_is_touched_once_per_touch_period_across_purges() -> None
         durability.used(SESSION)  # a second after: touched again
         durability.flush()
         assert told.touches == [[SESSION], [], [SESSION]]
+    finally:
+        durability.close()
+
+
+class TouchDown(MemoryStore):
+    """A memory store whose touches fail while `down`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.down = False
+
+    def touch(self, sessions: Any) -> None:
+        if self.down:
+            raise StoreUnavailableError("down for a moment")
+        super().touch(sessions)
+
+
+def test_a_touch_the_store_refused_is_logged_and_sent_again_on_the_next_use() -> None:
+    clock = ManualClock(1000.0)
+    store = TouchDown(retention=100, clock=clock)  # a touch at most once a second
+    durability = Durability(store, clock=clock, flush_delay=600)
+    told = Told()
+    durability.listen(told)
+    failed = {
+        "logger": LOGGER,
+        "event": "touch_failed",
+        "error": "down for a moment",
+        "log_level": "warning",
+    }
+    try:
+        with capture_logs() as logs:
+            store.down = True
+            durability.used(SESSION)
+            durability.flush()
+            assert [e for e in logs if e["log_level"] != "debug"] == [failed]
+            store.down = False
+            durability.used(SESSION)  # at once: the touch that failed is sent again
+            durability.flush()
+            assert told.touches == [[SESSION], [SESSION]]
+            # A purge pass during an outage, sending the touch of a session used a period
+            # ago (no longer remembered as touched): the pass still ends, and says why.
+            store.down = True
+            durability.used(OTHER)
+            clock.advance(1)
+            assert durability.purge(every=0) == 0
+            assert told.touches == [[SESSION], [SESSION], [OTHER]]
+            assert [e for e in logs if e["log_level"] != "debug"] == [failed, failed]
+            store.down = False
+            durability.used(OTHER)
+            durability.flush()
+            assert told.touches == [[SESSION], [SESSION], [OTHER], [OTHER]]
     finally:
         durability.close()
 
