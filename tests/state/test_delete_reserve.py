@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tmpfs_support import own_tmpfs
 
 from ctxactors.state._reserve import Reserve
 
@@ -24,20 +23,8 @@ SIZE = 256 << 10
 @pytest.fixture
 def one_mib_disk() -> Iterator[Path]:
     """A 1 MiB file system: room for a 256 KiB reserve twice over, not for a 600 KiB one."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where = Path(tempfile.mkdtemp(prefix="ctxactors-test-reserve-"))
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        where.rmdir()
-        pytest.skip(f"no tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with own_tmpfs("1m", "ctxactors-test-reserve-") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
-        where.rmdir()
 
 
 def free(where: Path) -> int:

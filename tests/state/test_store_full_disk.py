@@ -10,12 +10,11 @@ import os
 import random
 import sqlite3
 import string
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tmpfs_support import own_tmpfs
 
 from ctxactors import Runtime
 from ctxactors.servers.content import Content
@@ -36,20 +35,8 @@ def full(path: Path) -> str:
 @pytest.fixture
 def small_disk() -> Iterator[Path]:
     """A 4 MiB file system of this test's own."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    where = Path(tempfile.mkdtemp(prefix="ctxactors-test-disk-"))
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True
-    )
-    if mounted.returncode != 0:
-        where.rmdir()
-        pytest.skip(f"no tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with own_tmpfs("4m", "ctxactors-test-disk-") as where:
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=True)
-        where.rmdir()
 
 
 def text(size: int, seed: int) -> str:
