@@ -183,6 +183,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             *(f"ctxactors/state/{m}.py" for m in ("_redis", "_checkpoint", "_open", "_reserve")),
             "ctxactors/state/_turns.py",
             "ctxactors/state_budget.py",
+            "ctxactors/_decoding.py",
         ],
         _tests(
             "durable",
@@ -203,6 +204,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "memory_store",
             "state_budget_ledger",
             "turn_lock",
+            "state_decoder_threads",  # decoders built once, before threads race for them
         ),
     ),
     # Who may call, and what an operator sees: authentication, access, the HTTP guard.
