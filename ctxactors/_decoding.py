@@ -7,7 +7,7 @@ to another thread. A thread that decodes the same type meanwhile gets the half-b
 and the process dies (SIGSEGV in msgspec's ``mpack_decode``): a Ray shard did, when several
 moved sessions loaded their state at once (``ctxactors.durable`` builds its decoders under
 a lock). Types that worker threads decode are built here, once, while their module is
-imported: imports run one at a time.
+imported: no other thread can reach a class before its module's import has ended.
 """
 
 from __future__ import annotations

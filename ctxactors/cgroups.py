@@ -91,14 +91,19 @@ class Tree:
         self._limits = Limits()  # the server-wide group's, once open
         # Whether ``cpu.idle`` holds for the server-wide group (None: not asked for).
         self.cpu_idle: bool | None = None
+        self.parent: str | None = None  # the group the operator named, if any
 
     def describe(self) -> str:
         where = sorted({os.path.join(h, self.name) for h in self._homes.values()})
         text = f"cgroup {self.version} ({', '.join(self.controllers)}) at {', '.join(where)}"
-        if self.cpu_idle:
+        if self.cpu_idle and self.parent is not None:
+            # Not beside the server's own group: they yield to the parent's other groups,
+            # and the parent's weight sets their share against the server.
+            text += f"; sandboxes yield the CPU to every other group in {self.parent} (cpu.idle)"
+        elif self.cpu_idle:
             text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
         elif self.cpu_idle is False:
-            text += "; no cpu.idle in this kernel (before 5.15): sandboxes by cpu weight"
+            text += "; cpu.idle not available here (before Linux 5.15, or refused): by weight"
         return text
 
     def _dirs(self, group: str | None) -> dict[str, str]:
@@ -130,6 +135,12 @@ class Tree:
                 os.mkdir(path)
             except FileExistsError:
                 pass
+            if controller == "cpu" and group is None and limits.cpu_idle:
+                # Idle first: the kernel refuses a weight for an idle group (EINVAL), as
+                # when a swept tree is made again, and idle makes the weight moot anyway.
+                self.cpu_idle = _set_idle(os.path.join(path, "cpu.idle"))
+                if self.cpu_idle:
+                    continue
             value = _limit(self.version, controller, limits)
             if value is not None:
                 files = _V1_FILES if self.version == "v1" else _V2_FILES
@@ -137,8 +148,6 @@ class Tree:
                 if controller == "memory":  # swap is memory too: tmpfs pages may go there
                     swap = "memory.memsw.limit_in_bytes" if self.version == "v1" else None
                     _write_if_there(os.path.join(path, swap or "memory.swap.max"), value, "0")
-            if controller == "cpu" and group is None and limits.cpu_idle:
-                self.cpu_idle = _set_idle(os.path.join(path, "cpu.idle"))
 
     def directories(self, group: str | None = None) -> list[str]:
         """The directories of `group` (None: the server-wide group), one per hierarchy."""
@@ -214,10 +223,11 @@ def _set_idle(path: str) -> bool:
     preempts. Weight alone can't give that: on a 2-CPU host a server waking for each request
     beside 32 busy loops waited out their slices (a victim's p99 3.3x at weight 100, still
     3.3x at weight 10; 1.1x with the group idle: `scripts/bench_tenants.py --attacks cpu`).
-    False where the kernel has no such file (before 5.15)."""
-    if not os.path.exists(path):
+    False where the kernel has no such file (before 5.15) or refuses it."""
+    try:
+        _write(path, "1")
+    except OSError:
         return False
-    _write(path, "1")
     return True
 
 
@@ -288,16 +298,20 @@ def find(parent: str | None = None) -> Tree:
     own = _own_groups()
     v2 = next((m for m in mounts if m[2] == "cgroup2"), None)
     problems = []
+    tree = None
     if v2 is not None:
         try:
-            return _v2_tree(v2[0], own.get("", "/"), parent)
+            tree = _v2_tree(v2[0], own.get("", "/"), parent)
         except Unavailable as exc:
             problems.append(f"v2: {exc}")
-    try:
-        return _v1_tree(mounts, own, parent)
-    except Unavailable as exc:
-        problems.append(f"v1: {exc}")
-    raise Unavailable("; ".join(problems))
+    if tree is None:
+        try:
+            tree = _v1_tree(mounts, own, parent)
+        except Unavailable as exc:
+            problems.append(f"v1: {exc}")
+            raise Unavailable("; ".join(problems)) from None
+    tree.parent = parent
+    return tree
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:

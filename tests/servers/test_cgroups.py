@@ -123,5 +123,9 @@ def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
         assert Path(principal, "cpu.shares").read_text().strip() == "512"
         assert tree.cpu_idle is True
         assert "sandboxes run on the CPU time the server's threads leave" in tree.describe()
+        # Made again over its own directories (as after a sweep of one hierarchy): the
+        # kernel refuses a weight for an idle group, so none is written.
+        tree.open(Limits(processes=100, cpu_weight=100, cpu_idle=True))
+        assert Path(cpu, "cpu.idle").read_text().strip() == "1"
     finally:
         assert tree.close(5.0) == []
