@@ -62,8 +62,10 @@ class Limits:
     memory_bytes: int | None = None
     cpu_weight: int | None = None  # cgroup v2 units, 1..10000 (100: a fair share)
     # The group runs only on CPU time its siblings leave (``cpu.idle``): for the server-wide
-    # group, so that a waking server thread preempts the sandboxes at once.
-    cpu_idle: bool = False
+    # group, so that a waking server thread preempts the sandboxes at once. auto: only where
+    # its siblings are the server's own (not in a hierarchy's root group: there they would be
+    # every process of the host).
+    cpu_idle: str = "off"  # auto, on or off
 
 
 class Unavailable(Exception):
@@ -92,6 +94,8 @@ class Tree:
         # Whether ``cpu.idle`` holds for the server-wide group (None: not asked for).
         self.cpu_idle: bool | None = None
         self.parent: str | None = None  # the group the operator named, if any
+        # The cpu home is its hierarchy's root group: its other groups are the whole host's.
+        self.at_root = False
 
     def describe(self) -> str:
         where = sorted({os.path.join(h, self.name) for h in self._homes.values()})
@@ -104,6 +108,12 @@ class Tree:
             text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
         elif self.cpu_idle is False:
             text += "; cpu.idle not available here (before Linux 5.15, or refused): by weight"
+        elif self._limits.cpu_idle == "auto" and self.at_root:
+            text += (
+                "; sandboxes by cpu weight, not idle: the server is in the root group, where "
+                "idle sandboxes would yield to every process of the host "
+                "(CTXACTORS_WORKSPACE_SERVER_CPU_IDLE=on forces it)"
+            )
         return text
 
     def _dirs(self, group: str | None) -> dict[str, str]:
@@ -135,7 +145,8 @@ class Tree:
                 os.mkdir(path)
             except FileExistsError:
                 pass
-            if controller == "cpu" and group is None and limits.cpu_idle:
+            idle = limits.cpu_idle == "on" or (limits.cpu_idle == "auto" and not self.at_root)
+            if controller == "cpu" and group is None and idle:
                 # Idle first: the kernel refuses a weight for an idle group (EINVAL), as
                 # when a swept tree is made again, and idle makes the weight moot anyway.
                 self.cpu_idle = _set_idle(os.path.join(path, "cpu.idle"))
@@ -349,6 +360,7 @@ def _v1_tree(
     mounts: list[tuple[str, str, str, set[str]]], own: dict[str, str], parent: str | None
 ) -> Tree:
     homes: dict[str, str] = {}
+    roots: dict[str, bool] = {}
     for controller in CONTROLLERS:
         mount = next((m for m in mounts if m[2] == "cgroup" and controller in m[3]), None)
         if mount is None or controller not in own:
@@ -358,10 +370,13 @@ def _v1_tree(
             home = os.path.join(mount[0], parent.lstrip("/"))
         if os.access(home, os.W_OK):
             homes[controller] = home
+            roots[controller] = home.rstrip("/") == mount[0].rstrip("/")
     missing = [c for c in ("pids", "memory") if c not in homes]
     if missing:
         raise Unavailable(f"no writable {' and '.join(missing)} hierarchy (needs root)")
-    return Tree("v1", homes)
+    tree = Tree("v1", homes)
+    tree.at_root = roots.get("cpu", False)
+    return tree
 
 
 def _v2_tree(mount: str, own: str, parent: str | None) -> Tree:
@@ -383,7 +398,9 @@ def _v2_tree(mount: str, own: str, parent: str | None) -> Tree:
         _write(os.path.join(home, "cgroup.subtree_control"), " ".join(f"+{c}" for c in controllers))
     except OSError as exc:
         raise Unavailable(f"{home}: can't enable {' '.join(controllers)}: {exc}") from None
-    return Tree("v2", dict.fromkeys(controllers, home))
+    tree = Tree("v2", dict.fromkeys(controllers, home))
+    tree.at_root = home.rstrip("/") == mount.rstrip("/")
+    return tree
 
 
 def _leave_for_leaf(home: str) -> None:

@@ -249,9 +249,14 @@ def _flag(name: str, raw: str | None) -> bool:
     raise ValueError(f"{name} must be 1/0, true/false, yes/no or on/off, got {text!r}")
 
 
-def _flag_on(name: str, raw: str | None) -> bool:
-    """A flag that is on when its variable is unset."""
-    return True if raw is None else _flag(name, raw)
+def _auto_flag(name: str, raw: str | None) -> str:
+    """auto (unset), on or off (any word `_flag` knows)."""
+    if raw is None or raw.lower() == "auto":
+        return "auto"
+    try:
+        return "on" if _flag(name, raw) else "off"
+    except ValueError:
+        raise ValueError(f"{name} must be auto, on or off, got {raw.lower()!r}") from None
 
 
 def _names(name: str, raw: str | None) -> tuple[str, ...]:
@@ -382,7 +387,11 @@ class BudgetSettings(Group, frozen=True):
     server_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_SERVER_CPU_WEIGHT")] = 100
     # Sandboxes run on the CPU time the server's own threads leave (cgroup ``cpu.idle``):
     # the server's threads serve every tenant, so one tenant's loops never delay them.
-    server_cpu_idle: Annotated[bool, var("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", _flag_on)] = True
+    # auto: where the sandboxes' group sits in the server's own (in a hierarchy's root group
+    # its other groups are the whole host's: idle sandboxes would yield to every process).
+    server_cpu_idle: Annotated[
+        Literal["auto", "on", "off"], var("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", _auto_flag)
+    ] = "auto"
     server_running: Annotated[Count, var("CTXACTORS_WORKSPACE_SERVER_RUNNING")] = 512
     # Workspace files on disk (`ctxactors.sandbox_disk`). auto: an ext4 image per principal
     # when the server may loop-mount one, else measured; require: refuse to start without

@@ -107,7 +107,7 @@ def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
         pytest.skip(f"no cgroups here: {exc}")
     if "cpu" not in tree.controllers:
         pytest.skip("no cpu controller here")
-    tree.open(Limits(processes=100, cpu_weight=100, cpu_idle=True))
+    tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="on"))
     try:
         cpu = next(d for d in tree.directories() if os.path.exists(os.path.join(d, "cpu.shares")))
         if not os.path.exists(os.path.join(cpu, "cpu.idle")):
@@ -125,7 +125,39 @@ def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
         assert "sandboxes run on the CPU time the server's threads leave" in tree.describe()
         # Made again over its own directories (as after a sweep of one hierarchy): the
         # kernel refuses a weight for an idle group, so none is written.
-        tree.open(Limits(processes=100, cpu_weight=100, cpu_idle=True))
+        tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="on"))
         assert Path(cpu, "cpu.idle").read_text().strip() == "1"
     finally:
         assert tree.close(5.0) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes cgroup v1 groups")
+def test_auto_leaves_sandboxes_by_weight_in_the_root_group() -> None:
+    # In the hierarchy's root group the sandboxes' siblings are every process of the host:
+    # idle, they would wait for all of them (a CI run's sandboxes starved beside its tests).
+    try:
+        tree = cgroups.find()
+    except cgroups.Unavailable as exc:
+        pytest.skip(f"no cgroups here: {exc}")
+    if "cpu" not in tree.controllers:
+        pytest.skip("no cpu controller here")
+    tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="auto"))
+    try:
+        cpu = next(d for d in tree.directories() if os.path.exists(os.path.join(d, "cpu.shares")))
+        idle = Path(cpu, "cpu.idle")
+        if tree.at_root:
+            assert (tree.cpu_idle, idle.read_text().strip()) == (None, "0")
+            assert "not idle: the server is in the root group" in tree.describe()
+        else:
+            assert tree.cpu_idle is True and idle.read_text().strip() == "1"
+    finally:
+        assert tree.close(5.0) == []
+
+
+def test_a_tree_knows_when_it_sits_in_the_root_group(tmp_path: Path) -> None:
+    delegated(tmp_path)
+    assert cgroups._v2_tree(str(tmp_path), "/ctxactors.service", None).at_root is False
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    (tmp_path / "cgroup.subtree_control").write_text("")
+    (tmp_path / "cgroup.procs").write_text("")
+    assert cgroups._v2_tree(str(tmp_path), "/", None).at_root is True

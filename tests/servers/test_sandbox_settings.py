@@ -118,16 +118,25 @@ def test_network_words(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"), [(None, True), ("", True), ("on", True), ("0", False), (" Off ", False)]
+    ("raw", "expected"),
+    [(None, "auto"), ("", "auto"), ("AUTO", "auto"), ("on", "on"), ("1", "on"), (" Off ", "off")],
 )
-def test_the_sandboxes_are_cpu_idle_unless_turned_off(
-    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: bool
+def test_the_sandboxes_cpu_idle_words(
+    monkeypatch: pytest.MonkeyPatch, raw: str | None, expected: str
 ) -> None:
     if raw is not None:
         monkeypatch.setenv("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", raw)
     else:
         monkeypatch.delenv("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", raising=False)
-    assert BudgetSettings.from_env().server_cpu_idle is expected
+    assert BudgetSettings.from_env().server_cpu_idle == expected
+
+
+def test_a_bad_cpu_idle_word_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", "Maybe")
+    with pytest.raises(
+        ValueError, match="CTXACTORS_WORKSPACE_SERVER_CPU_IDLE must be auto, on or off, got 'maybe'"
+    ):
+        BudgetSettings.from_env()
 
 
 @pytest.mark.parametrize(
