@@ -44,6 +44,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 CONTROLLERS = ("pids", "memory", "cpu")
 _V1_FILES = {"pids": "pids.max", "memory": "memory.limit_in_bytes", "cpu": "cpu.shares"}
@@ -65,7 +66,7 @@ class Limits:
     # group, so that a waking server thread preempts the sandboxes at once. auto: only where
     # its siblings are the server's own (not in a hierarchy's root group: there they would be
     # every process of the host).
-    cpu_idle: str = "off"  # auto, on or off
+    cpu_idle: Literal["auto", "on", "off"] = "off"
 
 
 class Unavailable(Exception):
@@ -140,13 +141,15 @@ class Tree:
         self._groups.add(group)
 
     def _make(self, group: str | None, limits: Limits) -> None:
+        idle = group is None and (
+            limits.cpu_idle == "on" or (limits.cpu_idle == "auto" and not self.at_root)
+        )
         for controller, path in self._dirs(group).items():
             try:
                 os.mkdir(path)
             except FileExistsError:
                 pass
-            idle = limits.cpu_idle == "on" or (limits.cpu_idle == "auto" and not self.at_root)
-            if controller == "cpu" and group is None and idle:
+            if controller == "cpu" and idle:
                 # Idle first: the kernel refuses a weight for an idle group (EINVAL), as
                 # when a swept tree is made again, and idle makes the weight moot anyway.
                 self.cpu_idle = _set_idle(os.path.join(path, "cpu.idle"))

@@ -99,20 +99,31 @@ def test_v1_groups_are_the_kernels_and_are_removed_on_close() -> None:
     assert [d for d in made + tree.directories() if os.path.exists(d)] == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes cgroup v1 groups")
-def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
+def kernel_tree_with_cpu() -> cgroups.Tree:
+    """This machine's tree (not yet open), or the test skipped where it has no cpu one."""
     try:
         tree = cgroups.find()
     except cgroups.Unavailable as exc:
         pytest.skip(f"no cgroups here: {exc}")
     if "cpu" not in tree.controllers:
         pytest.skip("no cpu controller here")
+    return tree
+
+
+def server_cpu_dir(tree: cgroups.Tree) -> str:
+    """The server-wide group's directory in the cpu hierarchy (once open)."""
+    return next(d for d in tree.directories() if os.path.exists(os.path.join(d, "cpu.shares")))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes cgroup v1 groups")
+def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
+    tree = kernel_tree_with_cpu()
     tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="on"))
     try:
-        cpu = next(d for d in tree.directories() if os.path.exists(os.path.join(d, "cpu.shares")))
+        cpu = server_cpu_dir(tree)
         if not os.path.exists(os.path.join(cpu, "cpu.idle")):
             assert tree.cpu_idle is False
-            assert "no cpu.idle in this kernel" in tree.describe()
+            assert "cpu.idle not available here" in tree.describe()
             return
         tree.make("p-x", Limits(cpu_weight=50))
         principal = next(d for d in tree.directories("p-x") if d.startswith(cpu + "/"))
@@ -135,15 +146,10 @@ def test_the_sandboxes_run_on_the_cpu_time_the_server_leaves() -> None:
 def test_auto_leaves_sandboxes_by_weight_in_the_root_group() -> None:
     # In the hierarchy's root group the sandboxes' siblings are every process of the host:
     # idle, they would wait for all of them (a CI run's sandboxes starved beside its tests).
-    try:
-        tree = cgroups.find()
-    except cgroups.Unavailable as exc:
-        pytest.skip(f"no cgroups here: {exc}")
-    if "cpu" not in tree.controllers:
-        pytest.skip("no cpu controller here")
+    tree = kernel_tree_with_cpu()
     tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="auto"))
     try:
-        cpu = next(d for d in tree.directories() if os.path.exists(os.path.join(d, "cpu.shares")))
+        cpu = server_cpu_dir(tree)
         idle = Path(cpu, "cpu.idle")
         if tree.at_root:
             assert (tree.cpu_idle, idle.read_text().strip()) == (None, "0")
