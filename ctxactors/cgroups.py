@@ -402,7 +402,9 @@ def _v2_tree(mount: str, own: str, parent: str | None) -> Tree:
     except OSError as exc:
         raise Unavailable(f"{home}: can't enable {' '.join(controllers)}: {exc}") from None
     tree = Tree("v2", dict.fromkeys(controllers, home))
-    tree.at_root = home.rstrip("/") == mount.rstrip("/")
+    # The host's root group is the one without ``cpu.weight``; a container's cgroup
+    # namespace shows its own group at the mount, and that one has it.
+    tree.at_root = not os.path.exists(os.path.join(home, "cpu.weight"))
     return tree
 
 

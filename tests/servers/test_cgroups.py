@@ -24,6 +24,7 @@ def delegated(tmp_path: Path) -> Path:
     (home / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     (home / "cgroup.subtree_control").write_text("")
     (home / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (home / "cpu.weight").write_text("100\n")  # its parent enabled cpu for it
     return home
 
 
@@ -166,4 +167,7 @@ def test_a_tree_knows_when_it_sits_in_the_root_group(tmp_path: Path) -> None:
     (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
     (tmp_path / "cgroup.subtree_control").write_text("")
     (tmp_path / "cgroup.procs").write_text("")
-    assert cgroups._v2_tree(str(tmp_path), "/", None).at_root is True
+    assert cgroups._v2_tree(str(tmp_path), "/", None).at_root is True  # the host's root
+    # A container's cgroup namespace: its own group at the mount, with a cpu.weight.
+    (tmp_path / "cpu.weight").write_text("100\n")
+    assert cgroups._v2_tree(str(tmp_path), "/", None).at_root is False
