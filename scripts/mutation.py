@@ -5,6 +5,7 @@
     python scripts/mutation.py --jobs 3        # workers (a hung mutant waits, using no CPU)
     python scripts/mutation.py --report-only   # rewrite mutation/report.md from the results
     python scripts/mutation.py --retry-survivors   # re-run survivors (after new tests)
+    python scripts/mutation.py --recheck-timeouts  # re-run timeouts alone, longer limit
     python scripts/mutation.py --group core 'ctxactors._registry.*'  # matching mutants only
 
 Each group (`GROUPS`) is a set of modules and the test files relevant to them; mutmut's
@@ -44,6 +45,8 @@ REPORT = ROOT / "mutation" / "report.md"
 EQUIVALENT = ROOT / "mutation" / "equivalent.txt"
 NOTES = ROOT / "mutation" / "notes.md"  # hand-written, included as it is
 COPIED = ["ctxactors", "tests"]
+TIMEOUT_PLUGIN = ROOT / "scripts" / "_mutation_timeout.py"  # copied into each stage
+RECHECK_TIMEOUT = 120  # seconds a test may run when a timeout is re-checked
 RUN = "last-run.json"  # in a group's stage: the commit and date of its last mutmut run
 
 
@@ -332,6 +335,7 @@ def stage(group: str) -> Path:
             if path.is_file() and "__pycache__" not in path.parts:
                 if path.relative_to(where) not in wanted:
                     path.unlink()
+    _write_if_changed(where / TIMEOUT_PLUGIN.name, TIMEOUT_PLUGIN.read_text())
     _write_if_changed(where / "pyproject.toml", _group_config(group))
     return where
 
@@ -343,6 +347,7 @@ def _group_config(group: str) -> str:
     pytest_args = [
         *config.get("pytest_add_cli_args", []),
         f"--timeout={TEST_TIMEOUT.get(group, 30)}",
+        *("-p", TIMEOUT_PLUGIN.stem),
     ]
     config = {
         **config,
@@ -364,10 +369,10 @@ def _group_config(group: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(group: str, jobs: int, names: list[str]) -> int:
+def run(group: str, jobs: int, names: list[str], env: dict[str, str] | None = None) -> int:
     where = stage(group)
     mutmut = Path(sys.executable).with_name("mutmut")
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **GROUP_ENV.get(group, {}))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **GROUP_ENV.get(group, {}), **(env or {}))
     cmd = [str(mutmut), "run", "--max-children", str(jobs), *names]
     code = subprocess.call(cmd, cwd=where, env=env)
     # The report says which commit each group's results are from (groups run at different times).
@@ -424,7 +429,9 @@ def report() -> str:
         "with mutmut "
         f"{_mutmut_version()}, then `--retry-survivors` after new tests. "
         "Score = (killed + timeout) / (mutants - equivalent - skipped - not run yet); "
-        "'timeout' is a mutant that made a test hang, so a test failed on it; a score "
+        "'timeout' is a mutant that made a test run past its limit (30 s; each one "
+        "re-checked alone at 120 s with `--recheck-timeouts`, so a loaded machine's slow "
+        "test is not counted), so a test failed on it; a score "
         "marked 'partial' covers only the mutants run so far (mutmut runs the quickest "
         "first).",
         "",
@@ -510,20 +517,38 @@ def main() -> int:
     parser.add_argument(
         "--retry-survivors", action="store_true", help="re-run the mutants not killed yet"
     )
+    parser.add_argument(
+        "--recheck-timeouts",
+        action="store_true",
+        help=f"re-run the timeouts one at a time, {RECHECK_TIMEOUT} s a test (a loaded "
+        "machine makes false ones)",
+    )
     opts = parser.parse_args()
     for group in [] if opts.report_only else opts.group or list(GROUPS):
-        names = list(opts.names)
+        names, jobs, env = list(opts.names), opts.jobs, {}
         if opts.retry_survivors:
             names += _survivors(group)
-            if not names:
-                continue
-        code = run(group, opts.jobs, names)
+        if opts.recheck_timeouts:
+            names += _timeouts(group)
+            jobs, env = 1, {"CTXACTORS_MUTATION_TEST_TIMEOUT": str(RECHECK_TIMEOUT)}
+        if (opts.retry_survivors or opts.recheck_timeouts) and not names:
+            continue
+        code = run(group, jobs, names, env)
         if code != 0:
             print(f"mutmut exited with {code} for {group}", file=sys.stderr)
     REPORT.parent.mkdir(exist_ok=True)
     REPORT.write_text(report())
     print(f"wrote {REPORT.relative_to(ROOT)}")
     return 0
+
+
+def _timeouts(group: str) -> list[str]:
+    return [
+        name
+        for statuses in _results([group]).values()
+        for name, status in statuses.items()
+        if status == "timeout"
+    ]
 
 
 def _survivors(group: str) -> list[str]:
