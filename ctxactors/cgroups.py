@@ -22,6 +22,15 @@ task. The cpu weight makes that per principal; every sandbox together runs on th
 the server's own threads leave (``cpu.idle`` on the server-wide group), or, where the kernel
 lacks it or ``server_cpu_idle`` is off, at ``server_cpu_weight`` against those threads.
 
+Idle only means "the server's threads first" if the server-wide group's siblings are the
+server's: in a hierarchy's root group they are every process of the host, and idle
+sandboxes starved behind any of them. So a server found in the root cpu group first gets a
+group of its own, as systemd gives a service (`step_aside`)::
+
+    <root>/ctxactors-<pid>/          this process's cpu group (one, whatever its runtimes)
+        server/                      the process itself, all its threads
+        ctxactors-<pid>-<n>/         a runtime's server-wide group, idle beside it
+
 cgroup v2 forbids processes in a group whose controllers are enabled for its children, so
 when ``<home>`` is the server's own group (systemd's ``Delegate=yes`` hands a service its
 own group) the server first moves its processes into ``<home>/server``, as systemd's
@@ -36,11 +45,13 @@ which is asynchronous after the sandbox's init dies, so removal is retried (`rem
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import itertools
 import os
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -51,8 +62,12 @@ _V1_FILES = {"pids": "pids.max", "memory": "memory.limit_in_bytes", "cpu": "cpu.
 _V2_FILES = {"pids": "pids.max", "memory": "memory.max", "cpu": "cpu.weight"}
 _ANONYMOUS = "anonymous"
 _SERVER_LEAF = "server"  # v2: where the server's own processes go in a delegated group
-_OURS = re.compile(r"ctxactors-(\d+)-\d+")
+_OURS = re.compile(r"ctxactors-(\d+)(?:-\d+)?")  # a runtime's tree, or a process's group
 _counter = itertools.count(1)
+# (pid, root group) -> the group this process moved into: once per process and hierarchy,
+# however many runtimes it holds (a forked child has a pid of its own, so it is asked anew).
+_stepped: dict[tuple[int, str], str] = {}
+_stepping = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -97,6 +112,8 @@ class Tree:
         self.parent: str | None = None  # the group the operator named, if any
         # The cpu home is its hierarchy's root group: its other groups are the whole host's.
         self.at_root = False
+        self.stepped_aside: str | None = None  # the group this process moved into
+        self._step_problem: str | None = None  # why it could not
 
     def describe(self) -> str:
         where = sorted({os.path.join(h, self.name) for h in self._homes.values()})
@@ -107,13 +124,19 @@ class Tree:
             text += f"; sandboxes yield the CPU to every other group in {self.parent} (cpu.idle)"
         elif self.cpu_idle:
             text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
+        if self.stepped_aside is not None:
+            text += (
+                f"; the server was in the root cpu group, so it moved into "
+                f"{os.path.join(self.stepped_aside, _SERVER_LEAF)}"
+            )
+        elif self._step_problem is not None:
+            text += f"; the server stays in the root cpu group: {self._step_problem}"
         elif self.cpu_idle is False:
             text += "; cpu.idle not available here (before Linux 5.15, or refused): by weight"
-        elif self._limits.cpu_idle == "auto" and self.at_root:
+        if self.cpu_idle is None and self._limits.cpu_idle == "auto" and self.at_root:
             text += (
-                "; sandboxes by cpu weight, not idle: the server is in the root group, where "
-                "idle sandboxes would yield to every process of the host "
-                "(CTXACTORS_WORKSPACE_SERVER_CPU_IDLE=on forces it)"
+                "; sandboxes by cpu weight, not idle: idle sandboxes would yield to every "
+                "process of the host (CTXACTORS_WORKSPACE_SERVER_CPU_IDLE=on forces it)"
             )
         return text
 
@@ -127,10 +150,25 @@ class Tree:
         for home in set(self._homes.values()):
             _sweep(home)
         self._limits = limits
+        if limits.cpu_idle != "off" and self.at_root and self.parent is None:
+            self._step_aside()
         self._make(None, limits)
         if self.version == "v2":
             enable = " ".join(f"+{c}" for c in self.controllers)
             _write(os.path.join(self._dirs(None)["pids"], "cgroup.subtree_control"), enable)
+
+    def _step_aside(self) -> None:
+        """Give this process a cpu group of its own (`step_aside`) and make the tree in it."""
+        root = self._homes["cpu"]
+        try:
+            group = step_aside(root, self.version, self.controllers)
+        except OSError as exc:
+            self._step_problem = f"can't move it into a group of its own: {exc}"
+            return
+        moved = [c for c, h in self._homes.items() if h == root]  # v2: every controller
+        self._homes.update(dict.fromkeys(moved, group))
+        _sweep(group)  # trees of a forked child of ours that ended
+        self.stepped_aside, self.at_root = group, False
 
     def make(self, group: str, limits: Limits) -> None:
         """Make (or find, left from before) a principal's group, with these limits."""
@@ -275,8 +313,40 @@ def _rmdir_all(paths: Iterable[str]) -> bool:
     return done
 
 
+def step_aside(root: str, version: str, controllers: Iterable[str]) -> str:
+    """Move this process out of the hierarchy's root group `root` into
+    ``<root>/ctxactors-<pid>/server`` (once per process) and return ``<root>/ctxactors-<pid>``,
+    where its runtimes' trees then go, beside it.
+
+    Every thread moves (``cgroup.procs`` takes the process). The group weighs as much as
+    one process of the root group, as a systemd service does; processes the server starts
+    later start in ``server/`` with it. It stays while the process lives (a process can't
+    leave its own group for good without going back to the root), and a later server's
+    `open` sweeps it once the process is gone."""
+    key = (os.getpid(), root)
+    with _stepping:
+        if key in _stepped:
+            return _stepped[key]
+        group = os.path.join(root, f"ctxactors-{os.getpid()}")
+        leaf = os.path.join(group, _SERVER_LEAF)
+        os.makedirs(leaf, exist_ok=True)
+        try:
+            _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
+            if version == "v2":  # the group holds no process, so its children may have these
+                enable = " ".join(f"+{c}" for c in controllers)
+                _write(os.path.join(group, "cgroup.subtree_control"), enable)
+        except OSError:
+            with contextlib.suppress(OSError):  # back to the root, if it had moved
+                _write(os.path.join(root, "cgroup.procs"), str(os.getpid()))
+            _rmdir_all([leaf, group])
+            raise
+        _stepped[key] = group
+        return group
+
+
 def _sweep(home: str) -> None:
-    """Remove the trees of runtimes whose process is gone (a crash leaves them behind)."""
+    """Remove the trees and groups of processes of ours that are gone (a crash leaves them
+    behind); a group a live process is still in stays (the kernel refuses its removal)."""
     try:
         names = os.listdir(home)
     except OSError:
@@ -285,11 +355,9 @@ def _sweep(home: str) -> None:
         found = _OURS.fullmatch(name)
         if found is None or _alive(int(found.group(1))):
             continue
-        top = os.path.join(home, name)
-        for inner in os.listdir(top):
-            if os.path.isdir(os.path.join(top, inner)):
-                _rmdir_all([os.path.join(top, inner)])
-        _rmdir_all([top])
+        # Innermost first: a group is removed only once it has no groups inside.
+        for path, _, _ in os.walk(os.path.join(home, name), topdown=False):
+            _rmdir_all([path])
 
 
 def _alive(pid: int) -> bool:
@@ -396,15 +464,17 @@ def _v2_tree(mount: str, own: str, parent: str | None) -> Tree:
         )
     if not os.access(os.path.join(home, "cgroup.subtree_control"), os.W_OK):
         raise Unavailable(f"{home} is not delegated to this user (Delegate=yes in systemd)")
-    _leave_for_leaf(home)
+    # Every group but the host's root has ``cgroup.type`` (a container's cgroup namespace
+    # shows its own group at the mount, and that one has it too).
+    at_root = not os.path.exists(os.path.join(home, "cgroup.type"))
+    if not at_root:  # the root may hold processes and enable controllers: they stay
+        _leave_for_leaf(home)
     try:
         _write(os.path.join(home, "cgroup.subtree_control"), " ".join(f"+{c}" for c in controllers))
     except OSError as exc:
         raise Unavailable(f"{home}: can't enable {' '.join(controllers)}: {exc}") from None
     tree = Tree("v2", dict.fromkeys(controllers, home))
-    # The host's root group is the one without ``cpu.weight``; a container's cgroup
-    # namespace shows its own group at the mount, and that one has it.
-    tree.at_root = not os.path.exists(os.path.join(home, "cpu.weight"))
+    tree.at_root = at_root
     return tree
 
 

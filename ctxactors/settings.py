@@ -387,8 +387,9 @@ class BudgetSettings(Group, frozen=True):
     server_cpu_weight: Annotated[Weight, var("CTXACTORS_WORKSPACE_SERVER_CPU_WEIGHT")] = 100
     # Sandboxes run on the CPU time the server's own threads leave (cgroup ``cpu.idle``):
     # the server's threads serve every tenant, so one tenant's loops never delay them.
-    # auto: where the sandboxes' group sits in the server's own (in a hierarchy's root group
-    # its other groups are the whole host's: idle sandboxes would yield to every process).
+    # auto and on alike: a server in a hierarchy's root group first moves into a group of
+    # its own, else the sandboxes' siblings would be every process of the host; where that
+    # move fails, auto goes by weight and on stays idle (yielding to the whole host).
     server_cpu_idle: Annotated[
         Literal["auto", "on", "off"], var("CTXACTORS_WORKSPACE_SERVER_CPU_IDLE", _auto_flag)
     ] = "auto"
