@@ -335,7 +335,10 @@ def stage(group: str) -> Path:
             if path.is_file() and "__pycache__" not in path.parts:
                 if path.relative_to(where) not in wanted:
                     path.unlink()
-    _write_if_changed(where / TIMEOUT_PLUGIN.name, TIMEOUT_PLUGIN.read_text())
+    # Its own directory on PYTHONPATH: `-p` imports it before pytest's ini `pythonpath`
+    # applies, and the stage itself there would shadow the mutated package.
+    (where / "plugins").mkdir(exist_ok=True)
+    _write_if_changed(where / "plugins" / TIMEOUT_PLUGIN.name, TIMEOUT_PLUGIN.read_text())
     _write_if_changed(where / "pyproject.toml", _group_config(group))
     return where
 
@@ -373,6 +376,9 @@ def run(group: str, jobs: int, names: list[str], env: dict[str, str] | None = No
     where = stage(group)
     mutmut = Path(sys.executable).with_name("mutmut")
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **GROUP_ENV.get(group, {}), **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(where / "plugins"), env.get("PYTHONPATH")])
+    )
     cmd = [str(mutmut), "run", "--max-children", str(jobs), *names]
     code = subprocess.call(cmd, cwd=where, env=env)
     # The report says which commit each group's results are from (groups run at different times).
