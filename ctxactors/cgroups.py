@@ -68,6 +68,17 @@ _counter = itertools.count(1)
 # however many runtimes it holds (a forked child has a pid of its own, so it is asked anew).
 _stepped: dict[tuple[int, str], str] = {}
 _stepping = threading.Lock()
+_PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger number in a name is no pid of ours
+
+
+def _new_lock_after_fork() -> None:
+    # A fork while another thread held the lock (moving this process) left it held for good
+    # in the child, whose own first runtime then hung forever in `step_aside`.
+    global _stepping
+    _stepping = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 @dataclass(frozen=True)
@@ -86,6 +97,11 @@ class Limits:
 
 class Unavailable(Exception):
     """Why this process can't make cgroups (one line, for the startup log)."""
+
+
+class Stranded(OSError):
+    """`step_aside` moved the process but could not finish, and the root group refused it
+    back: it is left in its group's ``server/`` (the message says so, for the startup log)."""
 
 
 def group_name(principal: str | None) -> str:
@@ -124,13 +140,9 @@ class Tree:
             text += f"; sandboxes yield the CPU to every other group in {self.parent} (cpu.idle)"
         elif self.cpu_idle:
             text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
-        if self.stepped_aside is not None:
-            text += (
-                f"; the server was in the root cpu group, so it moved into "
-                f"{os.path.join(self.stepped_aside, _SERVER_LEAF)}"
-            )
-        elif self._step_problem is not None:
-            text += f"; the server stays in the root cpu group: {self._step_problem}"
+        note = self.step_note()
+        if note is not None:
+            text += f"; {note}"
         elif self.cpu_idle is False:
             text += "; cpu.idle not available here (before Linux 5.15, or refused): by weight"
         if self.cpu_idle is None and self._limits.cpu_idle == "auto" and self.at_root:
@@ -139,6 +151,15 @@ class Tree:
                 "process of the host (CTXACTORS_WORKSPACE_SERVER_CPU_IDLE=on forces it)"
             )
         return text
+
+    def step_note(self) -> str | None:
+        """Where `step_aside` put this process, or why it could not (None: not asked)."""
+        if self.stepped_aside is not None:
+            return (
+                f"the server was in the root cpu group, so it moved into "
+                f"{os.path.join(self.stepped_aside, _SERVER_LEAF)}"
+            )
+        return self._step_problem
 
     def _dirs(self, group: str | None) -> dict[str, str]:
         """Each controller's directory of `group` (None: the server-wide group)."""
@@ -162,8 +183,20 @@ class Tree:
         root = self._homes["cpu"]
         try:
             group = step_aside(root, self.version, self.controllers)
+        except Stranded as exc:
+            self._step_problem = str(exc)
+            return
         except OSError as exc:
-            self._step_problem = f"can't move it into a group of its own: {exc}"
+            hint = ""
+            if exc.errno == errno.EINVAL:  # measured: a SCHED_FIFO thread, v1 (6.18)
+                hint = (
+                    " (a realtime thread? a new group has no cpu.rt_runtime_us, so no "
+                    "SCHED_FIFO/SCHED_RR thread may join it)"
+                )
+            self._step_problem = (
+                f"the server stays in the root cpu group: can't move it into a group of its "
+                f"own: {exc}{hint}"
+            )
             return
         moved = [c for c, h in self._homes.items() if h == root]  # v2: every controller
         self._homes.update(dict.fromkeys(moved, group))
@@ -329,35 +362,84 @@ def step_aside(root: str, version: str, controllers: Iterable[str]) -> str:
             return _stepped[key]
         group = os.path.join(root, f"ctxactors-{os.getpid()}")
         leaf = os.path.join(group, _SERVER_LEAF)
-        os.makedirs(leaf, exist_ok=True)
         try:
+            os.makedirs(leaf, exist_ok=True)
             _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
             if version == "v2":  # the group holds no process, so its children may have these
                 enable = " ".join(f"+{c}" for c in controllers)
                 _write(os.path.join(group, "cgroup.subtree_control"), enable)
-        except OSError:
-            with contextlib.suppress(OSError):  # back to the root, if it had moved
+        except OSError as exc:
+            back: OSError | None = None
+            try:  # back to the root, if it had moved
                 _write(os.path.join(root, "cgroup.procs"), str(os.getpid()))
-            _rmdir_all([leaf, group])
+            except OSError as refused:
+                back = refused
+            with contextlib.suppress(OSError):  # a leaf we could not make: its group too
+                _rmdir_all([leaf, group])
+            if back is not None and _holds(leaf, os.getpid()):
+                raise Stranded(
+                    exc.errno,
+                    f"the server moved into {leaf}, but {exc}, and the root group refused it "
+                    f"back ({back}): it stays there, its sandboxes' group in the root group",
+                ) from exc
             raise
         _stepped[key] = group
         return group
 
 
+def _holds(group: str, pid: int) -> bool:
+    """Whether process `pid` is in `group`."""
+    try:
+        with open(os.path.join(group, "cgroup.procs")) as f:
+            return str(pid) in f.read().split()
+    except OSError:
+        return False
+
+
 def _sweep(home: str) -> None:
     """Remove the trees and groups of processes of ours that are gone (a crash leaves them
-    behind); a group a live process is still in stays (the kernel refuses its removal)."""
-    try:
-        names = os.listdir(home)
-    except OSError:
-        return
-    for name in names:
-        found = _OURS.fullmatch(name)
-        if found is None or _alive(int(found.group(1))):
-            continue
-        # Innermost first: a group is removed only once it has no groups inside.
-        for path, _, _ in os.walk(os.path.join(home, name), topdown=False):
+    behind); a group a live process is still in stays (the kernel refuses its removal), and
+    so does a live process's tree inside a gone one's group: a server it started, still in
+    its ``server/``, has its tree there, and its groups are empty between sandboxes."""
+    for name in _listdir(home):
+        if _gone(name):
+            _remove_gone(os.path.join(home, name))
+
+
+def _remove_gone(top: str) -> None:
+    """Remove `top` and the groups inside it, innermost first (a group goes only once it
+    has none inside), but never a live process's tree or group, nor so what holds it.
+    Iterative: no recursion limit however deep the groups."""
+    order, pending = [], [top]
+    while pending:
+        path = pending.pop()
+        order.append(path)
+        for name in _listdir(path):
+            inner = os.path.join(path, name)
+            if os.path.isdir(inner) and (_OURS.fullmatch(name) is None or _gone(name)):
+                pending.append(inner)
+    for path in reversed(order):  # every group after the groups inside it
+        # Best effort (a group we may not remove): a later server sweeps it again.
+        with contextlib.suppress(OSError):
             _rmdir_all([path])
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _gone(name: str) -> bool:
+    """Whether `name` is a tree or group of ours whose process is gone."""
+    found = _OURS.fullmatch(name)
+    if found is None:
+        return False
+    pid = int(found.group(1))
+    # 0 or past the kernel's limit: no process of ours (os.kill would mean something else,
+    # or raise OverflowError and fail every later server's start).
+    return 0 < pid <= _PID_MAX and not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -378,6 +460,11 @@ def find(parent: str | None = None) -> Tree:
     else v1; raises `Unavailable` saying why neither can be used."""
     mounts = _mounts()
     own = _own_groups()
+    # A process that stepped aside before is in its group's ``server/``: a later runtime's
+    # tree goes beside it too (not inside it: v2 would move the server down a level again).
+    leaf = _stepped_leaf()
+    stepped = {c: path for c, path in own.items() if leaf and path.endswith(leaf)}
+    own.update({c: os.path.dirname(path) for c, path in stepped.items()})
     v2 = next((m for m in mounts if m[2] == "cgroup2"), None)
     problems = []
     tree = None
@@ -393,7 +480,18 @@ def find(parent: str | None = None) -> Tree:
             problems.append(f"v1: {exc}")
             raise Unavailable("; ".join(problems)) from None
     tree.parent = parent
+    if parent is None and stepped:
+        group = tree._homes.get("cpu")
+        if group is not None and group in _stepped.values():
+            tree.stepped_aside, tree.at_root = group, False
     return tree
+
+
+def _stepped_leaf() -> str | None:
+    """The end of this process's group's path in a hierarchy, once it stepped aside."""
+    if not any(pid == os.getpid() for pid, _ in _stepped):
+        return None
+    return f"/ctxactors-{os.getpid()}/{_SERVER_LEAF}"
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:
