@@ -68,6 +68,11 @@ _counter = itertools.count(1)
 # however many runtimes it holds (a forked child has a pid of its own, so it is asked anew).
 _stepped: dict[tuple[int, str], str] = {}
 _stepping = threading.Lock()
+# The trees and groups this process made (or is making). One named with this process's pid
+# but not here was left by an earlier process with the same pid (pids are reused: 32,768 of
+# them on many hosts), and is swept as a gone process's: reused, a left idle group refused
+# the weight a server without idle writes (EINVAL: no cgroups at all).
+_made_here: set[str] = set()
 _PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger number in a name is no pid of ours
 
 
@@ -169,7 +174,8 @@ class Tree:
     def open(self, limits: Limits) -> None:
         """Make the server-wide group (sweeping groups a dead process of ours left)."""
         for home in set(self._homes.values()):
-            _sweep(home)
+            _sweep(home)  # an earlier process's tree of this name too: not yet made here
+        _made_here.add(self.name)
         self._limits = limits
         if limits.cpu_idle != "off" and self.at_root and self.parent is None:
             self._step_aside()
@@ -360,8 +366,11 @@ def step_aside(root: str, version: str, controllers: Iterable[str]) -> str:
     with _stepping:
         if key in _stepped:
             return _stepped[key]
-        group = os.path.join(root, f"ctxactors-{os.getpid()}")
-        leaf = os.path.join(group, _SERVER_LEAF)
+        name = f"ctxactors-{os.getpid()}"
+        group, leaf = os.path.join(root, name), os.path.join(root, name, _SERVER_LEAF)
+        if name not in _made_here and os.path.isdir(group):
+            _remove_gone(group)  # an earlier process's with this pid, swept before it is ours
+        _made_here.add(name)
         try:
             os.makedirs(leaf, exist_ok=True)
             _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
@@ -437,6 +446,8 @@ def _gone(name: str) -> bool:
     if found is None:
         return False
     pid = int(found.group(1))
+    if pid == os.getpid():  # not made here: an earlier process's with this pid
+        return name not in _made_here
     # 0 or past the kernel's limit: no process of ours (os.kill would mean something else,
     # or raise OverflowError and fail every later server's start).
     return 0 < pid <= _PID_MAX and not _alive(pid)

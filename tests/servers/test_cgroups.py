@@ -504,3 +504,45 @@ def test_the_sweep_passes_over_names_that_are_no_pid_of_ours(tmp_path: Path) -> 
         (tmp_path / name / "server").mkdir(parents=True)
     cgroups._sweep(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["ctxactors-0", "ctxactors-99999999999"]
+
+
+REUSES_A_PID = """
+from ctxactors.sandbox_limits import SandboxBudgets
+from ctxactors.settings import BudgetSettings
+pid, root = os.getpid(), '/sys/fs/cgroup/cpu'
+def left_by_an_earlier_process(tree):
+    os.makedirs(f"{tree}/p-old")
+    with open(f"{tree}/cpu.idle", "w") as f:
+        f.write("1")
+said = []
+left_by_an_earlier_process(f"{root}/ctxactors-{pid}-1")  # where an idle-less tree goes
+budgets = SandboxBudgets.open(BudgetSettings(server_cpu_idle="off"))
+said.append(budgets.enforcement)
+assert budgets.close() == []
+left_by_an_earlier_process(f"{root}/ctxactors-{pid}/ctxactors-{pid}-2")  # and a moved one's
+budgets = SandboxBudgets.open(BudgetSettings(server_cpu_idle="auto"))
+said.append(budgets.enforcement)
+left = budgets.close()
+print(json.dumps({"pid": pid, "said": said, "left": left, "there": sorted(
+    p for p, _, _ in os.walk(root) if f"ctxactors-{pid}" in p)}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root makes cgroup v1 groups")
+def test_groups_an_earlier_process_with_the_same_pid_left_are_swept(tmp_path: Path) -> None:
+    # pid_max is 32,768 here: a crashed server's groups meet a new server of its pid. Its
+    # tree was taken as the new one's: a left idle group refused the weight (EINVAL, no
+    # cgroups at all), and its principals' groups kept the tree from being removed.
+    got = run_script(tmp_path, REUSES_A_PID)
+    name = f"ctxactors-{got['pid']}"
+    assert got["said"][0].startswith(
+        f"kernel: cgroup v1 (pids, memory, cpu) at /sys/fs/cgroup/cpu/{name}-1,"
+    )
+    assert got["said"][1].startswith(
+        f"kernel: cgroup v1 (pids, memory, cpu) at /sys/fs/cgroup/cpu/{name}/{name}-2,"
+    )
+    assert got["left"] == []
+    # Only the process's own group is left (it is in it), swept once it is gone.
+    assert got["there"] == [f"/sys/fs/cgroup/cpu/{name}", f"/sys/fs/cgroup/cpu/{name}/server"]
+    cgroups._sweep("/sys/fs/cgroup/cpu")
+    assert not os.path.exists(f"/sys/fs/cgroup/cpu/{name}")
