@@ -323,8 +323,15 @@ def _set_idle(path: str) -> bool:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        # The kernel refuses the write itself: name the file ("[Errno 22] Invalid argument"
+        # alone, in a startup line, said nothing of which).
+        raise OSError(exc.errno, exc.strerror, path) from None
 
 
 def _write_if_there(path: str, value: str, v2_value: str) -> None:
