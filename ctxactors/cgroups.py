@@ -143,12 +143,14 @@ class Tree:
             # Not beside the server's own group: they yield to the parent's other groups,
             # and the parent's weight sets their share against the server.
             text += f"; sandboxes yield the CPU to every other group in {self.parent} (cpu.idle)"
+        elif self.cpu_idle and self.at_root:  # `on`, where the server could not step aside
+            text += "; sandboxes yield the CPU to every process of the host (cpu.idle)"
         elif self.cpu_idle:
             text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
         note = self.step_note()
         if note is not None:
             text += f"; {note}"
-        elif self.cpu_idle is False:
+        if self.cpu_idle is False:
             text += "; cpu.idle not available here (before Linux 5.15, or refused): by weight"
         if self.cpu_idle is None and self._limits.cpu_idle == "auto" and self.at_root:
             text += (
@@ -187,6 +189,11 @@ class Tree:
     def _step_aside(self) -> None:
         """Give this process a cpu group of its own (`step_aside`) and make the tree in it."""
         root = self._homes["cpu"]
+        if self.version == "v1" and not os.path.exists(os.path.join(root, "cpu.idle")):
+            # Before Linux 5.15: the move, for good, would buy nothing (v2's root has no
+            # cpu.idle file, kernel or not: there the group's own tells, after the move).
+            self._step_problem = "the server stays in the root cpu group: no cpu.idle here"
+            return
         try:
             group = step_aside(root, self.version, self.controllers)
         except Stranded as exc:

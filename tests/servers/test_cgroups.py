@@ -231,6 +231,7 @@ def fake_v1_root(tmp_path: Path) -> cgroups.Tree:
     homes = {c: tmp_path / c for c in cgroups.CONTROLLERS}
     for home in homes.values():
         home.mkdir()
+    (homes["cpu"] / "cpu.idle").write_text("0\n")  # a kernel with cpu.idle (5.15 or later)
     tree = cgroups.Tree("v1", {c: str(h) for c, h in homes.items()})
     tree.at_root = True
     return tree
@@ -255,7 +256,7 @@ def test_a_server_that_cannot_step_aside_keeps_its_sandboxes_by_weight(tmp_path:
 def test_off_leaves_the_server_where_it_is(tmp_path: Path) -> None:
     tree = fake_v1_root(tmp_path)
     tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="off"))
-    assert sorted(os.listdir(tmp_path / "cpu")) == [tree.name]
+    assert sorted(os.listdir(tmp_path / "cpu")) == ["cpu.idle", tree.name]
     assert tree.stepped_aside is None
 
 
@@ -546,3 +547,30 @@ def test_groups_an_earlier_process_with_the_same_pid_left_are_swept(tmp_path: Pa
     assert got["there"] == [f"/sys/fs/cgroup/cpu/{name}", f"/sys/fs/cgroup/cpu/{name}/server"]
     cgroups._sweep("/sys/fs/cgroup/cpu")
     assert not os.path.exists(f"/sys/fs/cgroup/cpu/{name}")
+
+
+def test_on_where_the_server_cant_step_aside_says_whom_the_sandboxes_yield_to(
+    tmp_path: Path,
+) -> None:
+    # The line said "sandboxes run on the CPU time the server's threads leave": in the
+    # root group they yield to every process of the host.
+    tree = fake_v1_root(tmp_path)
+    (tmp_path / "cpu" / f"ctxactors-{os.getpid()}" / "server" / "cgroup.procs").mkdir(parents=True)
+    tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="on"))
+    assert (tmp_path / "cpu" / tree.name / "cpu.idle").read_text() == "1"
+    described = tree.describe()
+    assert "; sandboxes yield the CPU to every process of the host (cpu.idle); the server " in (
+        described
+    )
+    assert "the server's threads leave" not in described
+
+
+def test_a_kernel_without_cpu_idle_keeps_the_server_where_it_is(tmp_path: Path) -> None:
+    # Before Linux 5.15 the move (for good: the whole process) bought nothing.
+    tree = fake_v1_root(tmp_path)
+    (tmp_path / "cpu" / "cpu.idle").unlink()
+    tree.open(Limits(processes=100, cpu_weight=100, cpu_idle="on"))
+    assert sorted(os.listdir(tmp_path / "cpu")) == [tree.name]  # no group of its own
+    assert (tree.stepped_aside, tree.at_root) == (None, True)
+    described = tree.describe()
+    assert "; the server stays in the root cpu group: no cpu.idle here" in described
