@@ -31,6 +31,11 @@ group of its own, as systemd gives a service (`step_aside`)::
         server/                      the process itself, all its threads
         ctxactors-<pid>-<n>/         a runtime's server-wide group, idle beside it
 
+Later runtimes of the process find it in ``server/`` and go beside it too. A later server's
+start sweeps a gone process's group and trees, but never a live process's inside them (a
+server this one started is in its ``server/``, its tree there), and takes a tree or group
+named with its own pid that it did not make for an earlier process's (pids are reused).
+
 cgroup v2 forbids processes in a group whose controllers are enabled for its children, so
 when ``<home>`` is the server's own group (systemd's ``Delegate=yes`` hands a service its
 own group) the server first moves its processes into ``<home>/server``, as systemd's
