@@ -252,6 +252,7 @@ def test_a_server_that_moved_and_then_failed_says_it_moved(
     homes = {c: tmp_path / c for c in cgroups.CONTROLLERS}
     for home in homes.values():
         home.mkdir()
+    (homes["cpu"] / "cpu.idle").write_text("0\n")  # a kernel with cpu.idle
     tree = cgroups.Tree("v1", {c: str(h) for c, h in homes.items()})
     tree.at_root = True
     (homes["memory"] / tree.name).write_text("")  # not a directory: the tree can't be made
