@@ -31,6 +31,11 @@ group of its own, as systemd gives a service (`step_aside`)::
         server/                      the process itself, all its threads
         ctxactors-<pid>-<n>/         a runtime's server-wide group, idle beside it
 
+Later runtimes of the process find it in ``server/`` and go beside it too. A later server's
+start sweeps a gone process's group and trees, but never a live process's inside them (a
+server this one started is in its ``server/``, its tree there), and takes a tree or group
+named with its own pid that it did not make for an earlier process's (pids are reused).
+
 cgroup v2 forbids processes in a group whose controllers are enabled for its children, so
 when ``<home>`` is the server's own group (systemd's ``Delegate=yes`` hands a service its
 own group) the server first moves its processes into ``<home>/server``, as systemd's
@@ -68,6 +73,22 @@ _counter = itertools.count(1)
 # however many runtimes it holds (a forked child has a pid of its own, so it is asked anew).
 _stepped: dict[tuple[int, str], str] = {}
 _stepping = threading.Lock()
+# The trees and groups this process made (or is making). One named with this process's pid
+# but not here was left by an earlier process with the same pid (pids are reused: 32,768 of
+# them on many hosts), and is swept as a gone process's: reused, a left idle group refused
+# the weight a server without idle writes (EINVAL: no cgroups at all).
+_made_here: set[str] = set()
+_PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT: a larger number in a name is no pid of ours
+
+
+def _new_lock_after_fork() -> None:
+    # A fork while another thread held the lock (moving this process) left it held for good
+    # in the child, whose own first runtime then hung forever in `step_aside`.
+    global _stepping
+    _stepping = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 @dataclass(frozen=True)
@@ -86,6 +107,11 @@ class Limits:
 
 class Unavailable(Exception):
     """Why this process can't make cgroups (one line, for the startup log)."""
+
+
+class Stranded(OSError):
+    """`step_aside` moved the process but could not finish, and the root group refused it
+    back: it is left in its group's ``server/`` (the message says so, for the startup log)."""
 
 
 def group_name(principal: str | None) -> str:
@@ -122,16 +148,14 @@ class Tree:
             # Not beside the server's own group: they yield to the parent's other groups,
             # and the parent's weight sets their share against the server.
             text += f"; sandboxes yield the CPU to every other group in {self.parent} (cpu.idle)"
+        elif self.cpu_idle and self.at_root:  # `on`, where the server could not step aside
+            text += "; sandboxes yield the CPU to every process of the host (cpu.idle)"
         elif self.cpu_idle:
             text += "; sandboxes run on the CPU time the server's threads leave (cpu.idle)"
-        if self.stepped_aside is not None:
-            text += (
-                f"; the server was in the root cpu group, so it moved into "
-                f"{os.path.join(self.stepped_aside, _SERVER_LEAF)}"
-            )
-        elif self._step_problem is not None:
-            text += f"; the server stays in the root cpu group: {self._step_problem}"
-        elif self.cpu_idle is False:
+        note = self.step_note()
+        if note is not None:
+            text += f"; {note}"
+        if self.cpu_idle is False:
             text += "; cpu.idle not available here (before Linux 5.15, or refused): by weight"
         if self.cpu_idle is None and self._limits.cpu_idle == "auto" and self.at_root:
             text += (
@@ -139,6 +163,15 @@ class Tree:
                 "process of the host (CTXACTORS_WORKSPACE_SERVER_CPU_IDLE=on forces it)"
             )
         return text
+
+    def step_note(self) -> str | None:
+        """Where `step_aside` put this process, or why it could not (None: not asked)."""
+        if self.stepped_aside is not None:
+            return (
+                f"the server was in the root cpu group, so it moved into "
+                f"{os.path.join(self.stepped_aside, _SERVER_LEAF)}"
+            )
+        return self._step_problem
 
     def _dirs(self, group: str | None) -> dict[str, str]:
         """Each controller's directory of `group` (None: the server-wide group)."""
@@ -148,7 +181,8 @@ class Tree:
     def open(self, limits: Limits) -> None:
         """Make the server-wide group (sweeping groups a dead process of ours left)."""
         for home in set(self._homes.values()):
-            _sweep(home)
+            _sweep(home)  # an earlier process's tree of this name too: not yet made here
+        _made_here.add(self.name)
         self._limits = limits
         if limits.cpu_idle != "off" and self.at_root and self.parent is None:
             self._step_aside()
@@ -160,10 +194,27 @@ class Tree:
     def _step_aside(self) -> None:
         """Give this process a cpu group of its own (`step_aside`) and make the tree in it."""
         root = self._homes["cpu"]
+        if self.version == "v1" and not os.path.exists(os.path.join(root, "cpu.idle")):
+            # Before Linux 5.15: the move, for good, would buy nothing (v2's root has no
+            # cpu.idle file, kernel or not: there the group's own tells, after the move).
+            self._step_problem = "the server stays in the root cpu group: no cpu.idle here"
+            return
         try:
             group = step_aside(root, self.version, self.controllers)
+        except Stranded as exc:
+            self._step_problem = str(exc)
+            return
         except OSError as exc:
-            self._step_problem = f"can't move it into a group of its own: {exc}"
+            hint = ""
+            if exc.errno == errno.EINVAL:  # measured: a SCHED_FIFO thread, v1 (6.18)
+                hint = (
+                    " (a realtime thread? a new group has no cpu.rt_runtime_us, so no "
+                    "SCHED_FIFO/SCHED_RR thread may join it)"
+                )
+            self._step_problem = (
+                f"the server stays in the root cpu group: can't move it into a group of its "
+                f"own: {exc}{hint}"
+            )
             return
         moved = [c for c, h in self._homes.items() if h == root]  # v2: every controller
         self._homes.update(dict.fromkeys(moved, group))
@@ -284,8 +335,15 @@ def _set_idle(path: str) -> bool:
 
 
 def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+    try:
+        with open(path, "w") as f:
+            f.write(value)
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        # The kernel refuses the write itself: name the file ("[Errno 22] Invalid argument"
+        # alone, in a startup line, said nothing of which).
+        raise OSError(exc.errno, exc.strerror, path) from None
 
 
 def _write_if_there(path: str, value: str, v2_value: str) -> None:
@@ -327,37 +385,91 @@ def step_aside(root: str, version: str, controllers: Iterable[str]) -> str:
     with _stepping:
         if key in _stepped:
             return _stepped[key]
-        group = os.path.join(root, f"ctxactors-{os.getpid()}")
-        leaf = os.path.join(group, _SERVER_LEAF)
-        os.makedirs(leaf, exist_ok=True)
+        name = f"ctxactors-{os.getpid()}"
+        group, leaf = os.path.join(root, name), os.path.join(root, name, _SERVER_LEAF)
+        if name not in _made_here and os.path.isdir(group):
+            _remove_gone(group)  # an earlier process's with this pid, swept before it is ours
+        _made_here.add(name)
         try:
+            os.makedirs(leaf, exist_ok=True)
             _write(os.path.join(leaf, "cgroup.procs"), str(os.getpid()))
             if version == "v2":  # the group holds no process, so its children may have these
                 enable = " ".join(f"+{c}" for c in controllers)
                 _write(os.path.join(group, "cgroup.subtree_control"), enable)
-        except OSError:
-            with contextlib.suppress(OSError):  # back to the root, if it had moved
+        except OSError as exc:
+            back: OSError | None = None
+            try:  # back to the root, if it had moved
                 _write(os.path.join(root, "cgroup.procs"), str(os.getpid()))
-            _rmdir_all([leaf, group])
+            except OSError as refused:
+                back = refused
+            with contextlib.suppress(OSError):  # a leaf we could not make: its group too
+                _rmdir_all([leaf, group])
+            if back is not None and _holds(leaf, os.getpid()):
+                raise Stranded(
+                    exc.errno,
+                    f"the server moved into {leaf}, but {exc}, and the root group refused it "
+                    f"back ({back}): it stays there, its sandboxes' group in the root group",
+                ) from exc
             raise
         _stepped[key] = group
         return group
 
 
+def _holds(group: str, pid: int) -> bool:
+    """Whether process `pid` is in `group`."""
+    try:
+        with open(os.path.join(group, "cgroup.procs")) as f:
+            return str(pid) in f.read().split()
+    except OSError:
+        return False
+
+
 def _sweep(home: str) -> None:
     """Remove the trees and groups of processes of ours that are gone (a crash leaves them
-    behind); a group a live process is still in stays (the kernel refuses its removal)."""
-    try:
-        names = os.listdir(home)
-    except OSError:
-        return
-    for name in names:
-        found = _OURS.fullmatch(name)
-        if found is None or _alive(int(found.group(1))):
-            continue
-        # Innermost first: a group is removed only once it has no groups inside.
-        for path, _, _ in os.walk(os.path.join(home, name), topdown=False):
+    behind); a group a live process is still in stays (the kernel refuses its removal), and
+    so does a live process's tree inside a gone one's group: a server it started, still in
+    its ``server/``, has its tree there, and its groups are empty between sandboxes."""
+    for name in _listdir(home):
+        if _gone(name):
+            _remove_gone(os.path.join(home, name))
+
+
+def _remove_gone(top: str) -> None:
+    """Remove `top` and the groups inside it, innermost first (a group goes only once it
+    has none inside), but never a live process's tree or group, nor so what holds it.
+    Iterative: no recursion limit however deep the groups."""
+    order, pending = [], [top]
+    while pending:
+        path = pending.pop()
+        order.append(path)
+        for name in _listdir(path):
+            inner = os.path.join(path, name)
+            if os.path.isdir(inner) and (_OURS.fullmatch(name) is None or _gone(name)):
+                pending.append(inner)
+    for path in reversed(order):  # every group after the groups inside it
+        # Best effort (a group we may not remove): a later server sweeps it again.
+        with contextlib.suppress(OSError):
             _rmdir_all([path])
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _gone(name: str) -> bool:
+    """Whether `name` is a tree or group of ours whose process is gone."""
+    found = _OURS.fullmatch(name)
+    if found is None:
+        return False
+    pid = int(found.group(1))
+    if pid == os.getpid():  # not made here: an earlier process's with this pid
+        return name not in _made_here
+    # 0 or past the kernel's limit: no process of ours (os.kill would mean something else,
+    # or raise OverflowError and fail every later server's start).
+    return 0 < pid <= _PID_MAX and not _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -378,6 +490,11 @@ def find(parent: str | None = None) -> Tree:
     else v1; raises `Unavailable` saying why neither can be used."""
     mounts = _mounts()
     own = _own_groups()
+    # A process that stepped aside before is in its group's ``server/``: a later runtime's
+    # tree goes beside it too (not inside it: v2 would move the server down a level again).
+    leaf = _stepped_leaf()
+    stepped = {c: path for c, path in own.items() if leaf and path.endswith(leaf)}
+    own.update({c: os.path.dirname(path) for c, path in stepped.items()})
     v2 = next((m for m in mounts if m[2] == "cgroup2"), None)
     problems = []
     tree = None
@@ -393,7 +510,18 @@ def find(parent: str | None = None) -> Tree:
             problems.append(f"v1: {exc}")
             raise Unavailable("; ".join(problems)) from None
     tree.parent = parent
+    if parent is None and stepped:
+        group = tree._homes.get("cpu")
+        if group is not None and group in _stepped.values():
+            tree.stepped_aside, tree.at_root = group, False
     return tree
+
+
+def _stepped_leaf() -> str | None:
+    """The end of this process's group's path in a hierarchy, once it stepped aside."""
+    if not any(pid == os.getpid() for pid, _ in _stepped):
+        return None
+    return f"/ctxactors-{os.getpid()}/{_SERVER_LEAF}"
 
 
 def _mounts() -> list[tuple[str, str, str, set[str]]]:

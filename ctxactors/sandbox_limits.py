@@ -73,6 +73,7 @@ class SandboxBudgets:
         )
         if settings.cgroups == "off":
             return cls(settings, None, f"{fallback} (CTXACTORS_WORKSPACE_CGROUPS=off)")
+        tree: cgroups.Tree | None = None
         try:
             tree = cgroups.find(settings.cgroup_parent)
             tree.open(
@@ -84,11 +85,14 @@ class SandboxBudgets:
                 )
             )
         except (cgroups.Unavailable, OSError) as exc:
+            # The process may have moved before the failure, and it stays moved: say so.
+            moved = tree.step_note() if tree is not None else None
+            problem = f"{exc}; {moved}" if moved is not None else str(exc)
             if settings.cgroups == "require":
                 raise SandboxUnavailableError(
-                    f"CTXACTORS_WORKSPACE_CGROUPS=require, but no cgroup can be made: {exc}"
+                    f"CTXACTORS_WORKSPACE_CGROUPS=require, but no cgroup can be made: {problem}"
                 ) from None
-            return cls(settings, None, f"{fallback} (no cgroups: {exc})")
+            return cls(settings, None, f"{fallback} (no cgroups: {problem})")
         return cls(settings, tree, f"kernel: {tree.describe()}")
 
     def enter(self, principal: str | None) -> Lease:

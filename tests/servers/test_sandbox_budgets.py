@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +21,7 @@ from workspace_support import WAIT, Leaks, call, grouped_runtime, start, wait_do
 from ctxactors import Runtime, cgroups
 from ctxactors.sandbox_limits import SandboxBudgets
 from ctxactors.servers.workspace import Workspace
-from ctxactors.settings import FIRST_UID
+from ctxactors.settings import FIRST_UID, BudgetSettings
 from ctxactors.testing import context_args, wait_until
 
 pytestmark = pytest.mark.usefixtures("workspace_root")
@@ -192,3 +194,73 @@ def test_the_servers_process_budget_holds_for_every_principal_together(leaks: Le
         assert wait_until(lambda: tree.processes() == 0, WAIT), tree.processes()
         ok = run(rt, "b1", "echo ok", "bob")
         assert (ok["status"], ok["exitCode"], ok["output"]) == ("exited", 0, "ok\n")
+
+
+def cpu_line(pid: int) -> str:
+    """Process `pid`'s group in the cpu hierarchy (cgroup v1)."""
+    with open(f"/proc/{pid}/cgroup") as f:
+        return next(line.split(":", 2)[2].strip() for line in f if line.split(":")[1] == "cpu")
+
+
+def as_uid(uid: int, command: str) -> subprocess.CompletedProcess[str]:
+    """`command` run by `uid` (no groups) outside any sandbox: what that uid's process could do."""
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    return subprocess.run([*drop, "/bin/sh", "-c", command], capture_output=True, text=True)
+
+
+def test_a_tenants_sandbox_joins_its_group_and_cant_move_itself_beside_the_server(
+    leaks: Leaks,
+) -> None:
+    """After the server stepped aside (`cgroups.step_aside`), a sandbox still joins its
+    principal's group in the cpu hierarchy; a tenant's uid may write none of the new
+    groups' files (to join ``server/`` would outrank every sandbox), nor sees them."""
+    marker = f"1000.{os.getpid()}9"
+    with budget_runtime(leaks, server_cpu_idle="auto") as rt:
+        tree = kernel_tree(rt, "cpu")
+        if tree.stepped_aside is None:
+            pytest.skip(f"this server did not step aside: {tree.describe()}")
+        group = tree.stepped_aside
+        assert cpu_line(os.getpid()) == f"/{os.path.basename(group)}/server"
+        out = run(rt, "m1", "ls /sys/fs/cgroup 2>&1; cat /proc/self/cgroup", "mallory")
+        assert out["exitCode"] == 0 and "No such file or directory" in out["output"], out
+        sleepers(rt, "m2", 1, marker, "mallory")
+        (sleeper,) = pids_of(["sleep", marker])
+        mallory = cgroups.group_name("mallory")
+        assert cpu_line(sleeper) == f"/{os.path.basename(group)}/{tree.name}/{mallory}"
+        uid = os.stat(f"/proc/{sleeper}").st_uid
+        assert uid >= FIRST_UID
+        for target in (
+            f"{group}/server/cgroup.procs",
+            f"{group}/server/tasks",
+            f"{group}/cgroup.procs",
+            f"{group}/{tree.name}/cgroup.procs",
+            f"{group}/{tree.name}/cpu.idle",
+            f"{group}/{tree.name}/{mallory}/cpu.shares",
+        ):
+            refused = as_uid(uid, f"echo {sleeper} > {target}")
+            assert refused.returncode != 0 and "Permission denied" in refused.stderr, target
+        made = as_uid(uid, f"mkdir {group}/mine")
+        assert made.returncode != 0 and "Permission denied" in made.stderr
+        assert cpu_line(sleeper) == f"/{os.path.basename(group)}/{tree.name}/{mallory}"
+
+
+def test_a_server_that_moved_and_then_failed_says_it_moved(
+    leaks: Leaks, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The move is done (for good) when making the tree fails: the startup line said only
+    # "no cgroups", as if the server were where it was.
+    homes = {c: tmp_path / c for c in cgroups.CONTROLLERS}
+    for home in homes.values():
+        home.mkdir()
+    (homes["cpu"] / "cpu.idle").write_text("0\n")  # a kernel with cpu.idle
+    tree = cgroups.Tree("v1", {c: str(h) for c, h in homes.items()})
+    tree.at_root = True
+    (homes["memory"] / tree.name).write_text("")  # not a directory: the tree can't be made
+    monkeypatch.setattr(cgroups, "find", lambda parent=None: tree)
+    budgets = SandboxBudgets.open(BudgetSettings(server_cpu_idle="auto"))
+    assert budgets.tree is None
+    assert budgets.enforcement.endswith(
+        f"(no cgroups: [Errno 20] Not a directory: "
+        f"'{homes['memory'] / tree.name / 'memory.limit_in_bytes'}'; the server was in the "
+        f"root cpu group, so it moved into {homes['cpu']}/ctxactors-{os.getpid()}/server)"
+    )
