@@ -13,16 +13,19 @@ Callers with no principal are one tenant and are not gated.
 The gate is held only while SQLite indexes, never while waiting for anything else, so a
 principal's calls can't wait on each other in a circle.
 
-And a large build (from `BACKGROUND_BYTES`) runs on a thread of the gate's own at the
-lowest CPU priority, ``SCHED_IDLE`` (and `NICE` lower, where that policy is refused), while
-its caller's thread waits: the one build a principal may run still took one CPU of two from
-the server's other threads, and a victim's call needs several of those in turn (the event
-loop, a worker, the loop again). A nice value only weighs the build less; an idle thread is
-preempted by any other that wakes, so the victim's threads no longer wait out its slices:
-``scripts/bench_tenants.py --attacks work``, a victim's p99 2.36x and 2.45x at nice +10,
-1.62x and 1.66x idle (the same hour), the attacker's documents indexed 19-22 and 16-17. Both
-are a thread's own on Linux, and an unprivileged server can't raise them back, so those
-threads never run anything else.
+And a large build (from `BACKGROUND_BYTES`) runs on a thread of the gate's own, `NICE`
+lower, while its caller's thread waits: the one build a principal may run still took one
+CPU of two from the server's other threads, and a victim's call needs several of those in
+turn (the event loop, a worker, the loop again). Not ``SCHED_IDLE``, though it was for a
+while (``--attacks work`` alone: a victim's p99 1.62x and 1.66x, 2.36x and 2.45x at nice
++10): the build holds the GIL, and an idle thread is descheduled for as long as anything
+else wants its CPU, a tenant's sandboxes included (they are idle too: they share it half
+and half), so every server thread waited on the GIL it held. With the sandboxes idle
+beside the server, ``scripts/bench_tenants.py`` beside every attack at once gave 1.08x,
+2.93x, 0.90x and 3.11x (the misses: the server got 5.1 CPU-seconds of the phase, 7.6 in the
+others); at nice +10 1.64x, 1.79x, 1.94x and 1.61x, the server 7.3-7.6, and the server-work
+phase 1.65-1.98x. A nice value is a thread's own on Linux, and an unprivileged server can't
+raise it back, so those threads never run anything else.
 """
 
 from __future__ import annotations
@@ -102,12 +105,10 @@ class IndexGate:
 
 
 def _lower_priority() -> None:
-    """This thread to ``SCHED_IDLE``, and `NICE` lower (where the OS lets a thread have its own)."""
+    """This thread `NICE` lower (where the OS lets a thread have its own)."""
     with contextlib.suppress(OSError, AttributeError):
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, min(os.getpriority(os.PRIO_PROCESS, tid) + NICE, 19))
-    with contextlib.suppress(OSError, AttributeError):
-        os.sched_setscheduler(threading.get_native_id(), os.SCHED_IDLE, os.sched_param(0))
 
 
 def _less(counts: dict[str, int], principal: str) -> None:
