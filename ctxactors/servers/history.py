@@ -212,7 +212,7 @@ class SessionHistory:
                 )
                 and _flat_and_small(args)
             ):
-                record = (  # one flat tuple: what it holds stays alive for 50 calls
+                record = _Pending(  # what it holds stays alive for 50 calls
                     self.config.clock(),
                     time.time(),
                     spec.server.scope,
@@ -223,7 +223,6 @@ class SessionHistory:
                     result.structured is not None,
                     ctx.assistant_id,
                     ctx.thread_id,
-                    None,  # with a store: its encoding, made when next written
                 )
                 if self._saver is not None:
                     self.add(record)
@@ -252,17 +251,17 @@ class SessionHistory:
         """The records, each pending one made into its record once (lock held)."""
         ops, stored = self._ops, self._saver is not None
         for i, record in enumerate(ops):
-            if len(record) != 5:
-                done = _finish(cast(_Pending, record))
+            if isinstance(record, _Pending):
+                done = _finish(record)
                 # Still stored as the call: its encoding is made now, if not yet.
-                raw = record[-1] if record[-1] is not None or not stored else _stored(record)
-                ops[i] = (record[0], record[1], record[2], done, raw)
+                raw = record.raw if record.raw is not None or not stored else _stored(record)
+                ops[i] = (record.clock, record.wall, record.scope, done, raw)
         return cast(list[_Record], list(ops))
 
     def _expire(self) -> None:
         """Drop the records past the TTL (lock held)."""
         cutoff = self.config.clock() - self.config.ttl
-        while self._ops and self._ops[0][0] <= cutoff:
+        while self._ops and _clock(self._ops[0]) <= cutoff:
             self._ops.popleft()
 
     def _encodings(self) -> list[bytes]:
@@ -273,10 +272,13 @@ class SessionHistory:
         self._expire()
         ops = self._ops
         for i, record in enumerate(ops):
-            if record[-1] is None:
-                ops[i] = (*record[:-1], _stored(record))  # type: ignore[assignment]
+            if isinstance(record, _Pending):
+                if record.raw is None:
+                    record.raw = _stored(record)
+            elif record[-1] is None:
+                ops[i] = (*record[:-1], _stored(record))
         # Every record has its encoding now (a `cast` per record costs 0.2 µs)
-        return [record[-1] for record in ops]  # type: ignore[misc]
+        return [_raw(record) for record in ops]  # type: ignore[misc]
 
     def _merge_stored(self, saver: HistorySaver) -> bool:
         """Take in what the store holds (once, or again after a failed write); records
@@ -293,8 +295,8 @@ class SessionHistory:
             except (ValueError, TypeError) as exc:  # msgspec's errors are ValueErrors
                 # Not a record this history wrote: skipped (the next write drops it).
                 get_logger("ctxactors.history").warning("history_record_unreadable", error=str(exc))
-        newest = loaded[-1][1] if loaded else float("-inf")
-        ours = [r for r in self._ops if r[1] > newest]
+        newest = _wall(loaded[-1]) if loaded else float("-inf")
+        ours = [r for r in self._ops if _wall(r) > newest]
         self._ops.clear()
         self._ops.extend(loaded)
         self._ops.extend(ours)
@@ -311,7 +313,7 @@ class SessionHistory:
             return (clock, wall, Scope(scope), msgspec.convert(op, OperationRecord), raw)
         call = cast(StoredCall, item)
         spec = self._tools.get(call.tool, call.tool)
-        return (
+        return _Pending(
             clock,
             wall,
             call.scope,
@@ -417,26 +419,34 @@ _LAST_WALL = 1e11
 _LAZY_TEXT = 4096
 
 
-# A call recorded as references (`SessionHistory.record`), made into its `OperationRecord`
-# when first read: a `_Record`'s clocks and scope, then the spec (its name only for a call
-# read back from the store whose tool this runtime lacks), the clean arguments, the
-# result's text, is_error, whether it was structured, the assistant, the thread, and with a
-# store its encoding (`StoredCall`). For a structured result the text is the JSON the call
-# returned then, so the metadata reads that snapshot, not a dict the server may have
-# changed since.
-_Pending = tuple[
-    float,
-    float,
-    Scope,
-    ToolSpec | str,
-    dict[str, Any],
-    str,
-    bool,
-    bool,
-    str | None,
-    str | None,
-    bytes | None,
-]
+class _Pending(msgspec.Struct, gc=False):
+    """A call recorded as references (`SessionHistory.record`), made into its
+    `OperationRecord` when first read: a `_Record`'s clocks and scope, then the spec (its
+    name only for a call read back from the store whose tool this runtime lacks), the clean
+    arguments, the result's text, is_error, whether it was structured, the assistant, the
+    thread, and with a store its encoding (`StoredCall`). For a structured result the text
+    is the JSON the call returned then, so the metadata reads that snapshot, not a dict the
+    server may have changed since.
+
+    Not tracked by CPython's cyclic garbage collector (``gc=False``: it can't be part of a
+    cycle, as nothing it holds refers back to it). Kept for 50 calls, a tuple here was the
+    one object per call that outlived the young collections: a busy runtime's tuples made
+    the collector's full passes come every few thousand calls, each one a pause of every
+    thread as long as the heap is big (21-33 ms at 200 sessions, the whole p99 of
+    ``scripts/bench_acall.py``).
+    """
+
+    clock: float
+    wall: float
+    scope: Scope
+    spec: ToolSpec | str
+    args: dict[str, Any]
+    text: str
+    is_error: bool
+    structured: bool
+    assistant_id: str | None
+    thread_id: str | None
+    raw: bytes | None = None
 
 
 _encode = msgspec.msgpack.Encoder().encode
@@ -446,20 +456,42 @@ def _stored(record: _Record | _Pending) -> bytes:
     """A record as the store keeps it: a finished one with its scope (msgspec writes a
     Scope as its value), a common call as the call (`StoredCall`), whose record is made
     only if it is read; its text only when the metadata can need it."""
-    if len(record) == 5:
-        _, wall, scope, op, _ = cast(_Record, record)
+    if not isinstance(record, _Pending):
+        _, wall, scope, op, _ = record
         return _encode(Stored(wall, (scope, op)))
-    _, wall, scope, spec, args, text, is_error, structured, assistant_id, thread_id, _ = cast(
-        _Pending, record
-    )
+    spec, is_error, structured = record.spec, record.is_error, record.structured
     name = spec if isinstance(spec, str) else spec.name
-    kept = text if is_error or structured else ""
-    call = StoredCall(wall, scope, name, args, kept, is_error, structured, assistant_id, thread_id)
+    kept = record.text if is_error or structured else ""
+    call = StoredCall(
+        record.wall,
+        record.scope,
+        name,
+        record.args,
+        kept,
+        is_error,
+        structured,
+        record.assistant_id,
+        record.thread_id,
+    )
     return _encode(call)
 
 
+def _clock(record: _Record | _Pending) -> float:
+    return record.clock if isinstance(record, _Pending) else record[0]
+
+
+def _wall(record: _Record | _Pending) -> float:
+    return record.wall if isinstance(record, _Pending) else record[1]
+
+
+def _raw(record: _Record | _Pending) -> bytes | None:
+    return record.raw if isinstance(record, _Pending) else record[-1]
+
+
 def _finish(pending: _Pending) -> OperationRecord:
-    _, _, _, spec, args, text, is_error, structured, assistant_id, thread_id, _ = pending
+    spec, args, text = pending.spec, pending.args, pending.text
+    is_error, structured = pending.is_error, pending.structured
+    assistant_id, thread_id = pending.assistant_id, pending.thread_id
     name, extract = (spec, None) if isinstance(spec, str) else (spec.name, spec.extract)
     arguments = dict(args)  # what `compact` makes of flat and small arguments
     if is_error:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ from structlog.testing import capture_logs
 
 from ctxactors import Runtime, Scope, Server, ToolContext, tool
 from ctxactors.errors import InvalidArgumentsError, RuntimeClosedError, ToolError
+from ctxactors.logs import configure_logging
 from ctxactors.results import ToolResult
 from ctxactors.servers import BUILTIN
 from ctxactors.servers.history import compact, generic_metadata, pick
@@ -661,3 +663,40 @@ def test_an_extractor_runs_when_the_history_is_read_on_what_the_call_returned_th
             {"seen": ["a", "b", "c", "d"]},
             {"seen": ["a", "b", "c"]},
         ]
+
+
+class Echo(Server):
+    """Keeps nothing: whatever a call leaves behind is the history's."""
+
+    name = "echo"
+    scope = Scope.SESSION
+
+    @tool
+    def echo(self, ctx: ToolContext, n: int) -> dict[str, Any]:
+        """Echo n."""
+        return {"id": f"e{n}"}
+
+
+def test_a_busy_historys_records_leave_nothing_for_the_cyclic_collector_to_walk() -> None:
+    # Each kept record lives for 50 calls: tracked, it outlived the young collections and
+    # made the collector's full passes (a pause of every thread) come every few thousand
+    # calls, each walking every session's 50 records.
+    sessions, calls = 4, 60
+    # No log lines: those wait in the writer's queue until its thread renders them.
+    configure_logging(level="warning", force=True)
+    with Runtime(servers=[Echo]) as rt:
+        for s in range(sessions):  # the sessions' actors and histories exist from here
+            rt.call("echo", ctx_args(f"s{s}", n=-1))
+        gc.collect()
+        before = len(gc.get_objects())
+        for i in range(calls):
+            for s in range(sessions):
+                rt.call("echo", ctx_args(f"s{s}", n=i))
+        gc.collect()
+        grown = len(gc.get_objects()) - before
+        ops = recent(rt, "s3", limit=60)
+    assert grown < sessions  # 200 records kept (50 a session), none of them tracked
+    assert len(ops) == 50
+    assert [op["arguments"] for op in ops[:2]] == [{"n": 59}, {"n": 58}]
+    assert [op["metadata"] for op in ops[:2]] == [{"id": "e59"}, {"id": "e58"}]
+    assert ops[-1]["arguments"] == {"n": 10} and ops[-1]["tool"] == "echo"
