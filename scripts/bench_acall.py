@@ -16,14 +16,22 @@ Loop lag is how late a 1 ms ticker wakes up meanwhile. CPU is the whole process'
 (`time.process_time`), and the event loop thread's alone. Unpinned by default; ``--pin``
 runs every process on one CPU.
 
+``--gc-freeze`` does what a long-running host does once it has started (``ctxactors
+serve`` does it): ``gc.collect(); gc.freeze()`` after the warm-up, in every variant, so the
+cyclic collector's full passes no longer walk the ~30,000 objects of the imported modules.
+Without it, each process is young: its first full pass (10-30 ms here, every thread
+stopped) lands in the measured round, and that pause is the round's p99.
+
     python scripts/bench_acall.py [--sessions 200] [--calls 50] [--rounds 5] [--pin]
-                                  [--baseline e7427b3 | --baseline none] [--json PATH]
+                                  [--gc-freeze] [--baseline e7427b3 | --baseline none]
+                                  [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import queue
@@ -92,7 +100,15 @@ async def one_round(
     }
 
 
-def run_ctxactors(sessions: int, calls: int) -> dict[str, Any]:
+def settle(freeze: bool) -> None:
+    """After the warm-up: with `freeze`, what is alive now stays out of the collector's
+    passes (see the module docstring)."""
+    if freeze:
+        gc.collect()
+        gc.freeze()
+
+
+def run_ctxactors(sessions: int, calls: int, freeze: bool = False) -> dict[str, Any]:
     """One round against whichever ctxactors this process imports (see `measure`)."""
     configure_logging(level="warning", file=open(os.devnull, "w"), force=True)  # noqa: SIM115
     arguments = [{"__sessionId": f"s{s}"} for s in range(sessions)]
@@ -103,12 +119,13 @@ def run_ctxactors(sessions: int, calls: int) -> dict[str, Any]:
             assert not result.is_error, result
 
         asyncio.run(one_round(call, sessions, 2))  # spawn the actors first
+        settle(freeze)
         figures = asyncio.run(one_round(call, sessions, calls))
     figures["package"] = os.path.dirname(ctxactors.__file__)
     return figures
 
 
-def run_floor(sessions: int, calls: int) -> dict[str, Any]:
+def run_floor(sessions: int, calls: int, freeze: bool = False) -> dict[str, Any]:
     """One round of the floor: bare threads and one batched reply queue, nothing else."""
 
     async def main() -> dict[str, Any]:
@@ -143,6 +160,7 @@ def run_floor(sessions: int, calls: int) -> dict[str, Any]:
             await future
 
         await one_round(call, sessions, 2)
+        settle(freeze)
         figures = await one_round(call, sessions, calls)
         for inbox in inboxes:
             inbox.put(None)
@@ -175,6 +193,8 @@ def measure(variant: str, args: argparse.Namespace, pythonpath: str | None) -> d
     command += ["--sessions", str(args.sessions), "--calls", str(args.calls)]
     if args.pin:
         command.append("--pin")
+    if args.gc_freeze:
+        command.append("--gc-freeze")
     out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
     figures: dict[str, Any] = json.loads(out)
     return figures
@@ -197,6 +217,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (median shown)")
     parser.add_argument("--pin", action="store_true", help="run on one CPU")
     parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() after the warm-up, as serve does"
+    )
+    parser.add_argument(
         "--baseline",
         default=ISSUE_BASELINE,
         help="git revision to compare with, or 'none' (default: main when issue 19 was filed)",
@@ -209,7 +232,7 @@ def main() -> int:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     if args.worker is not None:
         run = run_ctxactors if args.worker == "ctxactors" else run_floor
-        print(json.dumps(run(args.sessions, args.calls)))
+        print(json.dumps(run(args.sessions, args.calls, args.gc_freeze)))
         return 0
 
     with tempfile.TemporaryDirectory(prefix="bench-acall-") as tmp:
@@ -231,8 +254,9 @@ def main() -> int:
     label = {"baseline": f"baseline ({args.baseline}{filed})", "floor": "floor (bare threads)"}
     print(
         f"acall, {args.sessions} sessions x {args.calls} calls, "
-        f"{'pinned to one CPU' if args.pin else 'unpinned'}, median of {args.rounds} "
-        "alternating rounds:"
+        f"{'pinned to one CPU' if args.pin else 'unpinned'}, "
+        f"{'gc.freeze() after the warm-up, ' if args.gc_freeze else ''}"
+        f"median of {args.rounds} alternating rounds:"
     )
     for name, figures in results.items():
         print(f" {label.get(name, name)}:")
@@ -253,7 +277,8 @@ def main() -> int:
         )
     if "floor" in results:
         share = results["ctxactors"]["calls_per_s"] / results["floor"]["calls_per_s"]
-        print(f" throughput vs floor: {share:.2f}x")
+        cpu = results["floor"]["cpu_us_per_call"] / results["ctxactors"]["cpu_us_per_call"]
+        print(f" throughput vs floor: {share:.2f}x, CPU per call vs floor: {cpu:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"benchmark": "acall", **vars(args), "results": results}, f, indent=2)
