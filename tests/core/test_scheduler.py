@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -31,6 +32,7 @@ class Probe(Server):
 
     def __init__(self) -> None:
         self.seen: list[int] = []
+        self.inside = 0
 
     @tool
     def where(self, ctx: ToolContext) -> dict[str, Any]:
@@ -42,6 +44,17 @@ class Probe(Server):
         """Append n; return everything so far."""
         self.seen.append(n)
         return {"seen": list(self.seen)}
+
+    @tool
+    def guarded(self, ctx: ToolContext, n: int) -> dict[str, Any]:
+        """Append n, noting whether another call of this key was inside meanwhile."""
+        self.inside += 1
+        overlapped = self.inside > 1
+        for _ in range(10):  # give other threads the GIL while inside: they must wait
+            time.sleep(0)
+        self.seen.append(n)
+        self.inside -= 1
+        return {"overlapped": overlapped, "thread": threading.get_ident()}
 
     @tool(blocking=True)
     def wait_gate(self, ctx: ToolContext, gate: str) -> dict[str, Any]:
@@ -118,6 +131,47 @@ def test_one_keys_calls_from_many_threads_run_one_at_a_time_with_none_lost() -> 
     for t in range(threads):  # each thread's calls in the order it made them
         mine = [n for n in numbers if n // 1000 == t]
         assert mine == sorted(mine)
+
+
+def test_one_key_runs_one_call_at_a_time_whether_its_caller_or_a_worker_runs_it() -> None:
+    # Blocking callers on their own threads (an idle key runs in place) and a loop's acalls
+    # (always a worker) on one key: never two calls inside it, each caller's in its order.
+    threads, per_thread, per_loop = 8, 30, 100
+    results: dict[int, list[Any]] = {}
+    with Runtime([Probe], settings=Settings(actors=ActorSettings(workers=4))) as rt:
+
+        def work(t: int) -> None:
+            results[t] = [
+                rt.call("guarded", context_args("shared", n=t * 1000 + i)).structured
+                for i in range(per_thread)
+            ]
+
+        async def loop_calls() -> list[Any]:
+            calls = [
+                rt.acall("guarded", context_args("shared", n=99_000 + i)) for i in range(per_loop)
+            ]
+            return [r.structured for r in await asyncio.gather(*calls)]
+
+        pool = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+        for thread in pool:
+            thread.start()
+        looped = asyncio.run(loop_calls())
+        for thread in pool:
+            thread.join(60)
+        seen = rt.call("record", context_args("shared", n=-1)).structured
+    assert seen is not None
+    numbers = seen["seen"][:-1]
+    expected = {t * 1000 + i for t in range(threads) for i in range(per_thread)}
+    assert sorted(numbers) == sorted(expected | {99_000 + i for i in range(per_loop)})
+    every = [*looped, *(r for rs in results.values() for r in rs)]
+    assert [r for r in every if r["overlapped"]] == []
+    for t in range(threads):  # each thread's calls in the order it made them
+        mine = [n for n in numbers if n // 1000 == t]
+        assert mine == sorted(mine)
+    assert [n for n in numbers if n >= 99_000] == [99_000 + i for i in range(per_loop)]
+    callers = {thread.ident for thread in pool}
+    ran_on = {r["thread"] for r in every}
+    assert ran_on & callers and ran_on - callers  # both ways were taken
 
 
 def test_a_blocking_tool_holds_no_worker() -> None:
