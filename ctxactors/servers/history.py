@@ -430,10 +430,9 @@ class _Pending(msgspec.Struct, gc=False):
 
     Not tracked by CPython's cyclic garbage collector (``gc=False``: it can't be part of a
     cycle, as nothing it holds refers back to it). Kept for 50 calls, a tuple here was the
-    one object per call that outlived the young collections: a busy runtime's tuples made
-    the collector's full passes come every few thousand calls, each one a pause of every
-    thread as long as the heap is big (21-33 ms at 200 sessions, the whole p99 of
-    ``scripts/bench_acall.py``).
+    one object per call that outlived the young collections, and every full pass (a pause
+    of every thread) walked each session's 50: at 4,000 sessions a pass took 82 ms over
+    295,000 objects, 42 ms over 95,000 without them (docs/benchmarks.md).
     """
 
     clock: float
