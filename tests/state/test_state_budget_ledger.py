@@ -10,11 +10,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from structlog.testing import capture_logs
 
 from ctxactors.settings import Cap
-from ctxactors.state import MemoryStore, Write
+from ctxactors.state import MemoryStore, StoreUnavailableError, Write
 from ctxactors.state_budget import RECOUNTERS, StateBudget
-from ctxactors.testing import wait_until
+from ctxactors.testing import ManualClock, wait_until
 
 SETTING = "CTXACTORS_STATE_MAX_PRINCIPAL_BYTES"
 KEY = ("blobs",)
@@ -176,3 +177,160 @@ def test_a_recount_thread_the_os_refused_is_started_again_on_the_next_write(
     assert len(recount_threads() - before) == 2
     store.gate.set()
     wait_until(lambda: all(budget.held(p) == 0 for p in ("bob", "carol", "dave")))
+
+
+class FailingCounts(MemoryStore):
+    """A memory store whose `principal_bytes` fails while `failure` is set (an outage, or a
+    bug) and is otherwise held at `gate` once the store has been read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failure: dict[str, BaseException] = {}
+        self.read = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        failure = self.failure.get(principal)
+        if failure is not None:
+            raise failure
+        stored = super().principal_bytes(principal)
+        self.read.set()
+        assert self.gate.wait(30)
+        return stored
+
+
+def test_a_recount_thread_logs_the_store_down_and_a_bug_each_with_its_principal() -> None:
+    store = FailingCounts()
+    store.failure = {
+        "alice": StoreUnavailableError("the state store is down"),
+        "bob": RuntimeError("a bug in the count"),
+    }
+    budget = budget_over(store)
+    with capture_logs() as logs:
+        assert budget.charge_counted(("alice", "s"), 10) is None
+        wait_until(lambda: len(logs) == 1)
+        assert budget.charge_counted(("bob", "s"), 10) is None
+        wait_until(lambda: len(logs) == 2)
+    assert logs == [
+        {
+            "logger": "ctxactors.state_budget",
+            "event": "state_recount_failed",
+            "principal": "alice",
+            "error": "the state store is down",
+            "log_level": "warning",
+        },
+        {
+            "logger": "ctxactors.state_budget",
+            "event": "state_recount_failed",
+            "principal": "bob",
+            "exc_info": True,  # the traceback of a bug reaches the reader
+            "log_level": "error",
+        },
+    ]
+    assert (budget.held("alice"), budget.held("bob")) == (None, None)  # asked again later
+
+
+def test_a_recount_adds_a_sessions_save_in_flight_to_what_it_holds_stored() -> None:
+    store = MemoryStore()
+    store.write([Write(("alice", "s1"), KEY, b"x" * 100, 0)])
+    budget = budget_over(store)
+    assert budget.charge(("alice", "s1"), 50) is True  # s1 grows: on its way to the store
+    budget.forget()  # the retention purge
+    assert budget.charge(("alice", "s2"), 10) is True  # recounted: s1 is 100 stored + 50
+    assert budget.held("alice") == 160
+    budget.deleted(("alice", "s1"))  # its share, exactly
+    assert budget.held("alice") == 10
+
+
+def test_a_recount_adds_a_save_that_landed_while_the_store_was_read_to_what_it_holds() -> None:
+    store = FailingCounts()
+    store.write([Write(("alice", "s1"), KEY, b"x" * 100, 0)])
+    budget = budget_over(store)
+    assert budget.charge(("alice", "s1"), 50) is True
+    budget.forget()
+    store.read.clear()
+    store.gate.clear()
+    recount = threading.Thread(target=budget.charge, args=(("alice", "s2"), 10))
+    recount.start()
+    try:
+        assert store.read.wait(30)  # the store is read (s1: 100), the recount not done yet
+        # s1's save lands now: the read missed it.
+        store.write([Write(("alice", "s1"), KEY, b"x" * 150, 1)])
+        budget.landed(("alice", "s1"), 50, kept=True)
+    finally:
+        store.gate.set()
+        recount.join(30)
+    assert budget.held("alice") == 160
+    assert store.principal_bytes("alice") == {"s1": 150}  # and s2's 10 still on its way
+    budget.deleted(("alice", "s1"))
+    assert budget.held("alice") == 10
+
+
+def test_a_count_is_stale_the_moment_its_retention_has_passed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that expires sessions itself (Redis) is recounted once per retention period,
+    from the very moment it has passed."""
+    store = MemoryStore(retention=60)
+    budget = budget_over(store)
+    clock = ManualClock()
+    monkeypatch.setattr(budget, "_clock", clock)
+    assert budget.charge(("alice", "s1"), 10) is True  # counted now: stale 60 s from now
+    budget.landed(("alice", "s1"), 10, kept=True)
+    store.write([Write(("alice", "s1"), KEY, b"x" * 10, 0)])
+    # Another process stores a session meanwhile, which this one never hears of.
+    store.write([Write(("alice", "s2"), KEY, b"y" * 500, 0)])
+    clock.advance(59.5)
+    assert budget.charge(("alice", "s1"), 5) is True  # not stale yet: no store read
+    budget.landed(("alice", "s1"), 5, kept=True)
+    assert budget.held("alice") == 15
+    clock.advance(0.5)  # exactly the retention since the count
+    assert budget.charge(("alice", "s1"), 5) is True
+    # Recounted: what the store holds (the 5 just landed aren't written to it) and this save.
+    assert budget.held("alice") == 10 + 500 + 5
+
+
+def test_a_failed_recount_leaves_no_trace_in_the_next_one() -> None:
+    """A save of a principal lands after a recount of it failed (the store down): the next
+    recount, which reads that save from the store, counts it once."""
+    store = FailingCounts()
+    budget = budget_over(store)
+    assert budget.charge(("alice", "s1"), 100) is True  # on its way to the store
+    budget.forget()
+    store.failure["alice"] = StoreUnavailableError("down")
+    with pytest.raises(StoreUnavailableError, match="^down$"):
+        budget.charge(("alice", "s2"), 10)
+    store.write([Write(("alice", "s1"), KEY, b"x" * 100, 0)])
+    budget.landed(("alice", "s1"), 100, kept=True)
+    del store.failure["alice"]
+    assert budget.charge(("alice", "s2"), 10) is True
+    assert budget.held("alice") == 110
+
+
+def test_a_refused_recount_thread_whose_principal_another_took_meanwhile_still_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The OS refuses a second recount thread while the first, finishing its principal,
+    takes the new one from the queue: the write is told the OS's error, and the principal
+    is counted by the thread that took it."""
+    store = HeldCounts()
+    budget = budget_over(store)
+    assert budget.charge_counted(("p0", "s"), 10) is None
+    wait_until(lambda: store.counting == ["p0"])  # the first thread, held in the store
+    start = threading.Thread.start
+
+    def refuse_after_the_first_took_it(thread: threading.Thread) -> None:
+        if thread.name != "ctxactors-recount":
+            start(thread)
+            return
+        store.gate.set()  # the first thread counts p0, then takes alice
+        wait_until(lambda: store.counting == ["p0", "alice"])
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_after_the_first_took_it)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        budget.charge_counted(("alice", "s"), 10)
+    wait_until(lambda: budget.held("alice") == 0)
+    assert budget.charge_counted(("alice", "s"), 10) is True
+    assert (budget.held("alice"), budget.held("p0")) == (10, 0)
