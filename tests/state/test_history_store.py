@@ -433,6 +433,23 @@ def test_a_history_write_under_way_lands_before_its_session_is_ended(
     assert store.load(SESSION, KEY) is None
 
 
+def test_a_record_of_an_ended_session_is_never_written_back() -> None:
+    # A call still in flight when its session ended is recorded after the end: the
+    # ended session's history must not come back in the store.
+    durable = Durability(MemoryStore(), flush_delay=3600)
+    calls = captured_calls(3)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])  # read from the store (nothing there), waits for the flusher
+    assert durable.delete_session(SESSION) == 0  # nothing of it stored yet
+    history.record(*calls[1])
+    history.record(*calls[2])
+    assert len(history.current()) == 3  # kept in memory while the actor lives
+    durable.close()  # the flusher's last pass: whatever waits for it is written now
+    assert durable.store.load(SESSION, KEY) is None
+
+
 def test_stored_records_a_history_never_wrote_are_skipped_and_the_rest_read(
     tmp_path: Path,
 ) -> None:
