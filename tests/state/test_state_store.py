@@ -874,3 +874,93 @@ def test_sqlite_takes_full_or_normal_synchronous_in_any_case_and_nothing_else(
         store.close()
     with pytest.raises(ValueError, match="^synchronous must be NORMAL or FULL, got 'OFF'$"):
         SQLiteStore(tmp_path / "off.db", synchronous="OFF")
+
+
+def test_a_redis_that_stops_answering_a_connection_in_use_fails_within_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """Connected and answering, then stopped (a paused or wedged server): the next load
+    fails clearly once the store's timeout has passed, and works again once it answers."""
+    with redis_server(tmp_path) as server:
+        assert server.proc is not None
+        store = RedisStore(server.url, timeout=0.5)
+        assert store.write([Write(S1, PLAN, b"one", 0)]) == [1]  # the connection is made
+        failed: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                store.load(S1, PLAN)
+            except BaseException as exc:  # noqa: BLE001 - what the test checks
+                failed.append(exc)
+
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        loading = threading.Thread(target=load)
+        try:
+            loading.start()
+            # Generous: 0.5 s is the timeout (redis-py may retry a timed out read a few
+            # times); without one the load would wait until the server answers again.
+            wait_until(lambda: failed, 20)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            loading.join(30)
+        assert [str(exc) for exc in failed] == [
+            "Redis store unavailable: Redis did not answer in time"
+        ]
+        assert store.load(S1, PLAN) == Record(1, b"one", {})  # and back once it answers
+        store.close()
+
+
+def test_a_redis_stores_default_timeout_is_five_seconds_to_connect_and_to_answer(
+    redis: RedisServer,
+) -> None:
+    # What redis-py is given: the time a call waits on a wedged Redis before it fails is
+    # too close to the machine's load to tell 5 s from 6 s by the clock.
+    store = RedisStore(redis.url)
+    kwargs = store._redis.get_connection_kwargs()  # noqa: SLF001 - what redis-py was given
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (5.0, 5.0)
+    store.close()
+
+
+def test_a_batch_redis_refuses_part_of_writes_none_of_it(redis: RedisServer) -> None:
+    """One write of a batch that Redis refuses before running any (here its ACL: the user
+    may not write that session's hash) fails the whole batch, and nothing of the batch is
+    in Redis: a batch told it failed has changed nothing (its callers roll back)."""
+    import redis as redis_lib
+
+    admin = redis_lib.Redis.from_url(redis.url)
+    admin.execute_command(
+        "ACL", "SETUSER", "onlyok", "on", ">pw", "~batch:*ok*", "+@all", "-@dangerous"
+    )
+    url = f"redis://onlyok:pw@127.0.0.1:{redis.port}/0"
+    store = RedisStore(url, prefix="batch")
+    ok, other = (None, "ok"), (None, "other")
+    with pytest.raises(StoreUnavailableError) as refused:
+        store.write([Write(ok, PLAN, b"mine", 0), Write(other, PLAN, b"not mine", 0)])
+    assert str(refused.value) == "Redis store unavailable: Redis answered an error"
+    assert store.load(ok, PLAN) is None
+    assert admin.keys("batch:*") == []
+    assert store.write([Write(ok, PLAN, b"mine", 0)]) == [1]  # alone it is taken
+    assert store.load(ok, PLAN) == Record(1, b"mine", {})
+    store.close()
+    admin.execute_command("ACL", "DELUSER", "onlyok")
+    admin.close()
+
+
+def test_a_redis_client_told_to_decode_replies_counts_the_same_bytes(redis: RedisServer) -> None:
+    """Replies come as bytes unless the URL asks redis-py to decode them: a principal's
+    counts read the same either way."""
+    prefix = f"d{os.urandom(4).hex()}"
+    plain = RedisStore(redis.url, prefix=prefix)
+    decoding = RedisStore(f"{redis.url}?decode_responses=true", prefix=prefix)
+    plain.write(
+        [
+            Write(("alice", "s1"), PLAN, b"x" * 10, 0, (("p1", b"y" * 3),)),
+            Write(("alice", "s2"), PLAN, b"z" * 7, 0),
+            Write(("bob", "s1"), PLAN, b"b" * 5, 0),
+        ]
+    )
+    for store in (plain, decoding):
+        assert store.principal_bytes("alice") == {"s1": 10, "s2": 7}
+        assert store.part_bytes("alice", PLAN) == {"s1": 3}
+    plain.close()
+    decoding.close()
