@@ -964,3 +964,13 @@ def test_a_redis_client_told_to_decode_replies_counts_the_same_bytes(redis: Redi
         assert store.part_bytes("alice", PLAN) == {"s1": 3}
     plain.close()
     decoding.close()
+
+
+def test_a_sqlite_store_makes_the_directories_of_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "not" / "yet" / "state.db"  # a fresh --data-dir, say
+    store = SQLiteStore(path)
+    assert store.write([Write(S1, PLAN, b"one", 0)]) == [1]
+    store.close()
+    again = SQLiteStore(path)
+    assert again.load(S1, PLAN) == Record(1, b"one", {})
+    again.close()

@@ -190,3 +190,21 @@ def test_the_reserve_is_given_back_once_and_made_again(tmp_path: Path) -> None:
     reserve.path.unlink()  # removed by someone else meanwhile
     assert reserve.release() is True
     assert reserve.hold() is True and reserve.path.stat().st_size == 64 << 10
+
+
+def test_a_reserve_of_no_bytes_is_never_made_and_a_held_one_costs_no_system_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hold` runs after every write: while the reserve is held (or there is none) it
+    answers at once."""
+    asked: list[object] = []
+    statvfs = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: asked.append(p) or statvfs(p))
+    none = Reserve(tmp_path / "none", 0)
+    assert none.hold() is False
+    assert (none.path.exists(), asked) == (False, [])
+    tiny = Reserve(tmp_path / "tiny", 1)
+    assert tiny.hold() is True
+    assert (tiny.path.stat().st_size, asked) == (1, [tmp_path])
+    assert tiny.hold() is True
+    assert asked == [tmp_path]
