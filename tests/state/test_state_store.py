@@ -27,6 +27,8 @@ from ctxactors.state import (
     StoreUnavailableError,
     Write,
 )
+from ctxactors.state._checkpoint import BACKSTOP_PAGES
+from ctxactors.state._sqlite import RESERVE_BYTES
 from ctxactors.testing import ManualClock, wait_until
 
 S1 = (None, "s1")
@@ -871,6 +873,9 @@ def test_sqlite_takes_full_or_normal_synchronous_in_any_case_and_nothing_else(
         store = SQLiteStore(tmp_path / f"{i}.db", synchronous=synchronous)
         assert store.write([Write(S1, PLAN, b"a", 0)]) == [1]
         assert store.load(S1, PLAN) == Record(1, b"a", {})
+        # The setting is the connection's own (SQLite keeps none in the file): 2 FULL, 1 NORMAL.
+        setting = store._db.execute("PRAGMA synchronous").fetchone()  # noqa: SLF001
+        assert setting == ((2,) if synchronous.upper() == "FULL" else (1,)), synchronous
         store.close()
     with pytest.raises(ValueError, match="^synchronous must be NORMAL or FULL, got 'OFF'$"):
         SQLiteStore(tmp_path / "off.db", synchronous="OFF")
@@ -974,3 +979,38 @@ def test_a_sqlite_store_makes_the_directories_of_its_path(tmp_path: Path) -> Non
     again = SQLiteStore(path)
     assert again.load(S1, PLAN) == Record(1, b"one", {})
     again.close()
+
+
+def test_the_sqlite_writers_own_checkpoint_waits_for_half_the_reserve_of_wal(
+    tmp_path: Path,
+) -> None:
+    """Past that many pages of WAL the writer checkpoints itself (the checkpointer
+    thread's passes normally come first): half the reserve, at least 16 pages, at most
+    `BACKSTOP_PAGES`."""
+    page = 4096
+    # (Past 80 MiB of reserve, BACKSTOP_PAGES caps it: not allocated here.)
+    assert BACKSTOP_PAGES * 2 * page > RESERVE_BYTES
+    for i, (reserve, pages) in enumerate(
+        [(0, 16), (16 * page, 16), (2 * 100 * page, 100), (RESERVE_BYTES, 1024)]
+    ):
+        store = SQLiteStore(tmp_path / f"{i}.db", reserve_bytes=reserve)
+        assert store._db.execute("PRAGMA page_size").fetchone() == (page,)  # noqa: SLF001
+        backstop = store._db.execute("PRAGMA wal_autocheckpoint").fetchone()  # noqa: SLF001
+        assert backstop == (pages,), reserve
+        store.close()
+
+
+def test_a_sqlite_write_that_fails_midway_keeps_nothing_and_the_store_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A batch that raises after its first write was made (here a caller's bug: a key that
+    can't be encoded) is rolled back whole, and the next write starts afresh."""
+    store = SQLiteStore(tmp_path / "state.db")
+    try:
+        with pytest.raises(TypeError):
+            store.write([Write(S1, PLAN, b"a", 0), Write(S1, (object(),), b"b", 0)])  # type: ignore[arg-type]
+        assert store.load(S1, PLAN) is None
+        assert store.write([Write(S1, PLAN, b"a", 0)]) == [1]
+        assert store.load(S1, PLAN) == Record(1, b"a", {})
+    finally:
+        store.close()

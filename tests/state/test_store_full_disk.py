@@ -180,6 +180,33 @@ def test_a_load_on_a_full_disk_reads_without_its_touch_and_an_expired_session_as
         store.close()
 
 
+def test_a_delete_on_a_full_disk_leaves_no_wal_behind(small_disk: Path) -> None:
+    """The room a delete on a full disk frees goes back to the file system: its WAL frames
+    are checkpointed into the database and the WAL file truncated."""
+    path = small_disk / "state.db"
+    wal = Path(f"{path}-wal")
+    store = SQLiteStore(path, reserve_bytes=512 << 10)
+    try:
+        for i in range(5):
+            assert store.write([Write(("alice", f"a{i}"), KEY, os.urandom(100_000), 0)]) == [1]
+        # The WAL emptied into the database (no frames left to write over), then the disk
+        # filled: the delete's first try finds no room for its WAL.
+        with sqlite3.connect(path) as other:
+            other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        assert wal.stat().st_size == 0
+        with open(small_disk / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(os.urandom(64 << 10))
+                    f.flush()
+        assert store.delete_session(("alice", "a0")) == 1
+        assert wal.stat().st_size == 0
+        assert store.load(("alice", "a0"), KEY) is None
+        assert store.load(("alice", "a1"), KEY) is not None
+    finally:
+        store.close()
+
+
 def test_the_reserve_is_given_back_once_and_made_again(tmp_path: Path) -> None:
     reserve = Reserve(tmp_path / "reserve", 64 << 10)
     assert reserve.release() is False  # nothing held: nothing to give

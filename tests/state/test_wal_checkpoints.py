@@ -140,3 +140,14 @@ def test_what_a_sqlite_store_commits_reaches_its_database_file(tmp_path: Path) -
         wait_until(lambda: rows_alone() == 20)
     finally:
         store.close()
+
+
+def test_a_pass_runs_every_half_second_by_default(tmp_path: Path) -> None:
+    # A store's commits reach its database file within about that (the store makes its
+    # checkpointer with the default): the interval, not a clock reading a loaded machine
+    # could stretch.
+    checkpointer = Checkpointer(tmp_path / "state.db")
+    try:
+        assert checkpointer._interval == 0.5  # noqa: SLF001
+    finally:
+        checkpointer.close()
