@@ -318,8 +318,14 @@ def test_an_unreadable_stored_history_is_replaced(tmp_path: Path) -> None:
     with capture_logs() as logs, Runtime(servers=[Planning], store=store) as rt:
         assert call(rt, "create_goal", goal="fresh").structured == {"id": "g1", "goal": "fresh"}
         assert recent(rt) == [("create_goal", {"goal": "fresh"}, False, {"created_goal": "g1"})]
-    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
-        "history_unreadable"
+    assert [entry for entry in logs if entry["log_level"] == "warning"] == [
+        {
+            "logger": "ctxactors.history",
+            "event": "history_unreadable",
+            "session": [None, S],
+            "error": "Error -3 while decompressing data: incorrect header check",
+            "log_level": "warning",
+        }
     ]
     record = store.load(SESSION, KEY)
     assert record is not None and record.revision == 2
@@ -348,6 +354,38 @@ def test_a_stale_history_write_reloads_and_merges(tmp_path: Path) -> None:
         assert [s[2] for s in stored(one)] == [{"text": t} for t in "abcd"]
         record = one.load(SESSION, KEY)
         assert record is not None and record.revision == 4
+    one.close()
+    two.close()
+
+
+def test_a_stale_history_write_counts_what_the_other_writer_stored(tmp_path: Path) -> None:
+    """Refused as stale, a history is read again: the bytes the other writer stored are
+    counted to its principal, and the merged write after them."""
+    one, two = SQLiteStore(tmp_path / "state.db"), SQLiteStore(tmp_path / "state.db")
+    session = ("alice", S)
+
+    def note(rt: Runtime, text: str) -> None:
+        assert not rt.call("note", ctx_args(S, A, text=text), principal="alice").is_error
+
+    def stored_bytes() -> int:
+        record = one.load(session, KEY)
+        assert record is not None
+        return len(record.data)
+
+    with (
+        Runtime(servers=[Notes], store=one) as first,
+        Runtime(servers=[Notes], store=two) as second,
+    ):
+        assert first.durability is not None and second.durability is not None
+        note(first, "a")
+        first.durability.flush()
+        assert first.durability.budget.held("alice") == stored_bytes()
+        note(second, "b" * 500)  # the other writer stores a longer history
+        second.durability.flush()
+        note(first, "c")  # refused as stale, read again, merged, written
+        first.durability.flush()
+        assert first.durability.budget.in_flight("alice") == 0
+        assert first.durability.budget.held("alice") == stored_bytes()
     one.close()
     two.close()
 
