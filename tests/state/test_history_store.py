@@ -488,6 +488,82 @@ def test_a_record_of_an_ended_session_is_never_written_back() -> None:
     assert durable.store.load(SESSION, KEY) is None
 
 
+def test_nothing_is_written_blind_while_the_store_cant_be_read() -> None:
+    # The store takes writes but can't be read: what it holds is unknown, so the history
+    # waits (a write would replace records another incarnation stored).
+    store = MemoryStore()
+    real_load = store.load
+
+    def failing_load(session: Any, key: Any) -> Any:
+        raise StoreUnavailableError("down")
+
+    store.load = failing_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(1)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])
+    durable.flush()
+    assert real_load(SESSION, KEY) is None
+    assert len(history.current()) == 1
+    durable.close()
+
+
+class HeldWrites(MemoryStore):
+    """A memory store counting the history writes it is given, the first held at `gate`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.reached = threading.Event()
+        self.gate = threading.Event()
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        for write in writes:
+            if write.key == KEY:
+                self.writes += 1
+                self.reached.set()
+                assert self.gate.wait(30)
+        return super().write(writes)
+
+
+def test_one_history_write_at_a_time_per_session() -> None:
+    store = HeldWrites()
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(2)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    saver = HistorySaver(durable, SESSION)
+    history = SessionHistory(config, saver, {})
+    history.record(*calls[0])
+    first = threading.Thread(target=durable.flush)
+    first.start()
+    try:
+        assert store.reached.wait(30)  # the first write, held in the store
+        history.record(*calls[1])
+        saver.flush()  # the flusher's pass: the newest records wait for the write under way
+    finally:
+        store.gate.set()
+        first.join(30)
+    durable.flush()
+    assert store.writes == 2
+    assert [s[2]["goal"] for s in stored(store)] == ["goal 0", "goal 1"]
+    durable.close()
+
+
+def test_a_saver_not_bound_to_its_history_yet_has_nothing_to_write() -> None:
+    # Made, and followed by the durable layer, before its history binds it: a flush or
+    # the end of its session meanwhile passes it by.
+    durable = Durability(MemoryStore(), flush_delay=3600)
+    saver = HistorySaver(durable, SESSION)  # (followed weakly: kept alive here)
+    durable.flush()
+    assert durable.delete_session(SESSION) == 0
+    assert saver.drain(1) is True
+    assert durable.store.load(SESSION, KEY) is None
+    durable.close()
+
+
 def test_stored_records_a_history_never_wrote_are_skipped_and_the_rest_read(
     tmp_path: Path,
 ) -> None:
