@@ -334,3 +334,85 @@ def test_a_refused_recount_thread_whose_principal_another_took_meanwhile_still_s
     wait_until(lambda: budget.held("alice") == 0)
     assert budget.charge_counted(("alice", "s"), 10) is True
     assert (budget.held("alice"), budget.held("p0")) == (10, 0)
+
+
+class PausingLock:
+    """The budget's lock, pausing one thread once just after its first release."""
+
+    def __init__(self, lock: threading.Lock, thread: threading.Thread) -> None:
+        self.lock = lock
+        self.thread: threading.Thread | None = thread
+        self.paused = threading.Event()
+        self.resume = threading.Event()
+
+    def __enter__(self) -> bool:
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__(*exc)  # type: ignore[arg-type]
+        if threading.current_thread() is self.thread:
+            self.thread = None
+            self.paused.set()
+            assert self.resume.wait(30)
+
+
+class FirstCountHeld(MemoryStore):
+    """A memory store whose first `principal_bytes` is held at `gate` once read, then
+    answers or fails with `failure`."""
+
+    def __init__(self, failure: BaseException | None) -> None:
+        super().__init__()
+        self.failure = failure
+        self.first = True
+        self.reached = threading.Event()
+        self.gate = threading.Event()
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        stored = super().principal_bytes(principal)
+        if self.first:
+            self.first = False
+            self.reached.set()
+            assert self.gate.wait(30)
+            if self.failure is not None:
+                raise self.failure
+        return stored
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["answered", "failed"])
+def test_a_purge_between_a_recounts_lookup_and_its_lock_lets_two_recounts_end_well(
+    monkeypatch: pytest.MonkeyPatch, fails: bool
+) -> None:
+    """A purge drops the recount lock a first save has just looked up (not taken yet), so
+    a second save of the principal recounts beside it and ends first: the first recount
+    still ends as it would alone (counted, or the store's own error), nothing lost."""
+    store = FirstCountHeld(StoreUnavailableError("down") if fails else None)
+    budget = budget_over(store)
+    outcome: list[object] = []
+
+    def first_save() -> None:
+        try:
+            outcome.append(budget.charge(("alice", "s1"), 10))
+        except StoreUnavailableError as exc:
+            outcome.append(exc)
+
+    first = threading.Thread(target=first_save)
+    lock = PausingLock(budget._lock, first)  # noqa: SLF001
+    monkeypatch.setattr(budget, "_lock", lock)
+    first.start()
+    try:
+        assert lock.paused.wait(30)  # its recount lock looked up, not taken yet
+        budget.forget()  # the retention purge: drops that lock, nobody holds it
+        lock.resume.set()
+        assert store.reached.wait(30)  # the first recount reads the store
+        assert budget.charge(("alice", "s2"), 20) is True  # a second recount, beside it
+    finally:
+        lock.resume.set()
+        store.gate.set()
+        first.join(30)
+    if fails:
+        assert [str(exc) for exc in outcome] == ["down"]
+        assert budget.held("alice") == 20
+    else:
+        assert outcome == [True]
+        assert budget.held("alice") == 30
+    assert budget.in_flight("alice") == 20 + (0 if fails else 10)
