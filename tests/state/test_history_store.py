@@ -4,6 +4,7 @@ a call read back after a restart made into its record with the tool's own extrac
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -22,6 +23,7 @@ from ctxactors.errors import ToolError
 from ctxactors.history_store import KEY, HistorySaver, Stored, StoredCall, unpack
 from ctxactors.servers import Planning
 from ctxactors.servers.history import OperationRecord, SessionHistory, runtime_config
+from ctxactors.settings import Cap
 from ctxactors.state import (
     MemoryStore,
     Outcome,
@@ -561,6 +563,97 @@ def test_a_saver_not_bound_to_its_history_yet_has_nothing_to_write() -> None:
     assert durable.delete_session(SESSION) == 0
     assert saver.drain(1) is True
     assert durable.store.load(SESSION, KEY) is None
+    durable.close()
+
+
+class CountedBy(MemoryStore):
+    """A memory store noting the thread of each principal count; `down` fails them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted_by: list[str] = []
+        self.down = False
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        self.counted_by.append(threading.current_thread().name)
+        if self.down:
+            raise StoreUnavailableError("down")
+        return super().principal_bytes(principal)
+
+
+ALICE = ("alice", S)
+
+
+def noted_calls(texts: Sequence[str]) -> list[Any]:
+    """Real calls of the note tool, each with its `text`, as the history's recorder sees them."""
+    with Runtime(servers=[Notes]) as rt:
+        captured: list[Any] = []
+        rt.add_observer(lambda *seen: captured.append(seen), before_reply=True)
+        for text in texts:
+            call(rt, "note", text=text)
+    return captured
+
+
+def alices_history(durable: Durability, count: int = 1) -> SessionHistory:
+    with Runtime(servers=[Notes]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, ALICE), {})
+    for seen in noted_calls([os.urandom(600).hex() for _ in range(count)]):
+        history.record(*seen)
+    return history
+
+
+def test_a_flush_counts_a_principal_not_counted_yet_in_its_own_thread() -> None:
+    # Not the flusher: `Durability.flush` (and end_session) count in the calling thread
+    # and write, rather than wait for a recounting thread.
+    store = CountedBy()
+    durable = Durability(store, flush_delay=3600)
+    history = alices_history(durable)
+    durable.flush()
+    assert store.counted_by == [threading.current_thread().name]
+    record = store.load(ALICE, KEY)
+    assert record is not None and len(unpack(record.data)) == 1
+    assert durable.budget.held("alice") == len(record.data)
+    assert len(history.current()) == 1
+    durable.close()
+
+
+def test_a_history_whose_principal_cant_be_counted_waits_for_the_count() -> None:
+    store = CountedBy()
+    store.down = True
+    durable = Durability(store, flush_delay=3600)
+    alices_history(durable)
+    durable.flush()  # the count fails: nothing written, nothing raised
+    assert store.load(ALICE, KEY) is None
+    store.down = False
+    durable.flush()
+    record = store.load(ALICE, KEY)
+    assert record is not None and len(unpack(record.data)) == 1
+    durable.close()
+
+
+def test_a_history_refused_after_a_taken_write_is_told_once(tmp_path: Path) -> None:
+    store = MemoryStore()
+    durable = Durability(
+        store,
+        flush_delay=3600,
+        max_principal_bytes=Cap("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", 2000),
+    )
+    history = alices_history(durable)
+    durable.flush()
+    written = store.load(ALICE, KEY)
+    assert written is not None and len(unpack(written.data)) == 1  # taken
+    with capture_logs() as logs:
+        # Each record about 300 bytes stored (its text clipped): the 7th goes over.
+        for seen in noted_calls([os.urandom(600).hex() for _ in range(10)]):
+            history.record(*seen)
+            durable.flush()  # taken while it fits, then refused each time
+    refusals = [entry for entry in logs if entry["event"] == "history_not_saved"]
+    assert [(e["principal"], e["session"]) for e in refusals] == [ALICE]
+    record = store.load(ALICE, KEY)
+    assert record is not None and len(record.data) <= 2000
+    assert len(unpack(record.data)) < 11
+    assert len(history.current()) == 11  # all kept in memory
     durable.close()
 
 
