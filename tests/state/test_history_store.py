@@ -402,6 +402,33 @@ def captured_calls(count: int) -> list[Any]:
     return captured
 
 
+def test_the_first_use_reads_the_store_whatever_the_clock_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The monotonic clock starts anywhere (0 in a fresh time namespace): no read is held
+    # back before one has failed.
+    monkeypatch.setattr(history_store_module.time, "monotonic", lambda: 0.5)
+    store = MemoryStore()
+    loads: list[Any] = []
+    real_load = store.load
+
+    def counting_load(session: Any, key: Any) -> Any:
+        loads.append((session, key))
+        return real_load(session, key)
+
+    store.load = counting_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(1)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])
+    assert loads == [(SESSION, KEY)]
+    durable.flush()
+    assert [s[2]["goal"] for s in stored(store)] == ["goal 0"]
+    durable.close()
+
+
 def test_a_history_first_used_while_answering_saves_does_not_hold_up_the_store() -> None:
     # A save's caller is answered (and its call recorded) in the thread that wrote the
     # batch. A history first used there must not wait for its previous incarnation's
