@@ -27,6 +27,7 @@ from ctxactors.settings import Cap
 from ctxactors.state import (
     MemoryStore,
     Outcome,
+    SessionRef,
     SQLiteStore,
     StateStore,
     StoreUnavailableError,
@@ -677,10 +678,49 @@ def test_a_history_refused_after_a_taken_write_is_told_once(tmp_path: Path) -> N
             durable.flush()  # taken while it fits, then refused each time
     refusals = [entry for entry in logs if entry["event"] == "history_not_saved"]
     assert [(e["principal"], e["session"]) for e in refusals] == [ALICE]
+    # Told what the principal would hold with it: what it holds and this write.
+    told = refusals[0]["error"]
+    figure = told.removeprefix("this principal's stored state would grow to ").split(" ")[0]
+    grown = int(figure.replace(",", ""))
+    assert 2000 < grown < 2000 + 400  # one more record (about 300 bytes) went over
+    assert told.endswith(
+        " bytes: the limit is 2,000 (CTXACTORS_STATE_MAX_PRINCIPAL_BYTES); this session's "
+        "history is kept in memory only until a write fits"
+    )
     record = store.load(ALICE, KEY)
     assert record is not None and len(record.data) <= 2000
     assert len(unpack(record.data)) < 11
     assert len(history.current()) == 11  # all kept in memory
+    durable.close()
+
+
+def test_a_refused_history_is_not_tried_again_until_its_next_record() -> None:
+    # Over the budget, the flusher's write is refused once: the records wait for the next
+    # one (which writes them all), not for pass after pass of the flusher.
+    store = MemoryStore()
+    durable = Durability(
+        store, flush_delay=0.01, max_principal_bytes=Cap("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", 100)
+    )
+    charged: list[tuple[SessionRef, bool | None]] = []
+    charge_counted = durable.budget.charge_counted
+
+    def counting(session: SessionRef, delta: int) -> bool | None:
+        charged.append((session, taken := charge_counted(session, delta)))
+        return taken
+
+    durable.budget.charge_counted = counting  # type: ignore[method-assign]
+    alices_history(durable)  # one record, over 100 bytes
+    wait_until(lambda: (ALICE, False) in charged)
+    # Another session's record: a pass of the flusher, which writes it and nothing else.
+    with Runtime(servers=[Notes]) as rt:
+        config = runtime_config(rt)
+    other = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    other.record(*noted_calls(["hi"])[0])
+    wait_until(lambda: store.load(SESSION, KEY) is not None)
+    assert [taken for session, taken in charged if session == ALICE and taken is not None] == [
+        False
+    ]
+    assert store.load(ALICE, KEY) is None
     durable.close()
 
 
