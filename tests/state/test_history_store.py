@@ -532,9 +532,11 @@ def test_nothing_is_written_blind_while_the_store_cant_be_read() -> None:
     calls = captured_calls(1)
     with Runtime(servers=[Planning]) as rt:
         config = runtime_config(rt)
-    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    saver = HistorySaver(durable, SESSION)
+    history = SessionHistory(config, saver, {})
     history.record(*calls[0])
     durable.flush()
+    assert saver.drain(1) is False  # not written: the store can't be read now
     assert real_load(SESSION, KEY) is None
     assert len(history.current()) == 1
     durable.close()
@@ -579,6 +581,24 @@ def test_one_history_write_at_a_time_per_session() -> None:
     durable.flush()
     assert store.writes == 2
     assert [s[2]["goal"] for s in stored(store)] == ["goal 0", "goal 1"]
+    durable.close()
+
+
+def test_records_made_while_a_write_is_under_way_are_written_by_the_flusher_after_it() -> None:
+    store = HeldWrites()
+    durable = Durability(store, flush_delay=0.01)  # the flusher alone writes here
+    calls = captured_calls(2)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])
+    try:
+        assert store.reached.wait(30)  # the flusher's write, held in the store
+        history.record(*calls[1])  # waits for that write to be answered
+    finally:
+        store.gate.set()
+    wait_until(lambda: store.writes == 2)
+    wait_until(lambda: [s[2]["goal"] for s in stored(store)] == ["goal 0", "goal 1"])
     durable.close()
 
 
