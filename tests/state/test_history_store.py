@@ -430,6 +430,33 @@ def test_the_first_use_reads_the_store_whatever_the_clock_says(
     durable.close()
 
 
+def test_a_history_first_used_in_a_fresh_thread_reads_the_store_at_once() -> None:
+    # Only a thread answering saves puts the read off; one that never wrote a save (a new
+    # worker, say) is not one of them.
+    store = MemoryStore()
+    loads: list[Any] = []
+    real_load = store.load
+
+    def counting_load(session: Any, key: Any) -> Any:
+        loads.append((session, key))
+        return real_load(session, key)
+
+    store.load = counting_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(1)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+
+    def first_use() -> None:
+        SessionHistory(config, HistorySaver(durable, SESSION), {}).record(*calls[0])
+
+    fresh = threading.Thread(target=first_use)
+    fresh.start()
+    fresh.join(30)
+    assert loads == [(SESSION, KEY)]
+    durable.close()
+
+
 def test_a_history_first_used_while_answering_saves_does_not_hold_up_the_store() -> None:
     # A save's caller is answered (and its call recorded) in the thread that wrote the
     # batch. A history first used there must not wait for its previous incarnation's
@@ -574,11 +601,13 @@ def test_one_history_write_at_a_time_per_session() -> None:
     try:
         assert store.reached.wait(30)  # the first write, held in the store
         history.record(*calls[1])
-        saver.flush()  # the flusher's pass: the newest records wait for the write under way
+        # A drain's flush: the newest records wait for the write under way, which can't
+        # be answered (held): the drain gives up once its timeout has passed.
+        assert saver.drain(0.1) is False
     finally:
         store.gate.set()
         first.join(30)
-    durable.flush()
+    assert saver.drain(30) is True  # everything written now
     assert store.writes == 2
     assert [s[2]["goal"] for s in stored(store)] == ["goal 0", "goal 1"]
     durable.close()

@@ -416,3 +416,45 @@ def test_a_purge_between_a_recounts_lookup_and_its_lock_lets_two_recounts_end_we
         assert outcome == [True]
         assert budget.held("alice") == 30
     assert budget.in_flight("alice") == 20 + (0 if fails else 10)
+
+
+def test_a_save_of_no_bytes_lands_without_touching_the_others_in_flight() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.charge(("alice", "s1"), 100) is True
+    assert budget.charge(("alice", "s1"), 0) is True  # no change: nothing counted
+    budget.landed(("alice", "s1"), 0, kept=True)
+    assert budget.in_flight("alice") == 100
+    budget.landed(("alice", "s1"), 100, kept=True)
+    assert (budget.in_flight("alice"), budget.held("alice")) == (0, 100)
+    # Nothing is kept for saves answered: an entry per session would grow with sessions.
+    assert budget._inflight == {}  # noqa: SLF001
+
+
+def test_a_save_answered_after_its_principals_only_session_ended_is_ignored() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.charge(("alice", "s1"), 100) is True
+    budget.deleted(("alice", "s1"))
+    budget.landed(("alice", "s1"), 100, kept=False)
+    assert (budget.held("alice"), budget.in_flight("alice")) == (0, 0)
+
+
+def test_every_save_landing_while_the_store_is_read_counts() -> None:
+    store = FailingCounts()
+    store.write([Write(("alice", "s1"), KEY, b"x" * 100, 0)])
+    budget = budget_over(store)
+    assert budget.charge(("alice", "s1"), 30) is True
+    assert budget.charge(("alice", "s1"), 20) is True
+    budget.forget()
+    store.read.clear()
+    store.gate.clear()
+    recount = threading.Thread(target=budget.charge, args=(("alice", "s2"), 10))
+    recount.start()
+    try:
+        assert store.read.wait(30)  # read: s1 is 100; both saves land after it
+        store.write([Write(("alice", "s1"), KEY, b"x" * 150, 1)])
+        budget.landed(("alice", "s1"), 30, kept=True)
+        budget.landed(("alice", "s1"), 20, kept=True)
+    finally:
+        store.gate.set()
+        recount.join(30)
+    assert budget.held("alice") == 160
