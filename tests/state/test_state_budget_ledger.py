@@ -458,3 +458,35 @@ def test_every_save_landing_while_the_store_is_read_counts() -> None:
         store.gate.set()
         recount.join(30)
     assert budget.held("alice") == 160
+
+
+def test_a_purge_between_the_two_reads_of_a_count_recounts_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`_charge` reads whether a principal is counted, then when its count goes stale: a
+    purge in between (here: while the clock is read) leaves a principal counted no more,
+    which is recounted."""
+    budget = budget_over(MemoryStore())
+    assert budget.charge(("alice", "s1"), 10) is True  # counted, in flight
+    purged: list[bool] = []
+
+    def purging_clock() -> float:
+        if not purged:
+            purged.append(True)
+            budget.forget()
+        return 1000.0
+
+    monkeypatch.setattr(budget, "_clock", purging_clock)
+    assert budget.charge(("alice", "s1"), 5) is True
+    assert (budget.held("alice"), budget.in_flight("alice")) == (15, 15)
+
+
+def test_a_save_the_store_refused_gives_back_its_own_sessions_share() -> None:
+    budget = budget_over(MemoryStore())
+    assert budget.charge(("alice", "s1"), 100) is True
+    budget.landed(("alice", "s1"), 100, kept=True)
+    assert budget.charge(("alice", "s1"), 50) is True
+    budget.landed(("alice", "s1"), 50, kept=False)
+    assert budget.held("alice") == 100
+    budget.deleted(("alice", "s1"))  # frees exactly what s1 holds
+    assert budget.held("alice") == 0
