@@ -40,24 +40,5 @@ def test_the_threads_waiting_at_a_yield_each_have_the_lock_before_its_holder_aga
         t.join(30)
     assert sorted(order[:3]) == ["w0", "w1", "w2"] and order[3] == "holder"
     assert lock.waiting == 0
+    assert lock._served == 3  # noqa: SLF001 - one each: what a yield counts on
     lock.yield_turn()  # all served already: returns at once
-
-
-def test_each_waiter_served_counts_once() -> None:
-    # `yield_turn` waits for as many threads served as were waiting: one each.
-    lock = TurnLock()
-    done: list[str] = []
-
-    def waiter(name: str) -> None:
-        with lock:
-            done.append(name)
-
-    threads = [threading.Thread(target=waiter, args=(f"w{i}",)) for i in range(2)]
-    with lock:
-        for t in threads:
-            t.start()
-        wait_until(lambda: lock.waiting == 2)
-    for t in threads:
-        t.join(30)
-    assert sorted(done) == ["w0", "w1"]
-    assert lock._served == 2  # noqa: SLF001
