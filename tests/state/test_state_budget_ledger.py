@@ -337,11 +337,12 @@ def test_a_refused_recount_thread_whose_principal_another_took_meanwhile_still_s
 
 
 class PausingLock:
-    """The budget's lock, pausing one thread once just after its first release."""
+    """The budget's lock, pausing one thread once, just after its `after`-th release."""
 
-    def __init__(self, lock: threading.Lock, thread: threading.Thread) -> None:
+    def __init__(self, lock: threading.Lock, thread: threading.Thread, after: int = 1) -> None:
         self.lock = lock
         self.thread: threading.Thread | None = thread
+        self.releases = after
         self.paused = threading.Event()
         self.resume = threading.Event()
 
@@ -351,9 +352,11 @@ class PausingLock:
     def __exit__(self, *exc: object) -> None:
         self.lock.__exit__(*exc)  # type: ignore[arg-type]
         if threading.current_thread() is self.thread:
-            self.thread = None
-            self.paused.set()
-            assert self.resume.wait(30)
+            self.releases -= 1
+            if not self.releases:
+                self.thread = None
+                self.paused.set()
+                assert self.resume.wait(30)
 
 
 class FirstCountHeld(MemoryStore):
@@ -490,3 +493,27 @@ def test_a_save_the_store_refused_gives_back_its_own_sessions_share() -> None:
     assert budget.held("alice") == 100
     budget.deleted(("alice", "s1"))  # frees exactly what s1 holds
     assert budget.held("alice") == 0
+
+
+def test_a_purge_right_after_a_recount_has_the_principal_counted_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryStore()
+    store.write([Write(("alice", "s0"), KEY, b"x" * 40, 0)])
+    budget = budget_over(store)
+    outcome: list[object] = []
+    first = threading.Thread(target=lambda: outcome.append(budget.charge(("alice", "s1"), 10)))
+    # Its recount takes the lock three times (its own lock, the landing, the count): the
+    # purge comes after the third, before the charge takes the lock to count the save.
+    lock = PausingLock(budget._lock, first, after=3)  # noqa: SLF001
+    monkeypatch.setattr(budget, "_lock", lock)
+    first.start()
+    try:
+        assert lock.paused.wait(30)
+        assert budget.held("alice") == 40  # counted
+        budget.forget()
+    finally:
+        lock.resume.set()
+        first.join(30)
+    assert outcome == [True]
+    assert (budget.held("alice"), budget.in_flight("alice")) == (50, 10)
