@@ -599,3 +599,37 @@ def test_ending_a_session_while_the_store_stays_busy_fails_in_time(keyed: Keyed)
     keyed.store.let_one()
     keyed.busy_thread.join(30)  # type: ignore[union-attr]
     assert stored(keyed.store) == ["kept"]  # not deleted: the caller may retry
+
+
+class Settable(Server):
+    """A state kept in its attributes, which a call may set to anything."""
+
+    name = "settable"
+
+    def __init__(self) -> None:
+        self.value: Any = ""
+
+    @tool
+    def put_value(self, ctx: ToolContext, kind: str) -> dict[str, Any]:
+        """Set the value: a text, or a lock (which can't be saved)."""
+        self.value = threading.Lock() if kind == "lock" else kind
+        return {"value": kind}
+
+    @tool(read_only=True)
+    def value_now(self, ctx: ToolContext) -> dict[str, Any]:
+        """The value."""
+        return {"value": self.value if isinstance(self.value, str) else "?"}
+
+
+def test_a_state_that_cant_be_encoded_is_rolled_back_to_the_saved_one() -> None:
+    with Runtime([Settable], store=MemoryStore()) as rt:
+        assert not rt.call("put_value", ctx_args("s1", kind="one")).is_error
+        refused = rt.call("put_value", ctx_args("s1", kind="lock"))
+        assert (refused.is_error, refused.text) == (
+            True,
+            "not saved: the state of Settable can't be encoded (Encoding objects of type "
+            "_thread.lock is unsupported); nothing was changed",
+        )
+        assert rt.call("value_now", ctx_args("s1")).structured == {"value": "one"}
+        assert not rt.call("put_value", ctx_args("s1", kind="two")).is_error
+        assert rt.call("value_now", ctx_args("s1")).structured == {"value": "two"}

@@ -4,6 +4,7 @@ a call read back after a restart made into its record with the tool's own extrac
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -22,9 +23,11 @@ from ctxactors.errors import ToolError
 from ctxactors.history_store import KEY, HistorySaver, Stored, StoredCall, unpack
 from ctxactors.servers import Planning
 from ctxactors.servers.history import OperationRecord, SessionHistory, runtime_config
+from ctxactors.settings import Cap
 from ctxactors.state import (
     MemoryStore,
     Outcome,
+    SessionRef,
     SQLiteStore,
     StateStore,
     StoreUnavailableError,
@@ -318,8 +321,14 @@ def test_an_unreadable_stored_history_is_replaced(tmp_path: Path) -> None:
     with capture_logs() as logs, Runtime(servers=[Planning], store=store) as rt:
         assert call(rt, "create_goal", goal="fresh").structured == {"id": "g1", "goal": "fresh"}
         assert recent(rt) == [("create_goal", {"goal": "fresh"}, False, {"created_goal": "g1"})]
-    assert [entry["event"] for entry in logs if entry["log_level"] == "warning"] == [
-        "history_unreadable"
+    assert [entry for entry in logs if entry["log_level"] == "warning"] == [
+        {
+            "logger": "ctxactors.history",
+            "event": "history_unreadable",
+            "session": [None, S],
+            "error": "Error -3 while decompressing data: incorrect header check",
+            "log_level": "warning",
+        }
     ]
     record = store.load(SESSION, KEY)
     assert record is not None and record.revision == 2
@@ -352,6 +361,38 @@ def test_a_stale_history_write_reloads_and_merges(tmp_path: Path) -> None:
     two.close()
 
 
+def test_a_stale_history_write_counts_what_the_other_writer_stored(tmp_path: Path) -> None:
+    """Refused as stale, a history is read again: the bytes the other writer stored are
+    counted to its principal, and the merged write after them."""
+    one, two = SQLiteStore(tmp_path / "state.db"), SQLiteStore(tmp_path / "state.db")
+    session = ("alice", S)
+
+    def note(rt: Runtime, text: str) -> None:
+        assert not rt.call("note", ctx_args(S, A, text=text), principal="alice").is_error
+
+    def stored_bytes() -> int:
+        record = one.load(session, KEY)
+        assert record is not None
+        return len(record.data)
+
+    with (
+        Runtime(servers=[Notes], store=one) as first,
+        Runtime(servers=[Notes], store=two) as second,
+    ):
+        assert first.durability is not None and second.durability is not None
+        note(first, "a")
+        first.durability.flush()
+        assert first.durability.budget.held("alice") == stored_bytes()
+        note(second, "b" * 500)  # the other writer stores a longer history
+        second.durability.flush()
+        note(first, "c")  # refused as stale, read again, merged, written
+        first.durability.flush()
+        assert first.durability.budget.in_flight("alice") == 0
+        assert first.durability.budget.held("alice") == stored_bytes()
+    one.close()
+    two.close()
+
+
 def captured_calls(count: int) -> list[Any]:
     """`count` real calls (create_goal) as the history's recorder sees them."""
     with Runtime(servers=[Planning]) as rt:
@@ -360,6 +401,60 @@ def captured_calls(count: int) -> list[Any]:
         for n in range(count):
             call(rt, "create_goal", goal=f"goal {n}")
     return captured
+
+
+def test_the_first_use_reads_the_store_whatever_the_clock_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The monotonic clock starts anywhere (0 in a fresh time namespace): no read is held
+    # back before one has failed.
+    monkeypatch.setattr(history_store_module.time, "monotonic", lambda: 0.5)
+    store = MemoryStore()
+    loads: list[Any] = []
+    real_load = store.load
+
+    def counting_load(session: Any, key: Any) -> Any:
+        loads.append((session, key))
+        return real_load(session, key)
+
+    store.load = counting_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(1)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])
+    assert loads == [(SESSION, KEY)]
+    durable.flush()
+    assert [s[2]["goal"] for s in stored(store)] == ["goal 0"]
+    durable.close()
+
+
+def test_a_history_first_used_in_a_fresh_thread_reads_the_store_at_once() -> None:
+    # Only a thread answering saves puts the read off; one that never wrote a save (a new
+    # worker, say) is not one of them.
+    store = MemoryStore()
+    loads: list[Any] = []
+    real_load = store.load
+
+    def counting_load(session: Any, key: Any) -> Any:
+        loads.append((session, key))
+        return real_load(session, key)
+
+    store.load = counting_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(1)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+
+    def first_use() -> None:
+        SessionHistory(config, HistorySaver(durable, SESSION), {}).record(*calls[0])
+
+    fresh = threading.Thread(target=first_use)
+    fresh.start()
+    fresh.join(30)
+    assert loads == [(SESSION, KEY)]
+    durable.close()
 
 
 def test_a_history_first_used_while_answering_saves_does_not_hold_up_the_store() -> None:
@@ -431,6 +526,251 @@ def test_a_history_write_under_way_lands_before_its_session_is_ended(
         rt.durability.flush()
     # The write landed before the delete, not after it: nothing of the session is back.
     assert store.load(SESSION, KEY) is None
+
+
+def test_a_record_of_an_ended_session_is_never_written_back() -> None:
+    # A call still in flight when its session ended is recorded after the end: the
+    # ended session's history must not come back in the store.
+    durable = Durability(MemoryStore(), flush_delay=3600)
+    calls = captured_calls(3)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])  # read from the store (nothing there), waits for the flusher
+    assert durable.delete_session(SESSION) == 0  # nothing of it stored yet
+    history.record(*calls[1])
+    history.record(*calls[2])
+    assert len(history.current()) == 3  # kept in memory while the actor lives
+    durable.close()  # the flusher's last pass: whatever waits for it is written now
+    assert durable.store.load(SESSION, KEY) is None
+
+
+def test_nothing_is_written_blind_while_the_store_cant_be_read() -> None:
+    # The store takes writes but can't be read: what it holds is unknown, so the history
+    # waits (a write would replace records another incarnation stored).
+    store = MemoryStore()
+    real_load = store.load
+
+    def failing_load(session: Any, key: Any) -> Any:
+        raise StoreUnavailableError("down")
+
+    store.load = failing_load  # type: ignore[method-assign]
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(1)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    saver = HistorySaver(durable, SESSION)
+    history = SessionHistory(config, saver, {})
+    history.record(*calls[0])
+    durable.flush()
+    assert saver.drain(1) is False  # not written: the store can't be read now
+    assert real_load(SESSION, KEY) is None
+    assert len(history.current()) == 1
+    durable.close()
+
+
+class HeldWrites(MemoryStore):
+    """A memory store counting the history writes it is given, the first held at `gate`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = 0
+        self.reached = threading.Event()
+        self.gate = threading.Event()
+
+    def write(self, writes: Sequence[Write]) -> list[Outcome]:
+        for write in writes:
+            if write.key == KEY:
+                self.writes += 1
+                self.reached.set()
+                assert self.gate.wait(30)
+        return super().write(writes)
+
+
+def test_one_history_write_at_a_time_per_session() -> None:
+    store = HeldWrites()
+    durable = Durability(store, flush_delay=3600)
+    calls = captured_calls(2)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    saver = HistorySaver(durable, SESSION)
+    history = SessionHistory(config, saver, {})
+    history.record(*calls[0])
+    first = threading.Thread(target=durable.flush)
+    first.start()
+    try:
+        assert store.reached.wait(30)  # the first write, held in the store
+        history.record(*calls[1])
+        # A drain's flush: the newest records wait for the write under way, which can't
+        # be answered (held): the drain gives up once its timeout has passed.
+        assert saver.drain(0.1) is False
+    finally:
+        store.gate.set()
+        first.join(30)
+    assert saver.drain(30) is True  # everything written now
+    assert store.writes == 2
+    assert [s[2]["goal"] for s in stored(store)] == ["goal 0", "goal 1"]
+    durable.close()
+
+
+def test_records_made_while_a_write_is_under_way_are_written_by_the_flusher_after_it() -> None:
+    store = HeldWrites()
+    durable = Durability(store, flush_delay=0.01)  # the flusher alone writes here
+    calls = captured_calls(2)
+    with Runtime(servers=[Planning]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    history.record(*calls[0])
+    try:
+        assert store.reached.wait(30)  # the flusher's write, held in the store
+        history.record(*calls[1])  # waits for that write to be answered
+    finally:
+        store.gate.set()
+    wait_until(lambda: store.writes == 2)
+    wait_until(lambda: [s[2]["goal"] for s in stored(store)] == ["goal 0", "goal 1"])
+    durable.close()
+
+
+def test_a_saver_not_bound_to_its_history_yet_has_nothing_to_write() -> None:
+    # Made, and followed by the durable layer, before its history binds it: a flush or
+    # the end of its session meanwhile passes it by.
+    durable = Durability(MemoryStore(), flush_delay=3600)
+    saver = HistorySaver(durable, SESSION)  # (followed weakly: kept alive here)
+    durable.flush()
+    assert durable.delete_session(SESSION) == 0
+    assert saver.drain(1) is True
+    assert durable.store.load(SESSION, KEY) is None
+    durable.close()
+
+
+class CountedBy(MemoryStore):
+    """A memory store noting the thread of each principal count; `down` fails them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted_by: list[str] = []
+        self.down = False
+
+    def principal_bytes(self, principal: str) -> dict[str, int]:
+        self.counted_by.append(threading.current_thread().name)
+        if self.down:
+            raise StoreUnavailableError("down")
+        return super().principal_bytes(principal)
+
+
+ALICE = ("alice", S)
+
+
+def noted_calls(texts: Sequence[str]) -> list[Any]:
+    """Real calls of the note tool, each with its `text`, as the history's recorder sees them."""
+    with Runtime(servers=[Notes]) as rt:
+        captured: list[Any] = []
+        rt.add_observer(lambda *seen: captured.append(seen), before_reply=True)
+        for text in texts:
+            call(rt, "note", text=text)
+    return captured
+
+
+def alices_history(durable: Durability, count: int = 1) -> SessionHistory:
+    with Runtime(servers=[Notes]) as rt:
+        config = runtime_config(rt)
+    history = SessionHistory(config, HistorySaver(durable, ALICE), {})
+    for seen in noted_calls([os.urandom(600).hex() for _ in range(count)]):
+        history.record(*seen)
+    return history
+
+
+def test_a_flush_counts_a_principal_not_counted_yet_in_its_own_thread() -> None:
+    # Not the flusher: `Durability.flush` (and end_session) count in the calling thread
+    # and write, rather than wait for a recounting thread.
+    store = CountedBy()
+    durable = Durability(store, flush_delay=3600)
+    history = alices_history(durable)
+    durable.flush()
+    assert store.counted_by == [threading.current_thread().name]
+    record = store.load(ALICE, KEY)
+    assert record is not None and len(unpack(record.data)) == 1
+    assert durable.budget.held("alice") == len(record.data)
+    assert len(history.current()) == 1
+    durable.close()
+
+
+def test_a_history_whose_principal_cant_be_counted_waits_for_the_count() -> None:
+    store = CountedBy()
+    store.down = True
+    durable = Durability(store, flush_delay=3600)
+    alices_history(durable)
+    durable.flush()  # the count fails: nothing written, nothing raised
+    assert store.load(ALICE, KEY) is None
+    store.down = False
+    durable.flush()
+    record = store.load(ALICE, KEY)
+    assert record is not None and len(unpack(record.data)) == 1
+    durable.close()
+
+
+def test_a_history_refused_after_a_taken_write_is_told_once(tmp_path: Path) -> None:
+    store = MemoryStore()
+    durable = Durability(
+        store,
+        flush_delay=3600,
+        max_principal_bytes=Cap("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", 2000),
+    )
+    history = alices_history(durable)
+    durable.flush()
+    written = store.load(ALICE, KEY)
+    assert written is not None and len(unpack(written.data)) == 1  # taken
+    with capture_logs() as logs:
+        # Each record about 300 bytes stored (its text clipped): the 7th goes over.
+        for seen in noted_calls([os.urandom(600).hex() for _ in range(10)]):
+            history.record(*seen)
+            durable.flush()  # taken while it fits, then refused each time
+    refusals = [entry for entry in logs if entry["event"] == "history_not_saved"]
+    assert [(e["principal"], e["session"]) for e in refusals] == [ALICE]
+    # Told what the principal would hold with it: what it holds and this write.
+    told = refusals[0]["error"]
+    figure = told.removeprefix("this principal's stored state would grow to ").split(" ")[0]
+    grown = int(figure.replace(",", ""))
+    assert 2000 < grown < 2000 + 400  # one more record (about 300 bytes) went over
+    assert told.endswith(
+        " bytes: the limit is 2,000 (CTXACTORS_STATE_MAX_PRINCIPAL_BYTES); this session's "
+        "history is kept in memory only until a write fits"
+    )
+    record = store.load(ALICE, KEY)
+    assert record is not None and len(record.data) <= 2000
+    assert len(unpack(record.data)) < 11
+    assert len(history.current()) == 11  # all kept in memory
+    durable.close()
+
+
+def test_a_refused_history_is_not_tried_again_until_its_next_record() -> None:
+    # Over the budget, the flusher's write is refused once: the records wait for the next
+    # one (which writes them all), not for pass after pass of the flusher.
+    store = MemoryStore()
+    durable = Durability(
+        store, flush_delay=0.01, max_principal_bytes=Cap("CTXACTORS_STATE_MAX_PRINCIPAL_BYTES", 100)
+    )
+    charged: list[tuple[SessionRef, bool | None]] = []
+    charge_counted = durable.budget.charge_counted
+
+    def counting(session: SessionRef, delta: int) -> bool | None:
+        charged.append((session, taken := charge_counted(session, delta)))
+        return taken
+
+    durable.budget.charge_counted = counting  # type: ignore[method-assign]
+    alices_history(durable)  # one record, over 100 bytes
+    wait_until(lambda: (ALICE, False) in charged)
+    # Another session's record: a pass of the flusher, which writes it and nothing else.
+    with Runtime(servers=[Notes]) as rt:
+        config = runtime_config(rt)
+    other = SessionHistory(config, HistorySaver(durable, SESSION), {})
+    other.record(*noted_calls(["hi"])[0])
+    wait_until(lambda: store.load(SESSION, KEY) is not None)
+    assert [taken for session, taken in charged if session == ALICE and taken is not None] == [
+        False
+    ]
+    assert store.load(ALICE, KEY) is None
+    durable.close()
 
 
 def test_stored_records_a_history_never_wrote_are_skipped_and_the_rest_read(

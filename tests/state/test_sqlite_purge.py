@@ -209,3 +209,27 @@ def test_a_purge_in_key_order_works_with_any_batch_size(
     kept = {sid(name) for name in live}
     assert stored_sessions(store.path) == {"sessions": kept, "state": kept, "parts": kept}
     store.close()
+
+
+def test_a_use_restarts_a_sessions_retention_once_a_hundredth_of_it_has_passed(
+    tmp_path: Path,
+) -> None:
+    """A load or save touches its session (restarts its retention) only when the store last
+    touched it a hundredth of the retention ago or more: up to that much early, never late."""
+    clock = ManualClock(1_000_000.0)
+    store = SQLiteStore(tmp_path / "state.db", retention=RETENTION, clock=clock)
+    try:
+        sessions = [(None, name) for name in ("early", "almost", "due")]
+        assert store.write([Write(s, PLAN, b"x", 0) for s in sessions]) == [1, 1, 1]
+        # A hundredth of the retention (1 s): used before it, a session keeps its touch.
+        clock.advance(0.5)
+        assert store.load((None, "early"), PLAN) == Record(1, b"x", {})
+        clock.advance(0.495)
+        assert store.load((None, "almost"), PLAN) == Record(1, b"x", {})
+        clock.advance(0.005)  # exactly a hundredth since the writes: touched now
+        assert store.load((None, "due"), PLAN) == Record(1, b"x", {})
+        clock.advance(RETENTION - 1.0)  # the writes' retention has passed, not the touch's
+        assert store.purge() == 2
+        assert [store.load(s, PLAN) for s in sessions] == [None, None, Record(1, b"x", {})]
+    finally:
+        store.close()

@@ -18,9 +18,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import msgspec
+
 import ctxactors
+from ctxactors._decoding import build_now
+from ctxactors.durable import decode_state
+from ctxactors.testing import wait_until
+from ctxactors.tools import Server
 
 CHILD = r"""
 import threading
@@ -147,3 +154,73 @@ def test_the_types_worker_threads_decode_are_built_when_their_module_is_imported
         [sys.executable, "-c", SPY], capture_output=True, text=True, env=env, timeout=120
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "[]\n", "")
+
+
+# The in-process tests below: a struct's field annotation calls one of these when msgspec
+# builds the struct's decoding info (and only then), so a test sees when that happens.
+evaluated: list[str] = []
+building = threading.Event()  # a decoder is being built, held at `built`
+built = threading.Event()
+
+
+def counted() -> type:
+    evaluated.append("counted")
+    return int
+
+
+def held() -> type:
+    building.set()
+    if not built.wait(60):
+        raise TimeoutError("the test never let the build finish")
+    return int
+
+
+def test_build_now_builds_a_types_decoding_info_then_and_only_then() -> None:
+    evaluated.clear()
+
+    class Fresh(msgspec.Struct):
+        value: counted()  # type: ignore[valid-type]
+
+    build_now(Fresh)
+    assert evaluated == ["counted"]
+    data = msgspec.msgpack.encode(Fresh(7))
+    assert msgspec.msgpack.Decoder(Fresh).decode(data) == Fresh(7)
+    assert evaluated == ["counted"]  # a decode later reads what was built, builds nothing
+
+
+def test_a_load_whose_decoder_is_built_never_waits_for_another_servers_first_build() -> None:
+    class Slow(msgspec.Struct):
+        value: held()  # type: ignore[valid-type]
+
+    class Quick(msgspec.Struct):
+        value: int
+
+    class SlowServer(Server):
+        name = "slow"
+        State = Slow
+
+    class QuickServer(Server):
+        name = "quick"
+        State = Quick
+
+    quick = msgspec.msgpack.encode(Quick(1))
+    assert decode_state(QuickServer, quick) == Quick(1)  # its decoder is built now
+    building.clear()
+    built.clear()
+    loaded: list[object] = []
+    first = threading.Thread(
+        target=lambda: loaded.append(decode_state(SlowServer, msgspec.msgpack.encode(Slow(2))))
+    )
+    first.start()
+    second = None
+    try:
+        assert building.wait(60)  # the slow server's first load is building its decoder
+        second = threading.Thread(target=lambda: loaded.append(decode_state(QuickServer, quick)))
+        second.start()
+        wait_until(lambda: loaded == [Quick(1)])
+    finally:
+        built.set()
+        first.join(60)
+        if second is not None:
+            second.join(60)
+    assert loaded == [Quick(1), Slow(2)]

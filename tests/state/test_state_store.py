@@ -27,6 +27,8 @@ from ctxactors.state import (
     StoreUnavailableError,
     Write,
 )
+from ctxactors.state._checkpoint import BACKSTOP_PAGES
+from ctxactors.state._sqlite import RESERVE_BYTES
 from ctxactors.testing import ManualClock, wait_until
 
 S1 = (None, "s1")
@@ -871,6 +873,144 @@ def test_sqlite_takes_full_or_normal_synchronous_in_any_case_and_nothing_else(
         store = SQLiteStore(tmp_path / f"{i}.db", synchronous=synchronous)
         assert store.write([Write(S1, PLAN, b"a", 0)]) == [1]
         assert store.load(S1, PLAN) == Record(1, b"a", {})
+        # The setting is the connection's own (SQLite keeps none in the file): 2 FULL, 1 NORMAL.
+        setting = store._db.execute("PRAGMA synchronous").fetchone()  # noqa: SLF001
+        assert setting == ((2,) if synchronous.upper() == "FULL" else (1,)), synchronous
         store.close()
     with pytest.raises(ValueError, match="^synchronous must be NORMAL or FULL, got 'OFF'$"):
         SQLiteStore(tmp_path / "off.db", synchronous="OFF")
+
+
+def test_a_redis_that_stops_answering_a_connection_in_use_fails_within_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """Connected and answering, then stopped (a paused or wedged server): the next load
+    fails clearly once the store's timeout has passed, and works again once it answers."""
+    with redis_server(tmp_path) as server:
+        assert server.proc is not None
+        store = RedisStore(server.url, timeout=0.5)
+        assert store.write([Write(S1, PLAN, b"one", 0)]) == [1]  # the connection is made
+        failed: list[BaseException] = []
+
+        def load() -> None:
+            try:
+                store.load(S1, PLAN)
+            except BaseException as exc:  # noqa: BLE001 - what the test checks
+                failed.append(exc)
+
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        loading = threading.Thread(target=load)
+        try:
+            loading.start()
+            # Generous: 0.5 s is the timeout (redis-py may retry a timed out read a few
+            # times); without one the load would wait until the server answers again.
+            wait_until(lambda: failed, 20)
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+            loading.join(30)
+        assert [str(exc) for exc in failed] == [
+            "Redis store unavailable: Redis did not answer in time"
+        ]
+        assert store.load(S1, PLAN) == Record(1, b"one", {})  # and back once it answers
+        store.close()
+
+
+def test_a_redis_stores_default_timeout_is_five_seconds_to_connect_and_to_answer(
+    redis: RedisServer,
+) -> None:
+    # What redis-py is given: the time a call waits on a wedged Redis before it fails is
+    # too close to the machine's load to tell 5 s from 6 s by the clock.
+    store = RedisStore(redis.url)
+    kwargs = store._redis.get_connection_kwargs()  # noqa: SLF001 - what redis-py was given
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (5.0, 5.0)
+    store.close()
+
+
+def test_a_batch_redis_refuses_part_of_writes_none_of_it(redis: RedisServer) -> None:
+    """One write of a batch that Redis refuses before running any (here its ACL: the user
+    may not write that session's hash) fails the whole batch, and nothing of the batch is
+    in Redis: a batch told it failed has changed nothing (its callers roll back)."""
+    import redis as redis_lib
+
+    admin = redis_lib.Redis.from_url(redis.url)
+    admin.execute_command(
+        "ACL", "SETUSER", "onlyok", "on", ">pw", "~batch:*ok*", "+@all", "-@dangerous"
+    )
+    url = f"redis://onlyok:pw@127.0.0.1:{redis.port}/0"
+    store = RedisStore(url, prefix="batch")
+    ok, other = (None, "ok"), (None, "other")
+    with pytest.raises(StoreUnavailableError) as refused:
+        store.write([Write(ok, PLAN, b"mine", 0), Write(other, PLAN, b"not mine", 0)])
+    assert str(refused.value) == "Redis store unavailable: Redis answered an error"
+    assert store.load(ok, PLAN) is None
+    assert admin.keys("batch:*") == []
+    assert store.write([Write(ok, PLAN, b"mine", 0)]) == [1]  # alone it is taken
+    assert store.load(ok, PLAN) == Record(1, b"mine", {})
+    store.close()
+    admin.execute_command("ACL", "DELUSER", "onlyok")
+    admin.close()
+
+
+def test_a_redis_client_told_to_decode_replies_counts_the_same_bytes(redis: RedisServer) -> None:
+    """Replies come as bytes unless the URL asks redis-py to decode them: a principal's
+    counts read the same either way."""
+    prefix = f"d{os.urandom(4).hex()}"
+    plain = RedisStore(redis.url, prefix=prefix)
+    decoding = RedisStore(f"{redis.url}?decode_responses=true", prefix=prefix)
+    plain.write(
+        [
+            Write(("alice", "s1"), PLAN, b"x" * 10, 0, (("p1", b"y" * 3),)),
+            Write(("alice", "s2"), PLAN, b"z" * 7, 0),
+            Write(("bob", "s1"), PLAN, b"b" * 5, 0),
+        ]
+    )
+    for store in (plain, decoding):
+        assert store.principal_bytes("alice") == {"s1": 10, "s2": 7}
+        assert store.part_bytes("alice", PLAN) == {"s1": 3}
+    plain.close()
+    decoding.close()
+
+
+def test_a_sqlite_store_makes_the_directories_of_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "not" / "yet" / "state.db"  # a fresh --data-dir, say
+    store = SQLiteStore(path)
+    assert store.write([Write(S1, PLAN, b"one", 0)]) == [1]
+    store.close()
+    again = SQLiteStore(path)
+    assert again.load(S1, PLAN) == Record(1, b"one", {})
+    again.close()
+
+
+def test_the_sqlite_writers_own_checkpoint_waits_for_half_the_reserve_of_wal(
+    tmp_path: Path,
+) -> None:
+    """Past that many pages of WAL the writer checkpoints itself (the checkpointer
+    thread's passes normally come first): half the reserve, at least 16 pages, at most
+    `BACKSTOP_PAGES`."""
+    page = 4096
+    # (Past 80 MiB of reserve, BACKSTOP_PAGES caps it: not allocated here.)
+    assert BACKSTOP_PAGES * 2 * page > RESERVE_BYTES
+    for i, (reserve, pages) in enumerate(
+        [(0, 16), (16 * page, 16), (2 * 100 * page, 100), (RESERVE_BYTES, 1024)]
+    ):
+        store = SQLiteStore(tmp_path / f"{i}.db", reserve_bytes=reserve)
+        assert store._db.execute("PRAGMA page_size").fetchone() == (page,)  # noqa: SLF001
+        backstop = store._db.execute("PRAGMA wal_autocheckpoint").fetchone()  # noqa: SLF001
+        assert backstop == (pages,), reserve
+        store.close()
+
+
+def test_a_sqlite_write_that_fails_midway_keeps_nothing_and_the_store_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A batch that raises after its first write was made (here a caller's bug: a key that
+    can't be encoded) is rolled back whole, and the next write starts afresh."""
+    store = SQLiteStore(tmp_path / "state.db")
+    try:
+        with pytest.raises(TypeError):
+            store.write([Write(S1, PLAN, b"a", 0), Write(S1, (object(),), b"b", 0)])  # type: ignore[arg-type]
+        assert store.load(S1, PLAN) is None
+        assert store.write([Write(S1, PLAN, b"a", 0)]) == [1]
+        assert store.load(S1, PLAN) == Record(1, b"a", {})
+    finally:
+        store.close()

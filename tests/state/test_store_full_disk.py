@@ -180,6 +180,33 @@ def test_a_load_on_a_full_disk_reads_without_its_touch_and_an_expired_session_as
         store.close()
 
 
+def test_a_delete_on_a_full_disk_leaves_no_wal_behind(small_disk: Path) -> None:
+    """The room a delete on a full disk frees goes back to the file system: its WAL frames
+    are checkpointed into the database and the WAL file truncated."""
+    path = small_disk / "state.db"
+    wal = Path(f"{path}-wal")
+    store = SQLiteStore(path, reserve_bytes=512 << 10)
+    try:
+        for i in range(5):
+            assert store.write([Write(("alice", f"a{i}"), KEY, os.urandom(100_000), 0)]) == [1]
+        # The WAL emptied into the database (no frames left to write over), then the disk
+        # filled: the delete's first try finds no room for its WAL.
+        with sqlite3.connect(path) as other:
+            other.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        assert wal.stat().st_size == 0
+        with open(small_disk / "filler", "wb") as f:
+            with pytest.raises(OSError):
+                while True:
+                    f.write(os.urandom(64 << 10))
+                    f.flush()
+        assert store.delete_session(("alice", "a0")) == 1
+        assert wal.stat().st_size == 0
+        assert store.load(("alice", "a0"), KEY) is None
+        assert store.load(("alice", "a1"), KEY) is not None
+    finally:
+        store.close()
+
+
 def test_the_reserve_is_given_back_once_and_made_again(tmp_path: Path) -> None:
     reserve = Reserve(tmp_path / "reserve", 64 << 10)
     assert reserve.release() is False  # nothing held: nothing to give
@@ -190,3 +217,21 @@ def test_the_reserve_is_given_back_once_and_made_again(tmp_path: Path) -> None:
     reserve.path.unlink()  # removed by someone else meanwhile
     assert reserve.release() is True
     assert reserve.hold() is True and reserve.path.stat().st_size == 64 << 10
+
+
+def test_a_reserve_of_no_bytes_is_never_made_and_a_held_one_costs_no_system_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`hold` runs after every write: while the reserve is held (or there is none) it
+    answers at once."""
+    asked: list[object] = []
+    statvfs = os.statvfs
+    monkeypatch.setattr(os, "statvfs", lambda p: asked.append(p) or statvfs(p))
+    none = Reserve(tmp_path / "none", 0)
+    assert none.hold() is False
+    assert (none.path.exists(), asked) == (False, [])
+    tiny = Reserve(tmp_path / "tiny", 1)
+    assert tiny.hold() is True
+    assert (tiny.path.stat().st_size, asked) == (1, [tmp_path])
+    assert tiny.hold() is True
+    assert asked == [tmp_path]

@@ -8,6 +8,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from ctxactors.state import SQLiteStore, Write
 from ctxactors.state._checkpoint import Checkpointer
 from ctxactors.testing import wait_until
 
@@ -100,3 +101,53 @@ def test_a_pass_refused_by_a_locked_database_is_tried_again(tmp_path: Path) -> N
     finally:
         checkpointer.close()
     assert checkpoint_threads(others) == set()
+
+
+def test_each_pass_adds_one_to_the_count(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    writer = wal_database(path)
+    checkpointer = Checkpointer(path, interval=0.01)
+    try:
+        # Counted one by one from 0, the count is odd after every other pass.
+        wait_until(lambda: checkpointer.checkpoints % 2 == 1)
+    finally:
+        checkpointer.close()
+    writer.close()
+
+
+def test_what_a_sqlite_store_commits_reaches_its_database_file(tmp_path: Path) -> None:
+    """The store's own checkpointer copies its WAL into the database file: far below the
+    writer's backstop, nothing else would."""
+    path = tmp_path / "state.db"
+    store = SQLiteStore(path)
+    try:
+        sessions = [(None, f"s{i}") for i in range(20)]
+        assert store.write([Write(s, ("k",), b"x", 0) for s in sessions]) == [1] * 20
+
+        def rows_alone() -> int:
+            alone = tmp_path / "alone.db"
+            shutil.copyfile(path, alone)
+            db = sqlite3.connect(alone)
+            try:
+                tables = db.execute("SELECT count(*) FROM sqlite_master WHERE name = 'state'")
+                if not tables.fetchone()[0]:
+                    return 0
+                return int(db.execute("SELECT count(*) FROM state").fetchone()[0])
+            finally:
+                db.close()
+                alone.unlink()
+
+        wait_until(lambda: rows_alone() == 20)
+    finally:
+        store.close()
+
+
+def test_a_pass_runs_every_half_second_by_default(tmp_path: Path) -> None:
+    # A store's commits reach its database file within about that (the store makes its
+    # checkpointer with the default): the interval, not a clock reading a loaded machine
+    # could stretch.
+    checkpointer = Checkpointer(tmp_path / "state.db")
+    try:
+        assert checkpointer._interval == 0.5  # noqa: SLF001
+    finally:
+        checkpointer.close()
