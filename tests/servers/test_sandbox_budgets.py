@@ -224,7 +224,8 @@ def test_a_tenants_sandbox_joins_its_group_and_cant_move_itself_beside_the_serve
         out = run(rt, "m1", "ls /sys/fs/cgroup 2>&1; cat /proc/self/cgroup", "mallory")
         assert out["exitCode"] == 0 and "No such file or directory" in out["output"], out
         sleepers(rt, "m2", 1, marker, "mallory")
-        (sleeper,) = pids_of(["sleep", marker])
+        # Started is said right after the fork: the sleep may not have exec'd yet.
+        (sleeper,) = wait_until(lambda: pids_of(["sleep", marker]), WAIT)
         mallory = cgroups.group_name("mallory")
         assert cpu_line(sleeper) == f"/{os.path.basename(group)}/{tree.name}/{mallory}"
         uid = os.stat(f"/proc/{sleeper}").st_uid
