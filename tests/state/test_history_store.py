@@ -135,7 +135,8 @@ def test_a_record_the_bound_pushes_out_before_a_write_is_never_encoded(
     store.close()
 
 
-def test_a_call_tells_the_flusher_once_and_reads_the_store_once() -> None:
+def counting_store() -> tuple[MemoryStore, list[tuple[Any, Any]]]:
+    """A memory store that lists each (session, key) it is asked to load."""
     store = MemoryStore()
     loads: list[tuple[Any, Any]] = []
     real_load = store.load
@@ -145,6 +146,11 @@ def test_a_call_tells_the_flusher_once_and_reads_the_store_once() -> None:
         return real_load(session, key)
 
     store.load = counting_load  # type: ignore[method-assign]
+    return store, loads
+
+
+def test_a_call_tells_the_flusher_once_and_reads_the_store_once() -> None:
+    store, loads = counting_store()
     durable = Durability(store, flush_delay=3600)  # the flusher never writes by itself
     deferred: list[object] = []
     real_defer = durable.defer
@@ -409,15 +415,7 @@ def test_the_first_use_reads_the_store_whatever_the_clock_says(
     # The monotonic clock starts anywhere (0 in a fresh time namespace): no read is held
     # back before one has failed.
     monkeypatch.setattr(history_store_module.time, "monotonic", lambda: 0.5)
-    store = MemoryStore()
-    loads: list[Any] = []
-    real_load = store.load
-
-    def counting_load(session: Any, key: Any) -> Any:
-        loads.append((session, key))
-        return real_load(session, key)
-
-    store.load = counting_load  # type: ignore[method-assign]
+    store, loads = counting_store()
     durable = Durability(store, flush_delay=3600)
     calls = captured_calls(1)
     with Runtime(servers=[Planning]) as rt:
@@ -433,15 +431,7 @@ def test_the_first_use_reads_the_store_whatever_the_clock_says(
 def test_a_history_first_used_in_a_fresh_thread_reads_the_store_at_once() -> None:
     # Only a thread answering saves puts the read off; one that never wrote a save (a new
     # worker, say) is not one of them.
-    store = MemoryStore()
-    loads: list[Any] = []
-    real_load = store.load
-
-    def counting_load(session: Any, key: Any) -> Any:
-        loads.append((session, key))
-        return real_load(session, key)
-
-    store.load = counting_load  # type: ignore[method-assign]
+    store, loads = counting_store()
     durable = Durability(store, flush_delay=3600)
     calls = captured_calls(1)
     with Runtime(servers=[Planning]) as rt:
